@@ -1,0 +1,59 @@
+"""PrimaryDecoder: the GPU-pinned LLM. Streams `GenerateChunk`s back through its handle."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from ray import serve
+
+from deployments.config import ModelConfig
+from deployments.engines import TextEngine, create_engine
+from deployments.engines.lifecycle import EngineSlot
+from deployments.errors import DecoderUnavailable
+from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.stopping import StopMatcher
+
+
+@serve.deployment(name="PrimaryDecoder", max_ongoing_requests=64, health_check_period_s=10)
+class PrimaryDecoder:
+    def __init__(self, model: ModelConfig, idle_unload_secs: float | None = None) -> None:
+        self._slot: EngineSlot[TextEngine] = EngineSlot(
+            "decoder",
+            model.name,
+            lambda: create_engine(TextEngine, model),
+            unavailable=DecoderUnavailable,
+            idle_unload_s=idle_unload_secs,
+        )
+        # Without its decoder the service has nothing to serve: fail the deployment loudly.
+        if not self._slot.load():
+            raise RuntimeError(f"primary decoder {model.name!r} failed to load: {self._slot.reason}")
+        self._slot.start()
+        self._seqs = asyncio.Semaphore(model.params.max_num_seqs)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        async with self._seqs, self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
+            stop = StopMatcher(request.stop)
+            completion = 0
+            async for piece in pieces:
+                completion += piece.new_tokens
+                text = stop.feed(piece.text)
+                finish = "stop" if stop.stopped else piece.finish_reason
+                if finish is None:
+                    if text:
+                        yield GenerateChunk(text=text)
+                    continue
+                yield GenerateChunk(
+                    text=text + stop.flush(),
+                    finish_reason=finish,
+                    prompt_tokens=piece.prompt_tokens,
+                    completion_tokens=completion,
+                )
+                return
+
+    def status(self) -> ComponentStatus:
+        return self._slot.status()
+
+    def __del__(self) -> None:
+        self._slot.stop()

@@ -1,0 +1,80 @@
+"""The engine contracts and the factory that picks an implementation from a `ModelConfig`."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from PIL import Image
+
+from deployments.config import ModelConfig, VisionProxyConfig
+from deployments.errors import ConfigError
+from deployments.protocol import GenerateRequest
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """A piece of generated text; `finish_reason` is set on the last piece."""
+
+    text: str
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class TextEngine(ABC):
+    """Generates text for a chat. Sampling fields of the request are already resolved."""
+
+    model_name: str
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        """Stream text pieces. Raise ContextLengthError before the first piece when the prompt
+        cannot fit; closing the iterator early must stop generation and free its slot."""
+
+    def describe(self) -> dict[str, Any]:
+        """Effective settings, logged once when the engine is loaded."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free device memory (idle unload)."""
+
+
+class CaptionEngine(ABC):
+    """Turns images into captions, one per (image, prompt) pair, in one batch."""
+
+    @abstractmethod
+    def caption(self, images: list[Image.Image], prompts: list[str]) -> list[str]:
+        """Blocking; called in a worker thread."""
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free device memory (idle unload)."""
+
+
+E = TypeVar("E", TextEngine, CaptionEngine)
+
+
+def create_engine(kind: type[E], model: ModelConfig, vision: VisionProxyConfig | None = None) -> E:
+    """Instantiate the engine named by `model.engine` (`transformers` or `module:Class`)."""
+    if model.engine == "transformers":
+        if kind is TextEngine:
+            from deployments.engines.hf_text import TransformersTextEngine
+
+            return TransformersTextEngine(model)  # type: ignore[return-value]
+        from deployments.engines.hf_vision import TransformersCaptionEngine
+
+        return TransformersCaptionEngine(model, vision)  # type: ignore[return-value]
+    module_name, _, class_name = model.engine.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, kind)):
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} is not a {kind.__name__}")
+    return cls(model, vision) if kind is CaptionEngine else cls(model)

@@ -1,0 +1,126 @@
+"""`EngineSlot`: one engine's life in a replica: load, failure with its reason, retry, idle unload.
+
+A replica keeps serving while its engine is missing: callers get the slot's `unavailable` error
+with the reason (OOM, missing weights, ...), a background thread retries loading with backoff,
+and an idle engine is unloaded after `idle_unload_s` and reloaded by the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Generic, TypeVar
+
+from deployments.engines.loading import describe_line
+from deployments.errors import UnavailableError
+from deployments.protocol import ComponentStatus
+
+logger = logging.getLogger("ray.serve")
+
+E = TypeVar("E")
+
+RETRY_FIRST_S = 15.0
+RETRY_MAX_S = 300.0
+
+
+class EngineSlot(Generic[E]):
+    def __init__(
+        self,
+        role: str,
+        name: str,
+        factory: Callable[[], E],
+        *,
+        unavailable: type[UnavailableError],
+        idle_unload_s: float | None = None,
+    ) -> None:
+        self.role, self.name = role, name
+        self._factory = factory
+        self._unavailable = unavailable
+        self._idle_unload_s = idle_unload_s
+        self._lock = threading.RLock()
+        self.engine: E | None = None
+        self.state = "loading"
+        self.reason: str | None = "loading"
+        self._in_use = 0
+        self._last_used = time.monotonic()
+        self._retry_in = RETRY_FIRST_S
+        self._next_retry = 0.0
+        self._stop = threading.Event()
+
+    def load(self) -> bool:
+        """Load the engine now (blocking). Never raises: a failure is recorded and logged."""
+        with self._lock:
+            if self.engine is not None:
+                return True
+            self.state, self.reason = "loading", "loading"
+            try:
+                engine = self._factory()
+            except Exception as exc:
+                self.state = "failed"
+                self.reason = f"{type(exc).__name__}: {exc}"[:500]
+                self._next_retry = time.monotonic() + self._retry_in
+                logger.error(
+                    "%s %r failed to load: %s (next retry in %.0fs)", self.role, self.name, self.reason, self._retry_in
+                )
+                self._retry_in = min(self._retry_in * 2, RETRY_MAX_S)
+                return False
+            self.engine, self.state, self.reason = engine, "ready", None
+            self._retry_in = RETRY_FIRST_S
+            self._last_used = time.monotonic()
+            describe = getattr(engine, "describe", dict)
+            logger.info(describe_line(self.name, self.role, describe()))
+            return True
+
+    def start(self, tick_s: float = 1.0) -> None:
+        """Start the background thread that retries failed loads and unloads idle engines."""
+        threading.Thread(target=self._maintain, args=(tick_s,), name=f"{self.role}-slot", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _maintain(self, tick_s: float) -> None:
+        while not self._stop.wait(tick_s):
+            now = time.monotonic()
+            if self.state == "failed" and now >= self._next_retry:
+                self.load()
+            elif self._idle_unload_s and self.state == "ready":
+                with self._lock:
+                    if self._in_use == 0 and now - self._last_used > self._idle_unload_s:
+                        self._unload()
+
+    def _unload(self) -> None:
+        engine, self.engine = self.engine, None
+        self.state, self.reason = "unloaded", None
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+        logger.info("%s %r unloaded after %.0fs idle", self.role, self.name, self._idle_unload_s)
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[E]:
+        """The engine for one request; reloads an idle-unloaded engine, else raises `unavailable`."""
+        if self.state == "unloaded":
+            await asyncio.to_thread(self.load)
+        with self._lock:
+            engine = self.engine
+            if engine is None:
+                raise self._unavailable(f"{self.role} {self.name!r} is not loaded ({self.reason})")
+            self._in_use += 1
+        try:
+            yield engine
+        finally:
+            with self._lock:
+                self._in_use -= 1
+                self._last_used = time.monotonic()
+
+    def status(self) -> ComponentStatus:
+        return ComponentStatus(
+            ready=self.state in ("ready", "unloaded"),
+            model=self.name,
+            reason=self.reason if self.state not in ("ready", "unloaded") else None,
+            details={"state": self.state, "in_use": self._in_use},
+        )

@@ -1,0 +1,82 @@
+"""Shared transformers loading: where the weights come from, which device, which dtype."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from deployments.config import EngineParams, ModelConfig
+from deployments.errors import ConfigError
+
+logger = logging.getLogger("ray.serve")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(params: EngineParams) -> tuple[str, dict[str, Any]]:
+    """`(device, from_pretrained kwargs)`: the GPU(s) Ray assigned, else the CPU.
+
+    Ray sets CUDA_VISIBLE_DEVICES for a replica with `num_gpus`, so index 0 is the first GPU it
+    was given; `device_ids` index into that list.
+    """
+    if not torch.cuda.is_available():
+        if params.device_ids:
+            logger.warning("device_ids %s ignored: no GPU visible to this replica", params.device_ids)
+        return "cpu", {}
+    ids = params.device_ids or list(range(torch.cuda.device_count()))
+    if max(ids) >= torch.cuda.device_count():
+        raise ConfigError(f"device_ids {ids}: only {torch.cuda.device_count()} GPU(s) visible to this replica")
+    if len(ids) == 1:
+        return f"cuda:{ids[0]}", {}
+    return f"cuda:{ids[0]}", {"device_map": "auto", "max_memory": {i: torch.cuda.mem_get_info(i)[0] for i in ids}}
+
+
+def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
+    if params.dtype != "auto":
+        return _DTYPES[params.dtype]
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def pretrained_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments shared by tokenizer/processor and model `from_pretrained` calls."""
+    kwargs: dict[str, Any] = {}
+    if model.weight_file:
+        kwargs["gguf_file"] = model.weight_file
+    return kwargs
+
+
+def quantization_kwargs(params: EngineParams, device: str) -> dict[str, Any]:
+    if params.quantization == "none":
+        return {}
+    if not device.startswith("cuda"):
+        raise ConfigError(f"quantization {params.quantization} needs a CUDA GPU")
+    from transformers import BitsAndBytesConfig
+
+    if params.quantization == "bnb-4bit":
+        return {"quantization_config": BitsAndBytesConfig(load_in_4bit=True)}
+    return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
+
+
+def load_kwargs(model: ModelConfig) -> tuple[str, dict[str, Any]]:
+    """Everything a model's `from_pretrained` needs: `(device, kwargs)`; `kwargs["dtype"]` is set."""
+    device, placement = pick_device(model.params)
+    kwargs = {**pretrained_kwargs(model), **placement, **quantization_kwargs(model.params, device)}
+    kwargs["dtype"] = pick_dtype(model.params, device)
+    return device, kwargs
+
+
+def place(module: torch.nn.Module, device: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """Move to `device` unless accelerate already placed or quantized it."""
+    if "device_map" in kwargs or "quantization_config" in kwargs:
+        return module
+    return module.to(device)
+
+
+def describe_line(name: str, role: str, info: dict[str, Any]) -> str:
+    """The one readable line logged per engine with its effective settings."""
+    items = " ".join(f"{k}={v}" for k, v in info.items())
+    return f"engine ready: {role} {name!r} {items}"

@@ -1,0 +1,153 @@
+"""Every error the service raises on purpose, and the one mapper to OpenAI's error shape.
+
+Hierarchy::
+
+    MMServeError
+    ├── ConfigError                 models.yaml / builder args are wrong (raised at build time)
+    └── ServiceError                a request failed; carries HTTP status and OpenAI fields
+        ├── InvalidRequestError     400 invalid_request_error
+        │   ├── InvalidImageError       400, param points at the image part
+        │   ├── VisionDisabledError     400, the model takes no images
+        │   └── ContextLengthError      400, code context_length_exceeded
+        ├── ModelNotFoundError      404, code model_not_found
+        └── UnavailableError        503 service_unavailable, with Retry-After
+            ├── CaptionerUnavailable    the vision captioner cannot caption now
+            └── DecoderUnavailable      the primary decoder cannot generate now
+
+`to_openai_error` turns any exception (ours, a pydantic validation error, one re-raised through a
+Ray handle, or a bug) into ``(status, body, headers)``. Bugs become a generic 500 whose message
+names the request id; the details go to the logs only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class MMServeError(Exception):
+    """Base of every deliberate error in this package."""
+
+
+class ConfigError(MMServeError):
+    """The configuration is invalid. The message names the file and the field."""
+
+
+class ServiceError(MMServeError):
+    """A request-level error with its OpenAI error fields."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only fields must survive pickling across Ray handles.
+        return (_rebuild, (type(self), self.message, self.param))
+
+
+def _rebuild(cls: type[ServiceError], message: str, param: str | None) -> ServiceError:
+    return cls(message, param=param)
+
+
+class InvalidRequestError(ServiceError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class InvalidImageError(InvalidRequestError):
+    code = "invalid_image"
+
+
+class VisionDisabledError(InvalidRequestError):
+    code = "vision_not_supported"
+
+
+class ContextLengthError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class ModelNotFoundError(ServiceError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class UnavailableError(ServiceError):
+    status = 503
+    type = "service_unavailable"
+    code = "service_unavailable"
+    retry_after_s = 10
+
+
+class CaptionerUnavailable(UnavailableError):
+    code = "captioner_unavailable"
+
+
+class DecoderUnavailable(UnavailableError):
+    code = "decoder_unavailable"
+
+
+def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """Ray re-raises a replica's exception as RayTaskError; its ``cause`` is the original."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def validation_param(loc: tuple[Any, ...]) -> str | None:
+    """`("body", "messages", 0, "content")` -> `"messages[0].content"` (OpenAI's param style)."""
+    parts: list[str] = []
+    for item in loc:
+        if item in ("body", "query", "path") and not parts:
+            continue
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or None
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """First pydantic/FastAPI error as ``(message, param)``; tagged-union noise trimmed from loc."""
+    if not errors:
+        return "Invalid request body.", None
+    # A union reports one error per branch; the deepest one is the branch the client meant.
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = tuple(p for p in first.get("loc", ()) if not _is_union_tag(p))
+    param = validation_param(loc)
+    msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return "Request body is not valid JSON.", None
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def _is_union_tag(part: Any) -> bool:
+    # Discriminated unions add the tag ("user", "image_url") and typed-list branch names to loc.
+    return isinstance(part, str) and (
+        part in {"user", "system", "developer", "assistant", "text", "image_url"}
+        or part.startswith(("list[", "str", "function-", "tagged-union"))
+    )
+
+
+def to_openai_error(exc: BaseException, request_id: str) -> tuple[int, dict, dict[str, str]]:
+    """Map any exception to ``(status, OpenAI error body, extra headers)``."""
+    exc = unwrap(exc)
+    if isinstance(exc, ServiceError):
+        headers = {}
+        if isinstance(exc, UnavailableError):
+            headers["Retry-After"] = str(exc.retry_after_s)
+        return exc.status, error_body(exc.message, exc.type, param=exc.param, code=exc.code), headers
+    if isinstance(exc, ValidationError):
+        message, param = validation_message(exc.errors())  # type: ignore[arg-type]
+        return 400, error_body(message, "invalid_request_error", param=param), {}
+    message = f"Internal server error (request id {request_id}); see the service logs."
+    return 500, error_body(message, "server_error"), {}

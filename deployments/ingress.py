@@ -1,0 +1,238 @@
+"""Ingress: the OpenAI-compatible HTTP router (CPU). Validates, rewrites images to captions
+(proxy vision), calls the decoder through its handle, and speaks OpenAI on the wire, errors
+included."""
+
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from ray import serve
+from ray.serve.context import _get_serve_request_context
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from deployments.captioner_client import CaptionerClient
+from deployments.config import VisionProxyConfig
+from deployments.errors import (
+    CaptionerUnavailable,
+    DecoderUnavailable,
+    ModelNotFoundError,
+    ServiceError,
+    VisionDisabledError,
+    error_body,
+    to_openai_error,
+    validation_message,
+)
+from deployments.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChunkChoice,
+    ComponentStatus,
+    Delta,
+    GenerateChunk,
+    GenerateRequest,
+    ModelCard,
+    ModelList,
+    ResponseMessage,
+    TextMessage,
+    Usage,
+)
+from deployments.proxy_vision import UNDESCRIBED, collect_images, has_images, rewrite
+
+logger = logging.getLogger("ray.serve")
+
+DEGRADED_HEADER = "X-Vision-Degraded"
+DECODER_STATUS_TIMEOUT_S = 5.0
+
+
+class IngressConfig(BaseModel):
+    model_name: str
+    vision: VisionProxyConfig | None = None
+    captioner_app: str = "vision"
+
+
+def _request_id(request: Request | None = None) -> str:
+    """Serve's request id: in every Serve log line of the request and in the x-request-id header."""
+    rid = _get_serve_request_context().request_id
+    if not rid and request is not None:
+        rid = request.headers.get("x-request-id", "")
+    return rid or "unknown"
+
+
+def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    status, body, headers = to_openai_error(exc, request_id)
+    if status >= 500 and not isinstance(exc, ServiceError):
+        logger.exception("request %s failed", request_id, exc_info=exc)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = validation_message(list(exc.errors()))
+    return JSONResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
+
+
+@api.exception_handler(Exception)
+async def _any_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(exc, _request_id(request))
+
+
+@serve.deployment(name="Ingress", max_ongoing_requests=256)
+@serve.ingress(api)
+class Ingress:
+    def __init__(self, config: IngressConfig, decoder: DeploymentHandle) -> None:
+        self._config = config
+        self._decoder = decoder
+        self._captioner = CaptionerClient(config.captioner_app, config.vision) if config.vision else None
+        self._created = int(time.time())
+
+    # ------------------------------------------------------------------ routes
+
+    @api.get("/v1/models")
+    async def models(self) -> ModelList:
+        return ModelList(data=[ModelCard(id=self._config.model_name, created=self._created)])
+
+    @api.get("/health")
+    async def health(self) -> JSONResponse:
+        decoder = await self._decoder_status()
+        components: dict[str, Any] = {"decoder": decoder.model_dump()}
+        ready = [decoder.ready]
+        if self._captioner is not None:
+            captioner = await self._captioner.status()
+            components["captioner"] = captioner.model_dump()
+            ready.append(captioner.ready)
+        overall = "ok" if all(ready) else ("degraded" if decoder.ready else "unavailable")
+        return JSONResponse({"status": overall, "components": components}, status_code=200 if decoder.ready else 503)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest) -> Any:
+        rid = _request_id()
+        if body.model != self._config.model_name:
+            raise ModelNotFoundError(
+                f"The model {body.model!r} does not exist. Available: {self._config.model_name!r}.", param="model"
+            )
+        messages, degraded = await self._text_messages(body.messages)
+        generate = GenerateRequest(
+            messages=messages,
+            max_tokens=body.completion_limit,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
+            stop=body.stop or [],
+            seed=body.seed,
+        )
+        headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}
+        stream: DeploymentResponseGenerator = self._decoder.options(stream=True).generate.remote(generate)
+        first = await self._first_chunk(stream)  # errors before the first byte keep their status
+        completion_id = f"chatcmpl-{rid}"
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            events = self._sse(first, stream, completion_id, include_usage, rid)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return JSONResponse(await self._collect(first, stream, completion_id), headers=headers)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _decoder_status(self) -> ComponentStatus:
+        try:
+            return await asyncio.wait_for(self._decoder.status.remote(), DECODER_STATUS_TIMEOUT_S)
+        except Exception as exc:
+            return ComponentStatus(ready=False, reason=f"decoder not reachable: {type(exc).__name__}: {exc}"[:500])
+
+    async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], str | None]:
+        """Proxy vision: captions in place of images. Returns the degradation reason, if any."""
+        if not has_images(messages):
+            return rewrite(messages, []), None
+        if self._captioner is None or self._config.vision is None:
+            raise VisionDisabledError(
+                f"Model {self._config.model_name!r} does not accept images (vision is disabled).", param="messages"
+            )
+        images = collect_images(messages)
+        try:
+            captions = await self._captioner.caption(images)
+        except CaptionerUnavailable as exc:
+            if self._config.vision.on_failure == "reject":
+                raise
+            logger.warning("answering without image descriptions: %s", exc.message)
+            return rewrite(messages, [UNDESCRIBED.format(reason="captioner unavailable")] * len(images)), exc.message
+        return rewrite(messages, captions), None
+
+    @staticmethod
+    async def _first_chunk(stream: DeploymentResponseGenerator) -> GenerateChunk:
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            raise DecoderUnavailable("The decoder ended the stream without output.") from None
+
+    async def _collect(self, first: GenerateChunk, stream: DeploymentResponseGenerator, cid: str) -> dict:
+        text, last = [first.text], first
+        while last.finish_reason is None:
+            last = await stream.__anext__()
+            text.append(last.text)
+        usage = Usage(
+            prompt_tokens=last.prompt_tokens,
+            completion_tokens=last.completion_tokens,
+            total_tokens=last.prompt_tokens + last.completion_tokens,
+        )
+        choice = Choice(message=ResponseMessage(content="".join(text)), finish_reason=last.finish_reason)
+        return ChatCompletion(id=cid, model=self._config.model_name, choices=[choice], usage=usage).model_dump()
+
+    async def _sse(
+        self, first: GenerateChunk, stream: DeploymentResponseGenerator, cid: str, include_usage: bool, rid: str
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+
+        def event(delta: Delta, finish: str | None = None, usage: Usage | None = None, final: bool = False) -> str:
+            choices = [] if final else [ChunkChoice(delta=delta, finish_reason=finish)]  # type: ignore[arg-type]
+            chunk = ChatCompletionChunk(
+                id=cid, created=created, model=self._config.model_name, choices=choices, usage=usage
+            )
+            data = chunk.model_dump()
+            for choice in data["choices"]:
+                choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            return f"data: {json.dumps(data)}\n\n"
+
+        chunk, done = first, False
+        try:
+            yield event(Delta(role="assistant", content=""))
+            while True:
+                if chunk.text:
+                    yield event(Delta(content=chunk.text))
+                if chunk.finish_reason is not None:
+                    yield event(Delta(), finish=chunk.finish_reason)
+                    if include_usage:
+                        total = chunk.prompt_tokens + chunk.completion_tokens
+                        usage = Usage(
+                            prompt_tokens=chunk.prompt_tokens,
+                            completion_tokens=chunk.completion_tokens,
+                            total_tokens=total,
+                        )
+                        yield event(Delta(), usage=usage, final=True)
+                    break
+                chunk = await stream.__anext__()
+            done = True
+        except Exception as exc:  # after the first byte: one error event, then [DONE]
+            status, body, _ = to_openai_error(exc, rid)
+            if status >= 500:
+                logger.exception("stream %s failed", rid, exc_info=exc)
+            yield f"data: {json.dumps(body)}\n\n"
+            done = True
+        finally:
+            if not done:  # the client went away: free the decoder slot now
+                stream.cancel()
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,214 @@
+"""Wire schema: OpenAI chat-completions request/response models, and the small typed payloads the
+deployments pass to each other through handles (never Starlette requests, PIL images or tensors).
+
+Requests forbid unknown fields: an unsupported OpenAI feature is a 400 that names it rather than
+being silently ignored. Harmless fields (`user`, `metadata`, `store`, ...) are accepted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# --------------------------------------------------------------------------- request
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageURL(_Request):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] = "auto"
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Request):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+UserPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class SystemMessage(_Request):
+    role: Literal["system", "developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class UserMessage(_Request):
+    role: Literal["user"]
+    content: str | list[UserPart]
+    name: str | None = None
+
+
+class AssistantMessage(_Request):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    refusal: str | None = None
+
+
+ChatMessage = Annotated[SystemMessage | UserMessage | AssistantMessage, Field(discriminator="role")]
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Request):
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, gt=0)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1, description="Only n=1 is supported.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Harmless: accepted and ignored.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return stops
+
+    @property
+    def completion_limit(self) -> int | None:
+        """`max_completion_tokens` wins over the deprecated `max_tokens`."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+# --------------------------------------------------------------------------- response
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mmserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# --------------------------------------------------------------------------- between deployments
+
+
+class TextMessage(BaseModel):
+    """A chat message after proxy vision: text only, ready for a chat template."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class GenerateRequest(BaseModel):
+    """Ingress -> PrimaryDecoder. Unset sampling fields take the model's configured defaults."""
+
+    messages: list[TextMessage]
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class GenerateChunk(BaseModel):
+    """PrimaryDecoder -> Ingress, streamed. The last chunk has `finish_reason` set."""
+
+    text: str = ""
+    finish_reason: Literal["stop", "length"] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class CaptionRequest(BaseModel):
+    """Ingress -> VisionCaptioner: encoded image bytes (sent once) and one prompt per image."""
+
+    images: list[bytes]
+    prompts: list[str]
+
+
+class ComponentStatus(BaseModel):
+    """What a deployment says about itself on /health."""
+
+    ready: bool
+    model: str | None = None
+    reason: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,74 @@
+"""Proxy vision: rewrite a chat with images into a text-only chat for a text-only decoder.
+
+Each user message with `image_url` parts becomes one text message: its text parts and one
+``Image N: <caption>`` line per image, each at the image's position. N counts images across the
+whole conversation, so earlier turns keep their numbers. Other messages pass unchanged (list
+content is joined to text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deployments.images import load_image_url
+from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
+
+UNDESCRIBED = "[image could not be described: {reason}]"
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image of the conversation, in order: its bytes and the text of its message."""
+
+    data: bytes
+    user_text: str
+
+
+def _text_of(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.text for p in content if not isinstance(p, ImagePart))  # type: ignore[attr-defined]
+
+
+def collect_images(messages: list[ChatMessage]) -> list[ImageInput]:
+    """All images of the conversation, validated, in order of appearance."""
+    images = []
+    for i, msg in enumerate(messages):
+        if isinstance(msg, UserMessage) and isinstance(msg.content, list):
+            user_text = _text_of(msg.content)
+            for j, part in enumerate(msg.content):
+                if isinstance(part, ImagePart):
+                    param = f"messages[{i}].content[{j}].image_url"
+                    images.append(ImageInput(load_image_url(part.image_url.url, param=param), user_text))
+    return images
+
+
+def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:
+    """Text-only messages, with `captions[k]` standing for the k-th image of the conversation."""
+    out = []
+    n = 0
+    for msg in messages:
+        role = "system" if msg.role == "developer" else msg.role
+        if isinstance(msg, UserMessage) and isinstance(msg.content, list):
+            lines = []
+            for part in msg.content:
+                if isinstance(part, ImagePart):
+                    lines.append(f"Image {n + 1}: {captions[n]}")
+                    n += 1
+                elif part.text:
+                    lines.append(part.text)
+            out.append(TextMessage(role="user", content="\n".join(lines)))
+        else:
+            out.append(TextMessage(role=role, content=_text_of(msg.content)))
+    if n != len(captions):
+        raise ValueError(f"{len(captions)} captions for {n} images")
+    return out
+
+
+def has_images(messages: list[ChatMessage]) -> bool:
+    return any(
+        isinstance(m, UserMessage) and isinstance(m.content, list) and any(isinstance(p, ImagePart) for p in m.content)
+        for m in messages
+    )
