@@ -47,7 +47,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         gpus,
     )
     decoder = PrimaryDecoder.options(ray_actor_options={"num_cpus": 1, "num_gpus": gpus}).bind(
-        plan.primary, plan.idle_unload_secs
+        plan.primary, plan.lifecycle
     )
     config = IngressConfig(model_name=plan.primary.name, vision=plan.vision, captioner_app=plan.captioner_app)
     return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, decoder)
@@ -59,5 +59,5 @@ def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
     plan = resolve_plan(app_args)
     gpus = _gpus(app_args.captioner_gpus) if plan.captioner else 0.0
     return VisionCaptioner.options(ray_actor_options={"num_cpus": 1, "num_gpus": gpus}).bind(
-        plan.captioner, plan.vision, plan.idle_unload_secs
+        plan.captioner, plan.vision, plan.lifecycle
     )

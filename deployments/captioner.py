@@ -11,7 +11,7 @@ import asyncio
 
 from ray import serve
 
-from deployments.config import ModelConfig, VisionProxyConfig
+from deployments.config import Lifecycle, ModelConfig, VisionProxyConfig
 from deployments.engines import CaptionEngine, create_engine
 from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import CaptionerUnavailable
@@ -23,9 +23,7 @@ NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.ya
 
 @serve.deployment(name="VisionCaptioner", max_ongoing_requests=32, health_check_period_s=10)
 class VisionCaptioner:
-    def __init__(
-        self, model: ModelConfig | None, vision: VisionProxyConfig | None, idle_unload_secs: float | None = None
-    ) -> None:
+    def __init__(self, model: ModelConfig | None, vision: VisionProxyConfig | None, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[CaptionEngine] | None = None
         if model is not None:
             self._slot = EngineSlot(
@@ -33,7 +31,7 @@ class VisionCaptioner:
                 model.name,
                 lambda: create_engine(CaptionEngine, model, vision),
                 unavailable=CaptionerUnavailable,
-                idle_unload_s=idle_unload_secs,
+                lifecycle=lifecycle,
             )
             self._slot.load()
             self._slot.start()

@@ -34,7 +34,9 @@ def _app_state(app: str) -> str:
         return f"Serve application {app!r} is not deployed"
     detail = status.deployments.get(DEPLOYMENT)
     message = (detail.message if detail else "") or status.message
-    return f"Serve application {app!r} is {getattr(status.status, 'value', status.status)}" + (f": {message}" if message else "")
+    return f"Serve application {app!r} is {getattr(status.status, 'value', status.status)}" + (
+        f": {message}" if message else ""
+    )
 
 
 class CaptionerClient:

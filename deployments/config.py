@@ -144,6 +144,9 @@ class ModelsFile(_Strict):
     idle_unload_secs: float | None = Field(
         None, gt=0, description="Unload a model after this many idle seconds; reload on next use."
     )
+    load_retry_secs: float = Field(
+        15.0, gt=0, description="First retry after a model failed to load; doubles up to 5 minutes."
+    )
     models: list[ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -195,13 +198,20 @@ class AppArgs(_Strict):
         return nested
 
 
+class Lifecycle(_Strict):
+    """File-level model lifecycle settings, handed to every deployment that holds an engine."""
+
+    idle_unload_secs: float | None = None
+    load_retry_secs: float = 15.0
+
+
 class ServicePlan(_Strict):
     """The resolved configuration the deployments are built from."""
 
     models_file: str
     primary: ModelConfig
     captioner: ModelConfig | None
-    idle_unload_secs: float | None
+    lifecycle: Lifecycle
     captioner_app: str
 
     @property
@@ -300,6 +310,6 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
         models_file=where,
         primary=primary,
         captioner=captioner,
-        idle_unload_secs=models.idle_unload_secs,
+        lifecycle=Lifecycle(idle_unload_secs=models.idle_unload_secs, load_retry_secs=models.load_retry_secs),
         captioner_app=app_args.captioner_app,
     )

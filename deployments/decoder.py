@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 from ray import serve
 
-from deployments.config import ModelConfig
+from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_engine
 from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import DecoderUnavailable
@@ -18,13 +18,13 @@ from deployments.stopping import StopMatcher
 
 @serve.deployment(name="PrimaryDecoder", max_ongoing_requests=64, health_check_period_s=10)
 class PrimaryDecoder:
-    def __init__(self, model: ModelConfig, idle_unload_secs: float | None = None) -> None:
+    def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[TextEngine] = EngineSlot(
             "decoder",
             model.name,
             lambda: create_engine(TextEngine, model),
             unavailable=DecoderUnavailable,
-            idle_unload_s=idle_unload_secs,
+            lifecycle=lifecycle,
         )
         # Without its decoder the service has nothing to serve: fail the deployment loudly.
         if not self._slot.load():

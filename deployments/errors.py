@@ -122,7 +122,7 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
         return "Invalid request body.", None
     # A union reports one error per branch; the deepest one is the branch the client meant.
     first = max(errors, key=lambda e: len(e.get("loc", ())))
-    loc = tuple(p for p in first.get("loc", ()) if not _is_union_tag(p))
+    loc = _strip_union_tags(tuple(first.get("loc", ())))
     param = validation_param(loc)
     msg = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
@@ -130,12 +130,21 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def _is_union_tag(part: Any) -> bool:
-    # Discriminated unions add the tag ("user", "image_url") and typed-list branch names to loc.
-    return isinstance(part, str) and (
-        part in {"user", "system", "developer", "assistant", "text", "image_url"}
-        or part.startswith(("list[", "str", "function-", "tagged-union"))
-    )
+_UNION_TAGS = {"user", "system", "developer", "assistant", "text", "image_url"}
+
+
+def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop what unions add to a loc: the tag after a list index (`0, "user"`) and branch names
+    (`"list[...]"`, `"str"`), keeping real field names such as `image_url`."""
+    out: list[Any] = []
+    for prev, part in zip((None, *loc), loc, strict=False):
+        if isinstance(part, str):
+            if isinstance(prev, int) and part in _UNION_TAGS:
+                continue
+            if part.startswith(("list[", "function-", "tagged-union")) or part == "str":
+                continue
+        out.append(part)
+    return tuple(out)
 
 
 def to_openai_error(exc: BaseException, request_id: str) -> tuple[int, dict, dict[str, str]]:

@@ -2,7 +2,6 @@
 (proxy vision), calls the decoder through its handle, and speaks OpenAI on the wire, errors
 included."""
 
-
 import asyncio
 import json
 import logging
@@ -47,7 +46,7 @@ from deployments.protocol import (
     TextMessage,
     Usage,
 )
-from deployments.proxy_vision import UNDESCRIBED, collect_images, has_images, rewrite
+from deployments.proxy_vision import UNDESCRIBED, collect_images, count_images, rewrite
 
 logger = logging.getLogger("ray.serve")
 
@@ -156,7 +155,7 @@ class Ingress:
 
     async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], str | None]:
         """Proxy vision: captions in place of images. Returns the degradation reason, if any."""
-        if not has_images(messages):
+        if not count_images(messages):
             return rewrite(messages, []), None
         if self._captioner is None or self._config.vision is None:
             raise VisionDisabledError(

@@ -47,6 +47,9 @@ def collect_images(messages: list[ChatMessage]) -> list[ImageInput]:
 
 def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:
     """Text-only messages, with `captions[k]` standing for the k-th image of the conversation."""
+    images = count_images(messages)
+    if images != len(captions):
+        raise ValueError(f"{len(captions)} captions for {images} images")
     out = []
     n = 0
     for msg in messages:
@@ -62,13 +65,13 @@ def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessag
             out.append(TextMessage(role="user", content="\n".join(lines)))
         else:
             out.append(TextMessage(role=role, content=_text_of(msg.content)))
-    if n != len(captions):
-        raise ValueError(f"{len(captions)} captions for {n} images")
     return out
 
 
-def has_images(messages: list[ChatMessage]) -> bool:
-    return any(
-        isinstance(m, UserMessage) and isinstance(m.content, list) and any(isinstance(p, ImagePart) for p in m.content)
+def count_images(messages: list[ChatMessage]) -> int:
+    return sum(
+        isinstance(p, ImagePart)
         for m in messages
+        if isinstance(m, UserMessage) and isinstance(m.content, list)
+        for p in m.content
     )

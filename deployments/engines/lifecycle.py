@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
+from deployments.config import Lifecycle
 from deployments.engines.loading import describe_line
 from deployments.errors import UnavailableError
 from deployments.protocol import ComponentStatus
@@ -23,7 +24,6 @@ logger = logging.getLogger("ray.serve")
 
 E = TypeVar("E")
 
-RETRY_FIRST_S = 15.0
 RETRY_MAX_S = 300.0
 
 
@@ -35,19 +35,20 @@ class EngineSlot(Generic[E]):
         factory: Callable[[], E],
         *,
         unavailable: type[UnavailableError],
-        idle_unload_s: float | None = None,
+        lifecycle: Lifecycle,
     ) -> None:
         self.role, self.name = role, name
         self._factory = factory
         self._unavailable = unavailable
-        self._idle_unload_s = idle_unload_s
+        self._idle_unload_s = lifecycle.idle_unload_secs
+        self._retry_first_s = lifecycle.load_retry_secs
         self._lock = threading.RLock()
         self.engine: E | None = None
         self.state = "loading"
         self.reason: str | None = "loading"
         self._in_use = 0
         self._last_used = time.monotonic()
-        self._retry_in = RETRY_FIRST_S
+        self._retry_in = self._retry_first_s
         self._next_retry = 0.0
         self._stop = threading.Event()
 
@@ -69,7 +70,7 @@ class EngineSlot(Generic[E]):
                 self._retry_in = min(self._retry_in * 2, RETRY_MAX_S)
                 return False
             self.engine, self.state, self.reason = engine, "ready", None
-            self._retry_in = RETRY_FIRST_S
+            self._retry_in = self._retry_first_s
             self._last_used = time.monotonic()
             describe = getattr(engine, "describe", dict)
             logger.info(describe_line(self.name, self.role, describe()))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import socket
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
@@ -41,11 +45,28 @@ def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
     return torch.float32
 
 
+@functools.cache
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """One quick connect to the hub; offline machines then load from the cache without retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
+        return False
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 def pretrained_kwargs(model: ModelConfig) -> dict[str, Any]:
     """Keyword arguments shared by tokenizer/processor and model `from_pretrained` calls."""
     kwargs: dict[str, Any] = {}
     if model.weight_file:
         kwargs["gguf_file"] = model.weight_file
+    if model.local_path is None and not hub_reachable():
+        kwargs["local_files_only"] = True
     return kwargs
 
 

@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny real models (built once per session) and test images."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.tiny_models import build_tiny_llm, build_tiny_vlm, smollm2_gguf
+
+
+def png_bytes(color: tuple[int, int, int] = (255, 0, 0), size: tuple[int, int] = (48, 32)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llm(tmp_path_factory.mktemp("tiny-llm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))

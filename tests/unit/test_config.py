@@ -1,0 +1,166 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.config import AppArgs, EngineParams, load_models_file, resolve_plan
+from deployments.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def proxy_file(tmp_path: Path, **primary_extra) -> Path:
+    (tmp_path / "llm").mkdir(exist_ok=True)
+    primary = {
+        "name": "llm",
+        "local_path": "llm",
+        "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap"}},
+        **primary_extra,
+    }
+    return write(tmp_path, {"models": [primary, {"name": "cap", "hf_id": "org/cap"}]})
+
+
+def test_repository_models_yaml_is_valid():
+    if not (ROOT / "models" / "smollm2").exists():
+        pytest.skip("offline default not prepared")
+    plan = resolve_plan({"models_file": str(ROOT / "models.yaml")})
+    assert plan.primary.weight_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert plan.captioner is not None and plan.captioner.hf_id
+
+
+def test_local_path_is_resolved_relative_to_the_file(tmp_path):
+    models = load_models_file(proxy_file(tmp_path))
+    assert models.models[0].local_path == str((tmp_path / "llm").resolve())
+
+
+def test_unknown_key_names_file_and_field(tmp_path):
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "params": {"dtyp": "float16"}}]})
+    with pytest.raises(ConfigError) as err:
+        load_models_file(path)
+    assert str(path) in str(err.value) and "models[0].params.dtyp" in str(err.value)
+
+
+def test_duplicate_names_rejected(tmp_path):
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y"}, {"name": "a", "hf_id": "x/z"}]})
+    with pytest.raises(ConfigError, match="duplicate model name 'a'"):
+        load_models_file(path)
+
+
+def test_proxy_mode_needs_a_captioner(tmp_path):
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": {"vision_mode": "proxy"}}]})
+    with pytest.raises(ConfigError, match=r"models\[0\]\.capabilities.*vision_proxy"):
+        load_models_file(path)
+
+
+def test_missing_local_path_and_weight_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"models\[0\]\.local_path: .*nowhere does not exist"):
+        load_models_file(write(tmp_path, {"models": [{"name": "a", "local_path": "nowhere"}]}))
+    (tmp_path / "d").mkdir()
+    path = write(tmp_path, {"models": [{"name": "a", "local_path": "d", "weight_file": "m.gguf"}]})
+    with pytest.raises(ConfigError, match=r"models\[0\]\.weight_file: .*m.gguf not found"):
+        load_models_file(path)
+
+
+def test_exactly_one_source(tmp_path):
+    with pytest.raises(ConfigError, match="exactly one of hf_id and local_path"):
+        load_models_file(write(tmp_path, {"models": [{"name": "a"}]}))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_models_file(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_models_file(bad)
+
+
+@pytest.mark.parametrize("value", [False, None, "none", "false", "disabled"])
+def test_vision_mode_spellings_of_disabled(tmp_path, value):
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": {"vision_mode": value}}]})
+    assert load_models_file(path).models[0].capabilities.vision_mode == "disabled"
+
+
+def test_prompt_template_fields_are_checked(tmp_path):
+    path = write(
+        tmp_path,
+        {
+            "models": [
+                {
+                    "name": "a",
+                    "hf_id": "x/y",
+                    "capabilities": {
+                        "vision_mode": "proxy",
+                        "vision_proxy": {"model": "c", "prompt_template": "Look: {image_path}"},
+                    },
+                }
+            ]
+        },
+    )
+    with pytest.raises(ConfigError, match="may only use"):
+        load_models_file(path)
+
+
+def test_dotted_overrides_map_into_typed_params(tmp_path):
+    path = proxy_file(tmp_path, params={"max_tokens": 100, "temperature": 0.5})
+    plan = resolve_plan(
+        {
+            "models_file": str(path),
+            "decoder.max_tokens": "64",
+            "captioner.dtype": "float16",
+            "on_image_failure": "reject",
+        }
+    )
+    assert plan.primary.params.max_tokens == 64  # str from the CLI, int after validation
+    assert plan.primary.params.temperature == 0.5  # untouched file value survives
+    assert plan.captioner is not None and plan.captioner.params.dtype == "float16"
+    assert plan.captioner.hf_id == "org/cap"
+    assert plan.vision is not None and plan.vision.on_failure == "reject"
+
+
+def test_bad_override_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"builder args: decoder: max_tokens"):
+        resolve_plan({"models_file": str(proxy_file(tmp_path)), "decoder.max_tokens": "-3"})
+    with pytest.raises(ConfigError, match=r"builder args: decoder: nonsense"):
+        resolve_plan({"models_file": str(proxy_file(tmp_path)), "decoder.nonsense": 1})
+    with pytest.raises(ConfigError, match=r"builder args: unknown_arg"):
+        resolve_plan({"models_file": str(proxy_file(tmp_path)), "unknown_arg": 1})
+
+
+def test_vision_mode_override_disables_captioner(tmp_path):
+    plan = resolve_plan({"models_file": str(proxy_file(tmp_path)), "vision_mode": "none"})
+    assert plan.captioner is None and plan.vision is None
+
+
+def test_captioner_may_be_a_bare_hub_id(tmp_path):
+    (tmp_path / "llm").mkdir()
+    caps = {"vision_mode": "proxy", "vision_proxy": {"model": "Qwen/Qwen2-VL-2B-Instruct"}}
+    path = write(tmp_path, {"models": [{"name": "llm", "local_path": "llm", "capabilities": caps}]})
+    plan = resolve_plan({"models_file": str(path)})
+    assert plan.captioner is not None and plan.captioner.hf_id == "Qwen/Qwen2-VL-2B-Instruct"
+
+
+def test_native_vision_is_refused_clearly(tmp_path):
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": {"vision_mode": "native"}}]})
+    with pytest.raises(ConfigError, match="native vision is not available yet"):
+        resolve_plan({"models_file": str(path)})
+
+
+def test_primary_selection(tmp_path):
+    path = proxy_file(tmp_path)
+    assert resolve_plan({"models_file": str(path), "model": "cap"}).primary.name == "cap"
+    with pytest.raises(ConfigError, match="no entry named 'zzz'"):
+        resolve_plan({"models_file": str(path), "model": "zzz"})
+
+
+def test_every_param_has_a_default_and_description():
+    for name, field in EngineParams.model_fields.items():
+        assert field.description, name
+        assert not field.is_required(), name
+    assert AppArgs().models_file == "models.yaml"

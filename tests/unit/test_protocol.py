@@ -1,0 +1,85 @@
+import pytest
+from pydantic import ValidationError
+
+from deployments.errors import validation_message
+from deployments.protocol import ChatCompletionRequest, ImagePart, UserMessage
+
+
+def req(**kw):
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def test_string_and_parts_content():
+    r = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this?"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+                    ],
+                },
+            ],
+        }
+    )
+    user = r.messages[1]
+    assert isinstance(user, UserMessage) and isinstance(user.content[1], ImagePart)
+
+
+def test_max_completion_tokens_wins():
+    assert req(max_tokens=10, max_completion_tokens=20).completion_limit == 20
+    assert req(max_tokens=10).completion_limit == 10
+    assert req().completion_limit is None
+
+
+def test_stop_normalised_and_bounded():
+    assert req(stop="x").stop == ["x"]
+    with pytest.raises(ValidationError):
+        req(stop=["a", "b", "c", "d", "e"])
+    with pytest.raises(ValidationError):
+        req(stop=[""])
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"tools": []}, "tools"),
+        ({"logit_bias": {"1": 2}}, "logit_bias"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_unsupported_or_out_of_range_fields_name_their_param(extra, param):
+    with pytest.raises(ValidationError) as err:
+        req(**extra)
+    assert validation_message(err.value.errors())[1] == param
+
+
+def test_bare_string_image_url_points_at_the_part():
+    with pytest.raises(ValidationError) as err:
+        ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "data:x"}]}]}
+        )
+    message, param = validation_message(err.value.errors())
+    assert param == "messages[0].content[0].image_url"
+    assert "dictionary" in message or "object" in message
+
+
+def test_images_only_in_user_messages():
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate(
+            {
+                "model": "m",
+                "messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}],
+            }
+        )
+
+
+def test_bad_role_rejected():
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})

@@ -1,0 +1,103 @@
+import io
+import re
+
+import pytest
+from PIL import Image
+from pydantic import TypeAdapter
+
+from deployments.errors import InvalidImageError
+from deployments.protocol import ChatMessage
+from deployments.proxy_vision import collect_images, count_images, rewrite
+from tests.conftest import data_url, png_bytes
+
+MESSAGES = TypeAdapter(list[ChatMessage])
+
+
+def chat(*messages):
+    return MESSAGES.validate_python(list(messages))
+
+
+def img(color=(255, 0, 0)):
+    return {"type": "image_url", "image_url": {"url": data_url(png_bytes(color))}}
+
+
+def test_images_replaced_in_place_and_numbered_across_turns():
+    messages = chat(
+        {"role": "developer", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "compare"}, img(), {"type": "text", "text": "and"}, img()],
+        },
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": [img((0, 0, 255)), {"type": "text", "text": "and this?"}]},
+    )
+    out = rewrite(messages, ["red square", "red again", "blue square"])
+    assert [m.role for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0].content == "be brief"
+    assert out[1].content == "compare\nImage 1: red square\nand\nImage 2: red again"
+    assert out[2].content == "done"
+    assert out[3].content == "Image 3: blue square\nand this?"
+
+
+def test_messages_without_images_pass_unchanged():
+    messages = chat({"role": "user", "content": "plain"}, {"role": "user", "content": [{"type": "text", "text": "p"}]})
+    assert count_images(messages) == 0
+    assert [m.content for m in rewrite(messages, [])] == ["plain", "p"]
+
+
+def test_caption_count_must_match():
+    with pytest.raises(ValueError, match="1 captions for 2 images"):
+        rewrite(chat({"role": "user", "content": [img(), img()]}), ["one"])
+
+
+def test_collect_images_carries_bytes_and_user_text():
+    red, blue = png_bytes((255, 0, 0)), png_bytes((0, 0, 255))
+    messages = chat(
+        {"role": "user", "content": [{"type": "text", "text": "what?"}, img((255, 0, 0))]},
+        {"role": "user", "content": [img((0, 0, 255))]},
+    )
+    images = collect_images(messages)
+    assert [i.data for i in images] == [red, blue]
+    assert [i.user_text for i in images] == ["what?", ""]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("data:image/png;base64,@@@@", "not valid base64"),
+        ("data:image/png;base64," + "aGVsbG8=", "not a readable image"),
+        ("data:text/plain;base64,aGVsbG8=", "must look like"),
+        ("https://example.com/cat.png", "Unsupported image URL scheme 'https'"),
+        ("file:///etc/passwd", "Unsupported image URL scheme 'file'"),
+        ("cat.png", "Unsupported image URL scheme '(none)'"),
+    ],
+)
+def test_bad_image_urls_are_400s_that_point_at_the_part(url, message):
+    messages = chat(
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]},
+    )
+    with pytest.raises(InvalidImageError, match=re.escape(message)) as err:
+        collect_images(messages)
+    assert err.value.param == "messages[1].content[1].image_url"
+    assert err.value.status == 400
+
+
+def test_pixel_bomb_rejected_from_header_only():
+    buf = io.BytesIO()
+    Image.new("1", (8000, 8000)).save(buf, format="PNG")  # 64 Mpx, a few KB compressed
+    messages = chat(
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(buf.getvalue())}}]}
+    )
+    with pytest.raises(InvalidImageError, match="8000x8000"):
+        collect_images(messages)
+
+
+def test_unsupported_format_rejected():
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="BMP")
+    messages = chat(
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(buf.getvalue())}}]}
+    )
+    with pytest.raises(InvalidImageError, match="BMP is not supported"):
+        collect_images(messages)

@@ -1,0 +1,37 @@
+from deployments.stopping import StopMatcher
+
+
+def run(stops, pieces):
+    m = StopMatcher(stops)
+    out = "".join(m.feed(p) for p in pieces)
+    return out + m.flush(), m.stopped
+
+
+def test_no_stops_pass_through():
+    assert run([], ["a", "b"]) == ("ab", False)
+
+
+def test_stop_inside_one_piece_is_excluded():
+    assert run(["END"], ["hello END world"]) == ("hello ", True)
+
+
+def test_stop_split_across_pieces():
+    assert run(["END"], ["hello E", "N", "D and more"]) == ("hello ", True)
+
+
+def test_false_prefix_is_released():
+    assert run(["END"], ["hello E", "NO"]) == ("hello ENO", False)
+
+
+def test_held_prefix_released_at_flush():
+    assert run(["END"], ["hello EN"]) == ("hello EN", False)
+
+
+def test_earliest_of_several_stops_wins():
+    assert run(["b", "xyz"], ["a xyz b"]) == ("a ", True)
+
+
+def test_nothing_after_stop():
+    m = StopMatcher(["."])
+    assert m.feed("one. two") == "one"
+    assert m.feed("three") == "" and m.flush() == ""
