@@ -8,6 +8,7 @@ of concurrent requests is bounded by the decoder deployment (`max_num_seqs`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,11 +40,15 @@ class _QueueStreamer(BaseStreamer):
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
         self._loop, self._queue, self._prompt_seen = loop, queue, False
 
+    def send(self, item: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody listens any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
     def put(self, value: torch.Tensor) -> None:
         if not self._prompt_seen:  # generate() first hands over the prompt itself
             self._prompt_seen = True
             return
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, value.reshape(-1).tolist())
+        self.send(value.reshape(-1).tolist())
 
     def end(self) -> None:
         pass
@@ -148,6 +153,7 @@ class TransformersTextEngine(TextEngine):
         queue: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
         input_ids = torch.tensor([prompt], device=self.device)
+        streamer = _QueueStreamer(loop, queue)
 
         def run() -> None:
             try:
@@ -160,12 +166,12 @@ class TransformersTextEngine(TextEngine):
                         generation_config=config,
                         logits_processor=processors,
                         stopping_criteria=StoppingCriteriaList([_Cancelled(cancel)]),
-                        streamer=_QueueStreamer(loop, queue),
+                        streamer=streamer,
                     )
             except BaseException as exc:  # surfaces in the request, not in a dead thread
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                streamer.send(exc)
             finally:
-                loop.call_soon_threadsafe(queue.put_nowait, _END)
+                streamer.send(_END)
 
         threading.Thread(target=run, name="generate", daemon=True).start()
         generated: list[int] = []

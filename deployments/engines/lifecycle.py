@@ -13,7 +13,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import ray
 
 from deployments.config import Lifecycle
 from deployments.engines.loading import describe_line
@@ -119,9 +121,15 @@ class EngineSlot(Generic[E]):
                 self._last_used = time.monotonic()
 
     def status(self) -> ComponentStatus:
+        details: dict[str, Any] = {"state": self.state, "in_use": self._in_use}
+        if ray.is_initialized():  # where Ray pinned this replica, and what the engine runs on
+            details["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        device = getattr(self.engine, "device", None)
+        if device is not None:
+            details["device"] = str(device)
         return ComponentStatus(
             ready=self.state in ("ready", "unloaded"),
             model=self.name,
             reason=self.reason if self.state not in ("ready", "unloaded") else None,
-            details={"state": self.state, "in_use": self._in_use},
+            details=details,
         )

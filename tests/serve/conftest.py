@@ -1,0 +1,84 @@
+"""Real Ray Serve on the CPU: a local cluster with one fake GPU (so GPU pinning and packing are
+exercised), HTTP on a test port, and helpers to deploy the two applications from a models.yaml."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+import yaml
+from ray import serve
+
+from deployments.app import build_app, build_captioner_app
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 8731
+BASE_URL = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture(scope="session")
+def serve_cluster():
+    # Replicas import tests.fakes; workers inherit the driver's environment.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
+
+def write_models(directory: Path, models: list[dict[str, Any]], **file_level: Any) -> Path:
+    path = directory / "models.yaml"
+    path.write_text(yaml.safe_dump({**file_level, "models": models}))
+    return path
+
+
+def deploy(models_file: Path, *, wait_for_captioner: bool = True, main: str = "default", route: str = "/", **args):
+    """Deploy the captioner application and the main application, as serve_config.yaml does."""
+    args = {"models_file": str(models_file), **args}
+    serve._run(build_captioner_app(args), name="vision", route_prefix=None, _blocking=wait_for_captioner)
+    serve.run(build_app(args), name=main, route_prefix=route)
+
+
+def undeploy(*names: str) -> None:
+    for name in names:
+        serve.delete(name)
+
+
+def app_status(name: str) -> str:
+    status = serve.status().applications[name].status
+    return getattr(status, "value", str(status))
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 90.0, every_s: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return False
+
+
+@pytest.fixture
+def http() -> httpx.Client:
+    with httpx.Client(base_url=BASE_URL, timeout=120) as client:
+        yield client
+
+
+def image_chat(model: str, url: str, text: str = "What is in this picture?") -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}],
+            }
+        ],
+        "temperature": 0,
+    }

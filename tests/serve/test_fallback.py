@@ -1,0 +1,125 @@
+"""Graceful fallback: a captioner that cannot load (its weights are missing) never takes the main
+application down; image requests degrade (or are rejected, by policy), /health says why, and the
+service uses the captioner again, without a restart, once it can load."""
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import data_url, png_bytes
+from tests.serve.conftest import app_status, deploy, image_chat, undeploy, wait_until, write_models
+
+
+@pytest.fixture(scope="module")
+def weights_dir(serve_cluster, tmp_path_factory):
+    return tmp_path_factory.mktemp("captioner-weights")  # exists, but holds no model yet
+
+
+@pytest.fixture(scope="module")
+def models_file(weights_dir, tmp_path_factory):
+    return write_models(
+        tmp_path_factory.mktemp("fallback"),
+        [
+            {
+                "name": "echo",
+                "engine": "tests.fakes:EchoEngine",
+                "params": {"max_tokens": 4096},
+                "capabilities": {
+                    "vision_mode": "proxy",
+                    "vision_proxy": {"model": "cap", "timeout_s": 20, "retry_after_s": 0.5, "max_new_tokens": 6},
+                },
+            },
+            {"name": "cap", "local_path": str(weights_dir)},
+        ],
+        load_retry_secs=1,
+    )
+
+
+@pytest.fixture(scope="module")
+def service(models_file):
+    deploy(models_file)
+    yield
+    undeploy("default", "vision", "strict")
+
+
+def test_main_application_stays_running(service):
+    assert app_status("default") == "RUNNING"
+
+
+def test_text_requests_unaffected(service, http):
+    response = http.post(
+        "/v1/chat/completions", json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "user: hi"
+
+
+def test_image_request_degrades_visibly(service, http):
+    response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()), text="see?"))
+    assert response.status_code == 200
+    assert response.headers["x-vision-degraded"] == "captioner-unavailable"
+    prompt = response.json()["choices"][0]["message"]["content"]
+    assert prompt == "user: see?\nImage 1: [image could not be described: captioner unavailable]"
+
+
+def test_streaming_image_request_degrades_too(service, http):
+    body = {**image_chat("echo", data_url(png_bytes())), "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["x-vision-degraded"] == "captioner-unavailable"
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert "could not be described" in "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+
+
+def test_health_says_why(service, weights_dir, http):
+    response = http.get("/health")
+    assert response.status_code == 200  # the service answers: degraded, not down
+    health = response.json()
+    assert health["status"] == "degraded"
+    captioner = health["components"]["captioner"]
+    assert not captioner["ready"]
+    assert "failed" in captioner["details"]["state"]
+    assert str(weights_dir) in captioner["reason"]  # the loader's own words, naming the empty directory
+
+
+def test_reject_policy_answers_503(service, models_file, http):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    # The one fake GPU is already packed with this module's decoder and captioner (0.5 each).
+    args = {"models_file": str(models_file), "on_image_failure": "reject", "decoder_gpus": 0}
+    serve.run(build_app(args), name="strict", route_prefix="/strict")
+    response = http.post("/strict/v1/chat/completions", json=image_chat("echo", data_url(png_bytes())))
+    assert response.status_code == 503
+    assert response.headers["retry-after"].isdigit()
+    error = response.json()["error"]
+    assert error["code"] == "captioner_unavailable" and "unavailable" in error["message"]
+    text = http.post(
+        "/strict/v1/chat/completions", json={"model": "echo", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert text.status_code == 200
+
+
+def test_recovers_without_restart(service, weights_dir, tiny_vlm_dir, http):
+    for item in tiny_vlm_dir.iterdir():
+        shutil.copy(item, weights_dir / item.name)
+
+    def captioner_ready() -> bool:
+        return http.get("/health").json()["components"]["captioner"]["ready"]
+
+    assert wait_until(captioner_ready, timeout_s=120)
+    assert wait_until(
+        lambda: (
+            "x-vision-degraded"
+            not in http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()))).headers
+        ),
+        timeout_s=30,
+    )
+    response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()), text="now?"))
+    prompt = response.json()["choices"][0]["message"]["content"]
+    assert prompt.startswith("user: now?\nImage 1: ") and "could not be described" not in prompt
+    assert http.get("/health").json()["status"] == "ok"

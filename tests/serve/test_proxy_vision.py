@@ -1,0 +1,90 @@
+"""Proxy vision through the real service: the caption the captioner produces is what reaches the
+decoder's prompt (the echo decoder answers with its prompt)."""
+
+import pytest
+from ray import serve
+
+from deployments.protocol import CaptionRequest
+from tests.conftest import data_url, png_bytes
+from tests.serve.conftest import deploy, image_chat, undeploy, write_models
+
+TEMPLATE = "Describe the image. Question: {user_text}"
+
+
+@pytest.fixture(scope="module")
+def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
+    models = write_models(
+        tmp_path_factory.mktemp("proxy"),
+        [
+            {
+                "name": "echo",
+                "engine": "tests.fakes:EchoEngine",
+                "params": {"max_tokens": 4096},
+                "capabilities": {
+                    "vision_mode": "proxy",
+                    "vision_proxy": {"model": "tiny-vlm", "max_new_tokens": 6, "prompt_template": TEMPLATE},
+                },
+            },
+            {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir)},
+        ],
+    )
+    deploy(models)
+    yield
+    undeploy("default", "vision")
+
+
+def caption_directly(image: bytes, user_text: str) -> str:
+    handle = serve.get_deployment_handle("VisionCaptioner", app_name="vision")
+    request = CaptionRequest(images=[image], prompts=[TEMPLATE.format(user_text=user_text)])
+    return handle.caption.remote(request).result(timeout_s=60)[0]
+
+
+def test_caption_reaches_the_decoder_prompt(service, http):
+    image = png_bytes((0, 128, 255))
+    response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(image), text="what is it?"))
+    assert response.status_code == 200
+    prompt = response.json()["choices"][0]["message"]["content"]
+    caption = caption_directly(image, "what is it?")
+    assert caption
+    assert prompt == f"user: what is it?\nImage 1: {caption}"
+
+
+def test_images_in_earlier_turns_are_numbered_in_order(service, http):
+    first, second = png_bytes((255, 0, 0)), png_bytes((0, 255, 0), size=(20, 60))
+    body = {
+        "model": "echo",
+        "messages": [
+            {"role": "system", "content": "You see images as text."},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(first)}}]},
+            {"role": "assistant", "content": "Nice."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "and now?"},
+                    {"type": "image_url", "image_url": {"url": data_url(second)}},
+                ],
+            },
+        ],
+    }
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    prompt = response.json()["choices"][0]["message"]["content"]
+    expected = (
+        "system: You see images as text.\n"
+        f"user: Image 1: {caption_directly(first, '')}\n"
+        "assistant: Nice.\n"
+        f"user: and now?\nImage 2: {caption_directly(second, 'and now?')}"
+    )
+    assert prompt == expected
+
+
+def test_streamed_prompt_matches(service, http):
+    image = png_bytes((9, 9, 9))
+    body = {**image_chat("echo", data_url(image), text="hm"), "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+    import json
+
+    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "") for line in lines[:-1])
+    assert text == f"user: hm\nImage 1: {caption_directly(image, 'hm')}"

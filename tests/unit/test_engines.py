@@ -1,0 +1,109 @@
+"""Engines on tiny real models (and the real offline default), through the real loading code."""
+
+import threading
+import time
+from contextlib import aclosing
+
+import pytest
+from PIL import Image
+
+from deployments.config import ModelConfig, VisionProxyConfig
+from deployments.engines import CaptionEngine, TextEngine, create_engine
+from deployments.errors import ConfigError, ContextLengthError
+from deployments.protocol import GenerateRequest, TextMessage
+
+
+def ask(text: str, **kw) -> GenerateRequest:
+    return GenerateRequest(messages=[TextMessage(role="user", content=text)], **kw)
+
+
+async def complete(engine: TextEngine, request: GenerateRequest):
+    pieces = [p async for p in engine.generate(request)]
+    return "".join(p.text for p in pieces), pieces
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_llm_dir) -> TextEngine:
+    return create_engine(TextEngine, ModelConfig(name="tiny", local_path=str(tiny_llm_dir)))
+
+
+async def test_greedy_is_deterministic_and_counts_tokens(tiny_llm):
+    request = ask("hello there", temperature=0, max_tokens=12)
+    text1, pieces = await complete(tiny_llm, request)
+    text2, _ = await complete(tiny_llm, request)
+    assert text1 == text2 and text1
+    assert pieces[-1].finish_reason in ("length", "stop")
+    generated = sum(p.new_tokens for p in pieces)
+    assert generated <= 12
+    if pieces[-1].finish_reason == "length":
+        assert generated == 12
+    assert pieces[-1].prompt_tokens > 3
+
+
+async def test_sampling_with_seed_and_penalties_runs(tiny_llm):
+    request = ask("hi", temperature=0.9, top_p=0.9, top_k=20, seed=7, presence_penalty=1.0, max_tokens=6)
+    text1, _ = await complete(tiny_llm, request)
+    text2, _ = await complete(tiny_llm, request)
+    assert text1 == text2  # same seed, sequential: reproducible
+
+
+async def test_context_length_checked_before_generation(tiny_llm):
+    with pytest.raises(ContextLengthError):
+        await complete(tiny_llm, ask("word " * 600, max_tokens=10))
+
+
+async def test_closing_the_stream_stops_generation(tiny_llm):
+    def generating() -> int:
+        return sum(t.name == "generate" for t in threading.enumerate())
+
+    before = generating()
+    async with aclosing(tiny_llm.generate(ask("go on", temperature=0, max_tokens=400))) as pieces:
+        async for _ in pieces:
+            break
+    deadline = time.monotonic() + 30
+    while generating() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert generating() == before
+
+
+def test_chat_template_is_required(tmp_path, tiny_llm_dir):
+    import shutil
+
+    copy = tmp_path / "no-template"
+    shutil.copytree(tiny_llm_dir, copy)
+    config = copy / "tokenizer_config.json"
+    import json
+
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+    for extra in copy.glob("chat_template.*"):
+        extra.unlink()
+    with pytest.raises(ConfigError, match="no chat template"):
+        create_engine(TextEngine, ModelConfig(name="x", local_path=str(copy)))
+
+
+def test_custom_engine_import_errors_are_config_errors():
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        create_engine(TextEngine, ModelConfig(name="x", engine="nowhere.module:Nope"))
+    with pytest.raises(ConfigError, match="is not a TextEngine"):
+        create_engine(TextEngine, ModelConfig(name="x", engine="tests.fakes:ColorCaptionEngine"))
+
+
+async def test_offline_default_gguf_answers(smollm2):
+    model = ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name)
+    engine = create_engine(TextEngine, model)
+    text, pieces = await complete(engine, ask("What is the capital of France?", temperature=0, max_tokens=24))
+    assert "Paris" in text
+    assert pieces[-1].finish_reason == "stop"
+
+
+def test_captioner_batches_match_single_captions(tiny_vlm_dir):
+    vision = VisionProxyConfig(model="tiny", max_new_tokens=8)
+    engine = create_engine(CaptionEngine, ModelConfig(name="tiny", local_path=str(tiny_vlm_dir)), vision)
+    red, blue = Image.new("RGB", (64, 48), (255, 0, 0)), Image.new("RGB", (30, 60), (0, 0, 255))
+    batch = engine.caption([red, blue], ["Describe.", "Describe this image, please."])
+    assert len(batch) == 2 and all(batch)
+    assert batch[0] == engine.caption([red], ["Describe."])[0]
+    assert batch[1] == engine.caption([blue], ["Describe this image, please."])[0]
+    assert engine.caption([], []) == []
