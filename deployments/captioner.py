@@ -12,7 +12,7 @@ import asyncio
 from ray import serve
 
 from deployments.config import Lifecycle, ModelConfig, VisionProxyConfig
-from deployments.engines import CaptionEngine, create_engine
+from deployments.engines import CaptionEngine, create_caption_engine
 from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import CaptionerUnavailable
 from deployments.images import decode_rgb
@@ -29,7 +29,7 @@ class VisionCaptioner:
             self._slot = EngineSlot(
                 "captioner",
                 model.name,
-                lambda: create_engine(CaptionEngine, model, vision),
+                lambda: create_caption_engine(model, vision),
                 unavailable=CaptionerUnavailable,
                 lifecycle=lifecycle,
             )

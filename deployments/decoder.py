@@ -9,7 +9,7 @@ from contextlib import aclosing
 from ray import serve
 
 from deployments.config import Lifecycle, ModelConfig
-from deployments.engines import TextEngine, create_engine
+from deployments.engines import TextEngine, create_text_engine
 from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import DecoderUnavailable
 from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
@@ -22,7 +22,7 @@ class PrimaryDecoder:
         self._slot: EngineSlot[TextEngine] = EngineSlot(
             "decoder",
             model.name,
-            lambda: create_engine(TextEngine, model),
+            lambda: create_text_engine(model),
             unavailable=DecoderUnavailable,
             lifecycle=lifecycle,
         )

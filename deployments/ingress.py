@@ -38,6 +38,7 @@ from deployments.protocol import (
     ChunkChoice,
     ComponentStatus,
     Delta,
+    FinishReason,
     GenerateChunk,
     GenerateRequest,
     ModelCard,
@@ -136,7 +137,7 @@ class Ingress:
             seed=body.seed,
         )
         headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}
-        stream: DeploymentResponseGenerator = self._decoder.options(stream=True).generate.remote(generate)
+        stream: DeploymentResponseGenerator = self._decoder.options(stream=True).generate.remote(generate)  # type: ignore[assignment]
         first = await self._first_chunk(stream)  # errors before the first byte keep their status
         completion_id = f"chatcmpl-{rid}"
         if body.stream:
@@ -196,8 +197,10 @@ class Ingress:
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
-        def event(delta: Delta, finish: str | None = None, usage: Usage | None = None, final: bool = False) -> str:
-            choices = [] if final else [ChunkChoice(delta=delta, finish_reason=finish)]  # type: ignore[arg-type]
+        def event(
+            delta: Delta, finish: FinishReason | None = None, usage: Usage | None = None, final: bool = False
+        ) -> str:
+            choices = [] if final else [ChunkChoice(delta=delta, finish_reason=finish)]
             chunk = ChatCompletionChunk(
                 id=cid, created=created, model=self._config.model_name, choices=choices, usage=usage
             )

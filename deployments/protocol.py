@@ -73,7 +73,7 @@ class ChatCompletionRequest(_Request):
     top_k: int | None = Field(None, ge=0)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
-    stop: str | list[str] | None = None
+    stop: list[str] | None = None
     seed: int | None = None
     n: int = Field(1, ge=1, le=1, description="Only n=1 is supported.")
     stream: bool = False
@@ -84,15 +84,13 @@ class ChatCompletionRequest(_Request):
     store: bool | None = None
     service_tier: str | None = None
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
+    def _stop_list(cls, value: object) -> object:
         stops = [value] if isinstance(value, str) else value
-        if len(stops) > 4:
+        if isinstance(stops, list) and len(stops) > 4:
             raise ValueError("at most 4 stop sequences")
-        if any(not s for s in stops):
+        if isinstance(stops, list) and any(s == "" for s in stops):
             raise ValueError("stop sequences must be non-empty")
         return stops
 
@@ -103,6 +101,9 @@ class ChatCompletionRequest(_Request):
 
 
 # --------------------------------------------------------------------------- response
+
+
+FinishReason = Literal["stop", "length"]
 
 
 class Usage(BaseModel):
@@ -119,7 +120,7 @@ class ResponseMessage(BaseModel):
 class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     logprobs: None = None
 
 
@@ -140,7 +141,7 @@ class Delta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
     logprobs: None = None
 
 
@@ -193,7 +194,7 @@ class GenerateChunk(BaseModel):
     """PrimaryDecoder -> Ingress, streamed. The last chunk has `finish_reason` set."""
 
     text: str = ""
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from PIL import Image
 
@@ -31,7 +31,7 @@ class TextEngine(ABC):
     model_name: str
 
     @abstractmethod
-    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream text pieces. Raise ContextLengthError before the first piece when the prompt
         cannot fit; closing the iterator early must stop generation and free its slot."""
 
@@ -57,24 +57,31 @@ class CaptionEngine(ABC):
         """Free device memory (idle unload)."""
 
 
-E = TypeVar("E", TextEngine, CaptionEngine)
-
-
-def create_engine(kind: type[E], model: ModelConfig, vision: VisionProxyConfig | None = None) -> E:
-    """Instantiate the engine named by `model.engine` (`transformers` or `module:Class`)."""
-    if model.engine == "transformers":
-        if kind is TextEngine:
-            from deployments.engines.hf_text import TransformersTextEngine
-
-            return TransformersTextEngine(model)  # type: ignore[return-value]
-        from deployments.engines.hf_vision import TransformersCaptionEngine
-
-        return TransformersCaptionEngine(model, vision)  # type: ignore[return-value]
+def _custom_engine(model: ModelConfig, base: type) -> Any:
+    """The class named `module:Class` by `model.engine`, checked to implement `base`."""
     module_name, _, class_name = model.engine.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"model {model.name!r}: engine {model.engine!r} cannot be imported: {exc}") from exc
-    if not (isinstance(cls, type) and issubclass(cls, kind)):
-        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} is not a {kind.__name__}")
-    return cls(model, vision) if kind is CaptionEngine else cls(model)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} is not a {base.__name__}")
+    return cls
+
+
+def create_text_engine(model: ModelConfig) -> TextEngine:
+    """The decoder engine named by `model.engine` (`transformers` or `module:Class`)."""
+    if model.engine != "transformers":
+        return _custom_engine(model, TextEngine)(model)
+    from deployments.engines.hf_text import TransformersTextEngine
+
+    return TransformersTextEngine(model)
+
+
+def create_caption_engine(model: ModelConfig, vision: VisionProxyConfig | None) -> CaptionEngine:
+    """The captioner engine named by `model.engine` (`transformers` or `module:Class`)."""
+    if model.engine != "transformers":
+        return _custom_engine(model, CaptionEngine)(model, vision)
+    from deployments.engines.hf_vision import TransformersCaptionEngine
+
+    return TransformersCaptionEngine(model, vision)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -59,7 +59,8 @@ class _Cancelled(StoppingCriteria):
         self._flag = flag
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        return torch.full((input_ids.shape[0],), self._flag.is_set(), dtype=torch.bool, device=input_ids.device)
+        done = torch.full((input_ids.shape[0],), self._flag.is_set(), dtype=torch.bool, device=input_ids.device)
+        return done  # type: ignore[return-value]
 
 
 class OpenAIPenalties(LogitsProcessor):
@@ -73,7 +74,8 @@ class OpenAIPenalties(LogitsProcessor):
         if generated.shape[1] == 0:
             return scores
         counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
-        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+        penalized = scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+        return penalized  # type: ignore[return-value]
 
 
 class TransformersTextEngine(TextEngine):
@@ -88,7 +90,7 @@ class TransformersTextEngine(TextEngine):
         self.model = place(lm, self.device, kwargs).eval()
         own_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
-        gen = self.model.generation_config
+        gen: Any = self.model.generation_config
         self._special = {
             "eos_token_id": gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id,
             "pad_token_id": gen.pad_token_id if gen.pad_token_id is not None else self.tokenizer.eos_token_id,
@@ -110,10 +112,13 @@ class TransformersTextEngine(TextEngine):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
         messages = [m.model_dump() for m in request.messages]
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-        return list(encoded["input_ids"])
+        return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
 
     def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
         if prompt_len + max_tokens > self.max_model_len:
@@ -136,7 +141,7 @@ class TransformersTextEngine(TextEngine):
             }
         return GenerationConfig(max_new_tokens=max_tokens, **sampling, **self._special)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         prompt = self._prompt_ids(request)
         max_tokens = request.max_tokens or self.params.max_tokens
         self._check_fits(len(prompt), max_tokens)
@@ -181,13 +186,13 @@ class TransformersTextEngine(TextEngine):
                 if isinstance(item, BaseException):
                     raise item
                 generated.extend(item)
-                text = self.tokenizer.decode(generated, skip_special_tokens=True)
+                text = self._decode(generated)
                 if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
                     continue
                 yield EngineOutput(text[len(emitted) :], new_tokens=len(item), prompt_tokens=len(prompt))
                 emitted = text
-            text = self.tokenizer.decode(generated, skip_special_tokens=True)
-            finish = "length" if len(generated) >= max_tokens else "stop"
+            text = self._decode(generated)
+            finish: Literal["stop", "length"] = "length" if len(generated) >= max_tokens else "stop"
             yield EngineOutput(text[len(emitted) :], prompt_tokens=len(prompt), finish_reason=finish)
         finally:
             cancel.set()

@@ -90,7 +90,7 @@ def load_kwargs(model: ModelConfig) -> tuple[str, dict[str, Any]]:
     return device, kwargs
 
 
-def place(module: torch.nn.Module, device: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+def place(module: Any, device: str, kwargs: dict[str, Any]) -> Any:
     """Move to `device` unless accelerate already placed or quantized it."""
     if "device_map" in kwargs or "quantization_config" in kwargs:
         return module

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from deployments.config import ModelConfig, VisionProxyConfig
-from deployments.engines import CaptionEngine, TextEngine, create_engine
+from deployments.engines import TextEngine, create_caption_engine, create_text_engine
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -24,7 +24,7 @@ async def complete(engine: TextEngine, request: GenerateRequest):
 
 @pytest.fixture(scope="module")
 def tiny_llm(tiny_llm_dir) -> TextEngine:
-    return create_engine(TextEngine, ModelConfig(name="tiny", local_path=str(tiny_llm_dir)))
+    return create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir)))
 
 
 async def test_greedy_is_deterministic_and_counts_tokens(tiny_llm):
@@ -80,19 +80,19 @@ def test_chat_template_is_required(tmp_path, tiny_llm_dir):
     for extra in copy.glob("chat_template.*"):
         extra.unlink()
     with pytest.raises(ConfigError, match="no chat template"):
-        create_engine(TextEngine, ModelConfig(name="x", local_path=str(copy)))
+        create_text_engine(ModelConfig(name="x", local_path=str(copy)))
 
 
 def test_custom_engine_import_errors_are_config_errors():
     with pytest.raises(ConfigError, match="cannot be imported"):
-        create_engine(TextEngine, ModelConfig(name="x", engine="nowhere.module:Nope"))
+        create_text_engine(ModelConfig(name="x", engine="nowhere.module:Nope"))
     with pytest.raises(ConfigError, match="is not a TextEngine"):
-        create_engine(TextEngine, ModelConfig(name="x", engine="tests.fakes:ColorCaptionEngine"))
+        create_text_engine(ModelConfig(name="x", engine="tests.fakes:ColorCaptionEngine"))
 
 
 async def test_offline_default_gguf_answers(smollm2):
     model = ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name)
-    engine = create_engine(TextEngine, model)
+    engine = create_text_engine(model)
     text, pieces = await complete(engine, ask("What is the capital of France?", temperature=0, max_tokens=24))
     assert "Paris" in text
     assert pieces[-1].finish_reason == "stop"
@@ -100,10 +100,23 @@ async def test_offline_default_gguf_answers(smollm2):
 
 def test_captioner_batches_match_single_captions(tiny_vlm_dir):
     vision = VisionProxyConfig(model="tiny", max_new_tokens=8)
-    engine = create_engine(CaptionEngine, ModelConfig(name="tiny", local_path=str(tiny_vlm_dir)), vision)
+    engine = create_caption_engine(ModelConfig(name="tiny", local_path=str(tiny_vlm_dir)), vision)
     red, blue = Image.new("RGB", (64, 48), (255, 0, 0)), Image.new("RGB", (30, 60), (0, 0, 255))
     batch = engine.caption([red, blue], ["Describe.", "Describe this image, please."])
     assert len(batch) == 2 and all(batch)
     assert batch[0] == engine.caption([red], ["Describe."])[0]
     assert batch[1] == engine.caption([blue], ["Describe this image, please."])[0]
     assert engine.caption([], []) == []
+
+
+def test_openai_penalties_are_additive_over_completion_tokens():
+    import torch
+
+    from deployments.engines.hf_text import OpenAIPenalties
+
+    scores = torch.zeros(1, 10)
+    input_ids = torch.tensor([[3, 5, 3, 3, 7]])  # prompt [3, 5], completion [3, 3, 7]
+    out = OpenAIPenalties(prompt_len=2, frequency=0.5, presence=1.0)(input_ids, scores)
+    assert out[0, 3].item() == -(2 * 0.5 + 1.0)
+    assert out[0, 7].item() == -(0.5 + 1.0)
+    assert out[0, 5].item() == 0.0  # prompt tokens are not penalised
