@@ -88,3 +88,22 @@ def test_streamed_prompt_matches(service, http):
 
     text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "") for line in lines[:-1])
     assert text == f"user: hm\nImage 1: {caption_directly(image, 'hm')}"
+
+
+def test_captioner_replica_killed_then_back(service, http):
+    """A dead captioner replica never fails a request; Serve restarts it and captions return."""
+    import ray
+
+    from tests.serve.conftest import wait_until
+
+    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "VisionCaptioner" in a["name"]]
+    assert replicas
+    for actor in replicas:
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    image = data_url(png_bytes((1, 2, 3)))
+    for _ in range(3):  # degraded or already recovered, but always answered
+        assert http.post("/v1/chat/completions", json=image_chat("echo", image)).status_code == 200
+    assert wait_until(
+        lambda: "x-vision-degraded" not in http.post("/v1/chat/completions", json=image_chat("echo", image)).headers,
+        timeout_s=120,
+    )

@@ -1,0 +1,38 @@
+"""serve_config.yaml is a valid Serve config whose builders accept its args."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from deployments import app as app_module
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config() -> ServeDeploySchema:
+    return ServeDeploySchema.model_validate(yaml.safe_load((ROOT / "serve_config.yaml").read_text()))
+
+
+def test_two_applications_with_one_http_route(config):
+    routes = {a.name: a.route_prefix for a in config.applications}
+    assert routes == {"default": "/", "vision": None}
+
+
+def test_every_deployment_autoscales(config):
+    for application in config.applications:
+        for deployment in application.deployments:
+            scaling = deployment.autoscaling_config
+            assert scaling and scaling["min_replicas"] >= 1 and scaling["max_replicas"] >= scaling["min_replicas"]
+            assert deployment.max_ongoing_requests >= scaling["target_ongoing_requests"]
+
+
+def test_builders_accept_the_shared_args(config, monkeypatch, smollm2):
+    monkeypatch.chdir(ROOT)  # serve run is started from the repository root
+    for application in config.applications:
+        module, _, builder = application.import_path.partition(":")
+        assert module == app_module.__name__
+        built = getattr(app_module, builder)(application.args)
+        assert built is not None
