@@ -71,8 +71,6 @@ def _request_id(request: Request | None = None) -> str:
 
 def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
     status, body, headers = to_openai_error(exc, request_id)
-    if status >= 500 and not isinstance(exc, ServiceError):
-        logger.exception("request %s failed", request_id, exc_info=exc)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -85,8 +83,14 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     return JSONResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
 
 
+@api.exception_handler(ServiceError)
+async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    return _error_response(exc, _request_id(request))
+
+
 @api.exception_handler(Exception)
 async def _any_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette re-raises after this response is sent, so Serve logs the bug with its traceback.
     return _error_response(exc, _request_id(request))
 
 
@@ -162,7 +166,7 @@ class Ingress:
             raise VisionDisabledError(
                 f"Model {self._config.model_name!r} does not accept images (vision is disabled).", param="messages"
             )
-        images = collect_images(messages)
+        images = await asyncio.to_thread(collect_images, messages)  # base64 + header checks: off the loop
         try:
             captions = await self._captioner.caption(images)
         except CaptionerUnavailable as exc:

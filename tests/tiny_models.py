@@ -45,12 +45,10 @@ def _tokenizer():
     return AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=smollm2_gguf().name)
 
 
-def build_tiny_llm(out: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny_llama(tok):
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=128,
@@ -62,7 +60,14 @@ def build_tiny_llm(out: Path) -> Path:
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.eos_token_id,
     )
-    LlamaForCausalLM(config).save_pretrained(out)
+
+
+def build_tiny_llm(out: Path) -> Path:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    LlamaForCausalLM(_tiny_llama(tok)).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
@@ -71,7 +76,6 @@ def build_tiny_vlm(out: Path) -> Path:
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -102,18 +106,7 @@ def build_tiny_vlm(out: Path) -> Path:
             patch_size=patch,
             projection_dim=32,
         ),
-        text_config=LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.eos_token_id,
-        ),
+        text_config=_tiny_llama(tok),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default",
         vision_feature_layer=-1,

@@ -39,6 +39,19 @@ def write_models(directory: Path, models: list[dict[str, Any]], **file_level: An
     return path
 
 
+def echo_with_captioner(captioner_path: Path | str, max_tokens: int = 4096, **vision: Any) -> list[dict[str, Any]]:
+    """models.yaml entries: the echo decoder (answers with its prompt) and a local captioner `cap`."""
+    return [
+        {
+            "name": "echo",
+            "engine": "tests.fakes:EchoEngine",
+            "params": {"max_tokens": max_tokens},
+            "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap", **vision}},
+        },
+        {"name": "cap", "local_path": str(captioner_path)},
+    ]
+
+
 def deploy(models_file: Path, *, wait_for_captioner: bool = True, main: str = "default", route: str = "/", **args):
     """Deploy the captioner application and the main application, as serve_config.yaml does."""
     args = {"models_file": str(models_file), **args}

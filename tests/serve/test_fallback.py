@@ -8,7 +8,15 @@ import shutil
 import pytest
 
 from tests.conftest import data_url, png_bytes
-from tests.serve.conftest import app_status, deploy, image_chat, undeploy, wait_until, write_models
+from tests.serve.conftest import (
+    app_status,
+    deploy,
+    echo_with_captioner,
+    image_chat,
+    undeploy,
+    wait_until,
+    write_models,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,18 +28,7 @@ def weights_dir(serve_cluster, tmp_path_factory):
 def models_file(weights_dir, tmp_path_factory):
     return write_models(
         tmp_path_factory.mktemp("fallback"),
-        [
-            {
-                "name": "echo",
-                "engine": "tests.fakes:EchoEngine",
-                "params": {"max_tokens": 4096},
-                "capabilities": {
-                    "vision_mode": "proxy",
-                    "vision_proxy": {"model": "cap", "timeout_s": 20, "retry_after_s": 0.5, "max_new_tokens": 6},
-                },
-            },
-            {"name": "cap", "local_path": str(weights_dir)},
-        ],
+        echo_with_captioner(weights_dir, timeout_s=20, retry_after_s=0.5, max_new_tokens=6),
         load_retry_secs=1,
     )
 

@@ -6,7 +6,7 @@ from ray import serve
 
 from deployments.protocol import CaptionRequest
 from tests.conftest import data_url, png_bytes
-from tests.serve.conftest import deploy, image_chat, undeploy, write_models
+from tests.serve.conftest import deploy, echo_with_captioner, image_chat, undeploy, write_models
 
 TEMPLATE = "Describe the image. Question: {user_text}"
 
@@ -15,18 +15,7 @@ TEMPLATE = "Describe the image. Question: {user_text}"
 def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
     models = write_models(
         tmp_path_factory.mktemp("proxy"),
-        [
-            {
-                "name": "echo",
-                "engine": "tests.fakes:EchoEngine",
-                "params": {"max_tokens": 4096},
-                "capabilities": {
-                    "vision_mode": "proxy",
-                    "vision_proxy": {"model": "tiny-vlm", "max_new_tokens": 6, "prompt_template": TEMPLATE},
-                },
-            },
-            {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir)},
-        ],
+        echo_with_captioner(tiny_vlm_dir, max_new_tokens=6, prompt_template=TEMPLATE),
     )
     deploy(models)
     yield

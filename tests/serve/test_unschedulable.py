@@ -4,22 +4,12 @@ stays DEPLOYING, the main application is RUNNING, and image requests degrade wit
 import pytest
 
 from tests.conftest import data_url, png_bytes
-from tests.serve.conftest import app_status, deploy, image_chat, undeploy, write_models
+from tests.serve.conftest import app_status, deploy, echo_with_captioner, image_chat, undeploy, write_models
 
 
 @pytest.fixture(scope="module")
 def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
-    models = write_models(
-        tmp_path_factory.mktemp("unschedulable"),
-        [
-            {
-                "name": "echo",
-                "engine": "tests.fakes:EchoEngine",
-                "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap", "timeout_s": 3}},
-            },
-            {"name": "cap", "local_path": str(tiny_vlm_dir)},
-        ],
-    )
+    models = write_models(tmp_path_factory.mktemp("unschedulable"), echo_with_captioner(tiny_vlm_dir, timeout_s=3))
     deploy(models, wait_for_captioner=False, captioner_gpus=4)  # the test cluster has one (fake) GPU
     yield
     undeploy("default", "vision")
