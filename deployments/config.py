@@ -208,7 +208,6 @@ class Lifecycle(_Strict):
 class ServicePlan(_Strict):
     """The resolved configuration the deployments are built from."""
 
-    models_file: str
     primary: ModelConfig
     captioner: ModelConfig | None
     lifecycle: Lifecycle
@@ -307,7 +306,6 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
         captioner = _with_params(captioner, app_args.captioner, "builder args: captioner")
 
     return ServicePlan(
-        models_file=where,
         primary=primary,
         captioner=captioner,
         lifecycle=Lifecycle(idle_unload_secs=models.idle_unload_secs, load_retry_secs=models.load_retry_secs),

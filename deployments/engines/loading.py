@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -45,9 +44,9 @@ def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
     return torch.float32
 
 
-@functools.cache
 def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """One quick connect to the hub; offline machines then load from the cache without retries."""
+    """One quick connect to the hub (per load attempt, so a returning network is noticed);
+    offline machines then load from the cache at once instead of retrying every file."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
         return False
     from huggingface_hub import constants
