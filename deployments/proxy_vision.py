@@ -8,6 +8,7 @@ content is joined to text).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from deployments.images import load_image_url
@@ -32,17 +33,27 @@ def _text_of(content: object) -> str:
     return "\n".join(p.text for p in content if not isinstance(p, ImagePart))  # type: ignore[attr-defined]
 
 
-def collect_images(messages: list[ChatMessage]) -> list[ImageInput]:
-    """All images of the conversation, validated, in order of appearance."""
-    images = []
+def _image_parts(messages: list[ChatMessage]) -> Iterator[tuple[int, int, UserMessage, ImagePart]]:
+    """`(message index, part index, message, part)` for every image, in conversation order."""
     for i, msg in enumerate(messages):
         if isinstance(msg, UserMessage) and isinstance(msg.content, list):
-            user_text = _text_of(msg.content)
             for j, part in enumerate(msg.content):
                 if isinstance(part, ImagePart):
-                    param = f"messages[{i}].content[{j}].image_url"
-                    images.append(ImageInput(load_image_url(part.image_url.url, param=param), user_text))
-    return images
+                    yield i, j, msg, part
+
+
+def count_images(messages: list[ChatMessage]) -> int:
+    return sum(1 for _ in _image_parts(messages))
+
+
+def collect_images(messages: list[ChatMessage]) -> list[ImageInput]:
+    """All images of the conversation, validated, in order of appearance."""
+    return [
+        ImageInput(
+            load_image_url(part.image_url.url, param=f"messages[{i}].content[{j}].image_url"), _text_of(msg.content)
+        )
+        for i, j, msg, part in _image_parts(messages)
+    ]
 
 
 def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:
@@ -66,12 +77,3 @@ def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessag
         else:
             out.append(TextMessage(role=role, content=_text_of(msg.content)))
     return out
-
-
-def count_images(messages: list[ChatMessage]) -> int:
-    return sum(
-        isinstance(p, ImagePart)
-        for m in messages
-        if isinstance(m, UserMessage) and isinstance(m.content, list)
-        for p in m.content
-    )
