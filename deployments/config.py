@@ -140,13 +140,18 @@ class ModelConfig(_Strict):
         return self.local_path or self.hf_id or self.name
 
 
-class ModelsFile(_Strict):
+class Lifecycle(_Strict):
+    """File-level model lifecycle settings, handed to every deployment that holds an engine."""
+
     idle_unload_secs: float | None = Field(
         None, gt=0, description="Unload a model after this many idle seconds; reload on next use."
     )
     load_retry_secs: float = Field(
         15.0, gt=0, description="First retry after a model failed to load; doubles up to 5 minutes."
     )
+
+
+class ModelsFile(Lifecycle):
     models: list[ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -196,13 +201,6 @@ class AppArgs(_Strict):
             else:
                 nested[head] = value
         return nested
-
-
-class Lifecycle(_Strict):
-    """File-level model lifecycle settings, handed to every deployment that holds an engine."""
-
-    idle_unload_secs: float | None = None
-    load_retry_secs: float = 15.0
 
 
 class ServicePlan(_Strict):
@@ -308,6 +306,6 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
     return ServicePlan(
         primary=primary,
         captioner=captioner,
-        lifecycle=Lifecycle(idle_unload_secs=models.idle_unload_secs, load_retry_secs=models.load_retry_secs),
+        lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
         captioner_app=app_args.captioner_app,
     )

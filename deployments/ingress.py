@@ -69,11 +69,6 @@ def _request_id(request: Request | None = None) -> str:
     return rid or "unknown"
 
 
-def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
-    status, body, headers = to_openai_error(exc, request_id)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
 
 
@@ -84,14 +79,11 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
 
 
 @api.exception_handler(ServiceError)
-async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    return _error_response(exc, _request_id(request))
-
-
 @api.exception_handler(Exception)
-async def _any_error(request: Request, exc: Exception) -> JSONResponse:
-    # Starlette re-raises after this response is sent, so Serve logs the bug with its traceback.
-    return _error_response(exc, _request_id(request))
+async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
+    # For bugs (Exception), Starlette re-raises after this response, so Serve logs the traceback.
+    status, body, headers = to_openai_error(exc, _request_id(request))
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=256)

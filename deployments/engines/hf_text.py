@@ -27,7 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
-from deployments.engines.loading import load_kwargs, place, pretrained_kwargs
+from deployments.engines.loading import load_kwargs, place
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol import GenerateRequest
 
@@ -82,8 +82,8 @@ class TransformersTextEngine(TextEngine):
     def __init__(self, model: ModelConfig) -> None:
         self.model_name = model.name
         self.params = model.params
-        self.device, kwargs = load_kwargs(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(model.source, **pretrained_kwargs(model))
+        self.device, shared, kwargs = load_kwargs(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(model.source, **shared)
         if not self.tokenizer.chat_template:
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
         lm = AutoModelForCausalLM.from_pretrained(model.source, **kwargs)

@@ -11,15 +11,15 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ModelConfig, VisionProxyConfig
 from deployments.engines.base import CaptionEngine
-from deployments.engines.loading import load_kwargs, place, pretrained_kwargs
+from deployments.engines.loading import load_kwargs, place
 
 
 class TransformersCaptionEngine(CaptionEngine):
     def __init__(self, model: ModelConfig, vision: VisionProxyConfig | None) -> None:
         self.max_new_tokens = vision.max_new_tokens if vision else 64
-        self.device, kwargs = load_kwargs(model)
+        self.device, shared, kwargs = load_kwargs(model)
         self.dtype = kwargs["dtype"]
-        self.processor = AutoProcessor.from_pretrained(model.source, **pretrained_kwargs(model))
+        self.processor = AutoProcessor.from_pretrained(model.source, **shared)
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.padding_side = "left"  # batched generation appends after the prompt

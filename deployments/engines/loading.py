@@ -81,12 +81,14 @@ def quantization_kwargs(params: EngineParams, device: str) -> dict[str, Any]:
     return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
 
 
-def load_kwargs(model: ModelConfig) -> tuple[str, dict[str, Any]]:
-    """Everything a model's `from_pretrained` needs: `(device, kwargs)`; `kwargs["dtype"]` is set."""
+def load_kwargs(model: ModelConfig) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """`(device, shared, model_kwargs)`: `shared` is for the tokenizer/processor `from_pretrained`,
+    `model_kwargs` (shared + placement, quantization, `dtype`) for the model's."""
     device, placement = pick_device(model.params)
-    kwargs = {**pretrained_kwargs(model), **placement, **quantization_kwargs(model.params, device)}
+    shared = pretrained_kwargs(model)
+    kwargs = {**shared, **placement, **quantization_kwargs(model.params, device)}
     kwargs["dtype"] = pick_dtype(model.params, device)
-    return device, kwargs
+    return device, shared, kwargs
 
 
 def place(module: Any, device: str, kwargs: dict[str, Any]) -> Any:

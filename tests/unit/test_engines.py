@@ -1,5 +1,7 @@
 """Engines on tiny real models (and the real offline default), through the real loading code."""
 
+import json
+import shutil
 import threading
 import time
 from contextlib import aclosing
@@ -67,13 +69,9 @@ async def test_closing_the_stream_stops_generation(tiny_llm):
 
 
 def test_chat_template_is_required(tmp_path, tiny_llm_dir):
-    import shutil
-
     copy = tmp_path / "no-template"
     shutil.copytree(tiny_llm_dir, copy)
     config = copy / "tokenizer_config.json"
-    import json
-
     data = json.loads(config.read_text())
     data.pop("chat_template", None)
     config.write_text(json.dumps(data))
