@@ -56,12 +56,23 @@ class EngineParams(_Strict):
         description="GPU indices among those Ray assigned to the replica. Empty: all assigned GPUs "
         "(the model is sharded over them when there are several); CPU when there are none.",
     )
+    batching: Literal["continuous", "sequential"] = Field(
+        "continuous",
+        description="continuous: one paged-attention batch per replica that requests join and leave at every "
+        "step. sequential: one generate() per request; slower, but supports seed and penalties.",
+    )
     mem: int | None = Field(
-        None, gt=0, description="KV-cache memory budget in MB for the paged (continuous batching) cache."
+        None,
+        gt=0,
+        description="KV-cache memory budget in MB (continuous batching). Default: room for max_num_seqs "
+        "sequences of max_model_len tokens.",
     )
     max_num_seqs: int = Field(8, gt=0, description="Sequences decoded concurrently by one replica.")
     prefill_chunk_size: int | None = Field(
-        None, gt=0, description="Prompt tokens prefilled per step by the continuous batching engine."
+        None, gt=0, description="Most tokens per batching step (prompt chunks + decodes). Default: 512."
+    )
+    cpu_threads: int | None = Field(
+        None, gt=0, description="torch threads when running on CPU. Default: Ray's num_cpus for the replica."
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."

@@ -35,9 +35,7 @@ class PrimaryDecoder:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         async with self._seqs, self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             stop = StopMatcher(request.stop)
-            completion = 0
             async for piece in pieces:
-                completion += piece.new_tokens
                 text = stop.feed(piece.text)
                 finish = "stop" if stop.stopped else piece.finish_reason
                 if finish is None:
@@ -48,12 +46,18 @@ class PrimaryDecoder:
                     text=text + stop.flush(),
                     finish_reason=finish,
                     prompt_tokens=piece.prompt_tokens,
-                    completion_tokens=completion,
+                    completion_tokens=piece.completion_tokens,
                 )
-                return
+                return  # closes the engine's stream: a stop string cancels the sequence at once
 
     def status(self) -> ComponentStatus:
         return self._slot.status()
+
+    def check_health(self) -> None:
+        """An engine that can no longer generate (its batching thread died) gets the replica restarted."""
+        engine = self._slot.engine
+        if engine is not None and (failure := engine.failure()) is not None:
+            raise RuntimeError(f"decoder engine failed: {failure}")
 
     def __del__(self) -> None:
         self._slot.stop()

@@ -26,8 +26,9 @@ class EchoEngine(TextEngine):
         limit = request.max_tokens or self.params.max_tokens
         for i, word in enumerate(words[:limit]):
             await asyncio.sleep(0)
-            yield EngineOutput(word if i == 0 else " " + word, new_tokens=1, prompt_tokens=len(words))
-        yield EngineOutput("", prompt_tokens=len(words), finish_reason="length" if len(words) > limit else "stop")
+            yield EngineOutput(word if i == 0 else " " + word, completion_tokens=i + 1, prompt_tokens=len(words))
+        finish = "length" if len(words) > limit else "stop"
+        yield EngineOutput("", min(len(words), limit), len(words), finish_reason=finish)
 
 
 class ColorCaptionEngine(CaptionEngine):

@@ -17,10 +17,11 @@ from deployments.protocol import GenerateRequest
 
 @dataclass(frozen=True)
 class EngineOutput:
-    """A piece of generated text; `finish_reason` is set on the last piece."""
+    """A piece of generated text; `finish_reason` is set on the last piece. Token counts are totals
+    so far (text can lag behind tokens while a multi-byte character is incomplete)."""
 
     text: str
-    new_tokens: int = 0
+    completion_tokens: int = 0
     prompt_tokens: int = 0
     finish_reason: Literal["stop", "length"] | None = None
 
@@ -41,6 +42,14 @@ class TextEngine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free device memory (idle unload)."""
+
+    def failure(self) -> str | None:
+        """Why the engine can no longer generate (e.g. its batching thread died), else None."""
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """Live figures for /health (e.g. sequences running and waiting)."""
+        return {}
 
 
 class CaptionEngine(ABC):
@@ -70,12 +79,17 @@ def _custom_engine(model: ModelConfig, base: type) -> Any:
 
 
 def create_text_engine(model: ModelConfig) -> TextEngine:
-    """The decoder engine named by `model.engine` (`transformers` or `module:Class`)."""
+    """The decoder engine named by `model.engine` (`transformers` or `module:Class`); for transformers,
+    continuous batching unless `params.batching` is `sequential`."""
     if model.engine != "transformers":
         return _custom_engine(model, TextEngine)(model)
-    from deployments.engines.hf_text import TransformersTextEngine
+    if model.params.batching == "sequential":
+        from deployments.engines.hf_text import SequentialTextEngine
 
-    return TransformersTextEngine(model)
+        return SequentialTextEngine(model)
+    from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+
+    return ContinuousBatchingTextEngine(model)
 
 
 def create_caption_engine(model: ModelConfig, vision: VisionProxyConfig | None) -> CaptionEngine:

@@ -1,8 +1,10 @@
 """A transformers causal LM (hub id, local directory or GGUF file) as a streaming `TextEngine`.
 
-`generate` runs `model.generate` in a thread per request and streams token ids back to the event
-loop; closing the iterator sets a stop flag that `generate` checks after every token. The number
-of concurrent requests is bounded by the decoder deployment (`max_num_seqs`).
+`TransformersTextEngine` holds what every transformers decoder shares: loading, the chat prompt,
+the context check, sampling defaults and incremental detokenization. `SequentialTextEngine`
+(`batching: sequential`) runs `model.generate` in a thread per request and streams token ids back
+to the event loop; closing the iterator sets a stop flag that `generate` checks after every token.
+It supports seeds and penalties, which the continuous batching engine (`hf_batching.py`) does not.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -78,25 +81,65 @@ class OpenAIPenalties(LogitsProcessor):
         return penalized  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """A request's sampling settings resolved against the model's defaults; temperature 0 is greedy."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class IncrementalText:
+    """Turns a growing list of token ids into text deltas, holding back incomplete characters."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._emitted = ""
+
+    def feed(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+        if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+            return ""
+        delta, self._emitted = text[len(self._emitted) :], text
+        return delta
+
+    def flush(self) -> str:
+        text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+        delta, self._emitted = text[len(self._emitted) :], text
+        return delta
+
+
 class TransformersTextEngine(TextEngine):
-    def __init__(self, model: ModelConfig) -> None:
+    """Loading, prompt and limits shared by the transformers decoders."""
+
+    def __init__(self, model: ModelConfig, **load: Any) -> None:
         self.model_name = model.name
         self.params = model.params
         self.device, shared, kwargs = load_kwargs(model)
         self.tokenizer = AutoTokenizer.from_pretrained(model.source, **shared)
         if not self.tokenizer.chat_template:
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
-        lm = AutoModelForCausalLM.from_pretrained(model.source, **kwargs)
+        lm = AutoModelForCausalLM.from_pretrained(model.source, **kwargs, **load)
         self.model = place(lm, self.device, kwargs).eval()
         own_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
         gen: Any = self.model.generation_config
+        self.eos_token_id = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
         self._special = {
-            "eos_token_id": gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id,
+            "eos_token_id": self.eos_token_id,
             "pad_token_id": gen.pad_token_id if gen.pad_token_id is not None else self.tokenizer.eos_token_id,
             "bos_token_id": gen.bos_token_id,
         }
         self.source = model.weight_file or model.source
+        if self.device == "cpu" and self.params.cpu_threads:
+            torch.set_num_threads(self.params.cpu_threads)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -105,6 +148,7 @@ class TransformersTextEngine(TextEngine):
             "device": self.device,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "max_model_len": self.max_model_len,
+            "cpu_threads": torch.get_num_threads() if self.device == "cpu" else None,
         }
 
     def close(self) -> None:
@@ -112,44 +156,65 @@ class TransformersTextEngine(TextEngine):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
-
-    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        """The chat prompt's token ids; `ContextLengthError` when it and `max_tokens` cannot fit."""
         messages = [m.model_dump() for m in request.messages]
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-        return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
-
-    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        if prompt_len + max_tokens > self.max_model_len:
+        ids = list(encoded["input_ids"])  # type: ignore[index,call-overload]
+        max_tokens = self.max_tokens(request)
+        if len(ids) + max_tokens > self.max_model_len:
             raise ContextLengthError(
-                f"This model's context is {self.max_model_len} tokens; the prompt has {prompt_len} and "
+                f"This model's context is {self.max_model_len} tokens; the prompt has {len(ids)} and "
                 f"{max_tokens} completion tokens were requested. Shorten the messages or max_tokens.",
                 param="messages",
             )
+        return ids
 
-    def _generation_config(self, request: GenerateRequest, max_tokens: int) -> GenerationConfig:
-        temperature = request.temperature if request.temperature is not None else self.params.temperature
-        sampling: dict[str, Any] = {"do_sample": False}
-        if temperature > 0:  # 0 means greedy: never divide by it
-            top_k = request.top_k if request.top_k is not None else self.params.top_k
-            sampling = {
+    def max_tokens(self, request: GenerateRequest) -> int:
+        return request.max_tokens or self.params.max_tokens
+
+    def sampling(self, request: GenerateRequest) -> Sampling:
+        def pick(value: Any, default: Any) -> Any:
+            return value if value is not None else default
+
+        return Sampling(
+            temperature=pick(request.temperature, self.params.temperature),
+            top_p=pick(request.top_p, self.params.top_p),
+            top_k=pick(request.top_k, self.params.top_k),
+        )
+
+    def penalties(self, request: GenerateRequest) -> tuple[float, float]:
+        """`(frequency, presence)` OpenAI penalties of the request, or the model's defaults."""
+        frequency, presence = request.frequency_penalty, request.presence_penalty
+        return (
+            frequency if frequency is not None else self.params.frequency_penalty,
+            presence if presence is not None else self.params.presence_penalty,
+        )
+
+    @staticmethod
+    def finish_reason(generated: int, max_tokens: int) -> Literal["stop", "length"]:
+        return "length" if generated >= max_tokens else "stop"
+
+
+class SequentialTextEngine(TransformersTextEngine):
+    """One `model.generate` thread per request (`batching: sequential`)."""
+
+    def _generation_config(self, sampling: Sampling, max_tokens: int) -> GenerationConfig:
+        options: dict[str, Any] = {"do_sample": False}
+        if not sampling.greedy:  # 0 means greedy: never divide by it
+            options = {
                 "do_sample": True,
-                "temperature": temperature,
-                "top_p": request.top_p if request.top_p is not None else self.params.top_p,
-                "top_k": top_k or None,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k or None,
             }
-        return GenerationConfig(max_new_tokens=max_tokens, **sampling, **self._special)
+        return GenerationConfig(max_new_tokens=max_tokens, **options, **self._special)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt = self._prompt_ids(request)
-        max_tokens = request.max_tokens or self.params.max_tokens
-        self._check_fits(len(prompt), max_tokens)
-        config = self._generation_config(request, max_tokens)
-        frequency = (
-            request.frequency_penalty if request.frequency_penalty is not None else self.params.frequency_penalty
-        )
-        presence = request.presence_penalty if request.presence_penalty is not None else self.params.presence_penalty
+        prompt = self.prompt_ids(request)
+        max_tokens = self.max_tokens(request)
+        config = self._generation_config(self.sampling(request), max_tokens)
+        frequency, presence = self.penalties(request)
         processors = LogitsProcessorList()
         if frequency or presence:
             processors.append(OpenAIPenalties(len(prompt), frequency, presence))
@@ -179,20 +244,14 @@ class TransformersTextEngine(TextEngine):
                 streamer.send(_END)
 
         threading.Thread(target=run, name="generate", daemon=True).start()
-        generated: list[int] = []
-        emitted = ""
+        text = IncrementalText(self.tokenizer)
         try:
             while (item := await queue.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
-                generated.extend(item)
-                text = self._decode(generated)
-                if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
-                    continue
-                yield EngineOutput(text[len(emitted) :], new_tokens=len(item), prompt_tokens=len(prompt))
-                emitted = text
-            text = self._decode(generated)
-            finish: Literal["stop", "length"] = "length" if len(generated) >= max_tokens else "stop"
-            yield EngineOutput(text[len(emitted) :], prompt_tokens=len(prompt), finish_reason=finish)
+                if delta := text.feed(item):
+                    yield EngineOutput(delta, completion_tokens=len(text.ids), prompt_tokens=len(prompt))
+            finish = self.finish_reason(len(text.ids), max_tokens)
+            yield EngineOutput(text.flush(), len(text.ids), len(prompt), finish_reason=finish)
         finally:
             cancel.set()

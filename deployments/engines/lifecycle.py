@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
+import psutil
 import ray
 
 from deployments.config import Lifecycle
@@ -121,12 +122,17 @@ class EngineSlot(Generic[E]):
                 self._last_used = time.monotonic()
 
     def status(self) -> ComponentStatus:
-        details: dict[str, Any] = {"state": self.state, "in_use": self._in_use}
+        details: dict[str, Any] = {
+            "state": self.state,
+            "in_use": self._in_use,
+            "rss_mb": psutil.Process().memory_info().rss // 2**20,
+        }
         if ray.is_initialized():  # where Ray pinned this replica, and what the engine runs on
             details["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
         device = getattr(self.engine, "device", None)
         if device is not None:
             details["device"] = str(device)
+        details.update(getattr(self.engine, "stats", dict)())
         return ComponentStatus(
             ready=self.state in ("ready", "unloaded"),
             model=self.name,

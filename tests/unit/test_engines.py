@@ -1,5 +1,6 @@
 """Engines on tiny real models (and the real offline default), through the real loading code."""
 
+import asyncio
 import json
 import shutil
 import threading
@@ -9,9 +10,10 @@ from contextlib import aclosing
 import pytest
 from PIL import Image
 
-from deployments.config import ModelConfig, VisionProxyConfig
+from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
 from deployments.engines import TextEngine, create_caption_engine, create_text_engine
-from deployments.errors import ConfigError, ContextLengthError
+from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
 
@@ -24,9 +26,20 @@ async def complete(engine: TextEngine, request: GenerateRequest):
     return "".join(p.text for p in pieces), pieces
 
 
-@pytest.fixture(scope="module")
-def tiny_llm(tiny_llm_dir) -> TextEngine:
-    return create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir)))
+@pytest.fixture(scope="module", params=["continuous", "sequential"])
+def tiny_llm(request, tiny_llm_dir) -> TextEngine:
+    params = EngineParams(batching=request.param, max_num_seqs=4)
+    engine = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=params))
+    yield engine
+    engine.close()
+
+
+def busy(engine: TextEngine) -> int:
+    """Sequences still generating: batched ones, or sequential generate threads."""
+    if isinstance(engine, ContinuousBatchingTextEngine):
+        stats = engine.stats()
+        return stats["running"] + stats["waiting"]
+    return sum(t.name == "generate" for t in threading.enumerate())
 
 
 async def test_greedy_is_deterministic_and_counts_tokens(tiny_llm):
@@ -35,18 +48,24 @@ async def test_greedy_is_deterministic_and_counts_tokens(tiny_llm):
     text2, _ = await complete(tiny_llm, request)
     assert text1 == text2 and text1
     assert pieces[-1].finish_reason in ("length", "stop")
-    generated = sum(p.new_tokens for p in pieces)
-    assert generated <= 12
+    generated = pieces[-1].completion_tokens
+    assert 0 < generated <= 12
     if pieces[-1].finish_reason == "length":
         assert generated == 12
     assert pieces[-1].prompt_tokens > 3
 
 
-async def test_sampling_with_seed_and_penalties_runs(tiny_llm):
-    request = ask("hi", temperature=0.9, top_p=0.9, top_k=20, seed=7, presence_penalty=1.0, max_tokens=6)
-    text1, _ = await complete(tiny_llm, request)
-    text2, _ = await complete(tiny_llm, request)
-    assert text1 == text2  # same seed, sequential: reproducible
+async def test_sampling_runs(tiny_llm):
+    _, pieces = await complete(tiny_llm, ask("hi", temperature=0.9, top_p=0.9, top_k=20, max_tokens=6))
+    assert pieces[-1].finish_reason in ("length", "stop") and pieces[-1].completion_tokens <= 6
+
+
+async def test_concurrent_requests_each_get_their_own_answer(tiny_llm):
+    prompts = [f"tell me about item {i} " * (i + 1) for i in range(6)]
+    alone = [(await complete(tiny_llm, ask(p, temperature=0, max_tokens=10)))[0] for p in prompts]
+    together = await asyncio.gather(*(complete(tiny_llm, ask(p, temperature=0, max_tokens=10)) for p in prompts))
+    assert [text for text, _ in together] == alone
+    assert len(set(alone)) > 1  # the prompts really lead to different answers
 
 
 async def test_context_length_checked_before_generation(tiny_llm):
@@ -55,17 +74,44 @@ async def test_context_length_checked_before_generation(tiny_llm):
 
 
 async def test_closing_the_stream_stops_generation(tiny_llm):
-    def generating() -> int:
-        return sum(t.name == "generate" for t in threading.enumerate())
-
-    before = generating()
     async with aclosing(tiny_llm.generate(ask("go on", temperature=0, max_tokens=400))) as pieces:
         async for _ in pieces:
             break
     deadline = time.monotonic() + 30
-    while generating() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert generating() == before
+    while busy(tiny_llm) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert busy(tiny_llm) == 0
+    text, _ = await complete(tiny_llm, ask("still there?", temperature=0, max_tokens=4))
+    assert text
+
+
+async def test_seeded_sampling_with_penalties_is_reproducible_when_sequential(tiny_llm):
+    request = ask("hi", temperature=0.9, top_p=0.9, top_k=20, seed=7, presence_penalty=1.0, max_tokens=6)
+    if isinstance(tiny_llm, ContinuousBatchingTextEngine):
+        with pytest.raises(InvalidRequestError) as err:
+            await complete(tiny_llm, request)
+        assert err.value.param == "presence_penalty"
+        with pytest.raises(InvalidRequestError) as err:
+            await complete(tiny_llm, ask("hi", temperature=0.9, seed=7))
+        assert err.value.param == "seed"
+        await complete(tiny_llm, ask("hi", temperature=0, seed=7, max_tokens=2))  # a seed is harmless when greedy
+        return
+    text1, _ = await complete(tiny_llm, request)
+    text2, _ = await complete(tiny_llm, request)
+    assert text1 == text2
+
+
+def test_kv_cache_is_sized_from_mem(tiny_llm_dir):
+    params = EngineParams(mem=8, max_num_seqs=2)
+    engine = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=params))
+    try:
+        info = engine.describe()
+        assert isinstance(engine, ContinuousBatchingTextEngine)
+        assert 0 < info["kv_cache_mb"] <= 8 and info["batch_tokens"] == 512
+        assert engine.failure() is None
+    finally:
+        engine.close()
+    assert engine.failure() is not None  # a stopped engine says so (the decoder's health check fails)
 
 
 def test_chat_template_is_required(tmp_path, tiny_llm_dir):
@@ -88,12 +134,19 @@ def test_custom_engine_import_errors_are_config_errors():
         create_text_engine(ModelConfig(name="x", engine="tests.fakes:ColorCaptionEngine"))
 
 
-async def test_offline_default_gguf_answers(smollm2):
+async def test_offline_default_gguf_answers_concurrent_questions(smollm2):
     model = ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name)
     engine = create_text_engine(model)
-    text, pieces = await complete(engine, ask("What is the capital of France?", temperature=0, max_tokens=24))
-    assert "Paris" in text
-    assert pieces[-1].finish_reason == "stop"
+    try:
+        questions = {"France": "Paris", "Japan": "Tokyo", "Germany": "Berlin", "England": "London", "China": "Beijing"}
+        answers = await asyncio.gather(
+            *(complete(engine, ask(f"What is the capital of {c}?", temperature=0, max_tokens=24)) for c in questions)
+        )
+        for (text, pieces), city in zip(answers, questions.values(), strict=True):
+            assert city in text
+            assert pieces[-1].finish_reason == "stop"
+    finally:
+        engine.close()
 
 
 def test_captioner_batches_match_single_captions(tiny_vlm_dir):

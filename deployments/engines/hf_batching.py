@@ -1,0 +1,162 @@
+"""The default transformers decoder: continuous batching on a paged-attention KV cache.
+
+One `ContinuousBatchingManager` per replica runs a background thread that steps one batch: new
+requests join it at the next step (their prompts prefilled in chunks of `prefill_chunk_size`
+tokens), finished and cancelled ones leave it, and every step's tokens are handed back to the
+replica's event loop, where each request's stream picks up its own.
+
+Sampling is per request in one manager: the manager samples, and every request brings its own
+temperature, top-k and top-p. Greedy (temperature 0) is top-k 1, an exact argmax, so a
+temperature is never divided by zero. Seeds and penalties are not supported by the batched
+sampler; such requests get a 400 that says to use `batching: sequential`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from transformers import ContinuousBatchingConfig, GenerationConfig
+
+from deployments.config import ModelConfig
+from deployments.engines.base import EngineOutput
+from deployments.engines.hf_text import IncrementalText, Sampling, TransformersTextEngine
+from deployments.errors import DecoderUnavailable, InvalidRequestError
+from deployments.protocol import GenerateRequest
+
+logger = logging.getLogger("ray.serve")
+
+PAGE_SIZE = 256  # tokens per KV-cache page (the library's default)
+DEFAULT_BATCH_TOKENS = 512
+
+
+class ContinuousBatchingTextEngine(TransformersTextEngine):
+    def __init__(self, model: ModelConfig) -> None:
+        super().__init__(model, attn_implementation="sdpa")  # the manager moves it to paged (or flash) attention
+        self.vocab_size = int(self.model.config.get_text_config().vocab_size)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self.num_blocks = self._num_blocks()
+        self.batch_tokens = self.params.prefill_chunk_size or DEFAULT_BATCH_TOKENS
+        # The values below only make the manager build its temperature, top-k and top-p steps;
+        # every request then passes its own (see `_knobs`).
+        generation = GenerationConfig(
+            do_sample=True, temperature=0.5, top_k=50, top_p=0.5, max_new_tokens=self.params.max_tokens, **self._special
+        )
+        batching = ContinuousBatchingConfig(
+            page_size=PAGE_SIZE,
+            num_blocks=self.num_blocks,
+            max_batch_tokens=self.batch_tokens,
+            max_requests_per_batch=self.params.max_num_seqs,
+            per_request_processors=True,
+        )
+        self._manager = self.model.init_continuous_batching(
+            generation_config=generation, continuous_batching_config=batching
+        )
+        self._manager.start()
+        self._ids = itertools.count()
+
+    def _kv_bytes_per_token(self) -> int:
+        cfg = self.model.config.get_text_config()
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        return int(2 * cfg.num_hidden_layers * kv_heads * head_dim * self.model.dtype.itemsize)
+
+    def _num_blocks(self) -> int:
+        """KV-cache pages: `mem` MB, or room for `max_num_seqs` sequences of `max_model_len` tokens."""
+        if self.params.mem:
+            budget = self.params.mem * 2**20
+        else:
+            budget = self.params.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
+        return max(1, budget // (self.kv_bytes_per_token * PAGE_SIZE))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "kv_cache_mb": self.num_blocks * PAGE_SIZE * self.kv_bytes_per_token // 2**20,
+            "kv_cache_tokens": self.num_blocks * PAGE_SIZE,
+            "batch_tokens": self.batch_tokens,
+            "attention": self.model.config._attn_implementation,
+        }
+
+    def close(self) -> None:
+        self._manager.stop(block=True, timeout=10)
+        super().close()
+
+    def failure(self) -> str | None:
+        fatal = self._manager.background_thread_status.fatal_error
+        if fatal is not None:
+            return f"continuous batching thread failed: {fatal}"
+        if not self._manager.is_running():
+            return "continuous batching thread is not running"
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        processor = self._manager.batch_processor
+        if processor is None:
+            return {"running": 0, "waiting": 0}
+        scheduler = processor.scheduler
+        return {"running": len(scheduler.active_requests), "waiting": len(scheduler.waiting_requests)}
+
+    def _knobs(self, request: GenerateRequest, sampling: Sampling) -> dict[str, Any]:
+        """Per-request sampling arguments of the manager; rejects what the batched sampler cannot do."""
+        frequency, presence = self.penalties(request)
+        for name, value in (("frequency_penalty", frequency), ("presence_penalty", presence)):
+            if value:
+                raise InvalidRequestError(
+                    f"{name} is not supported by this model's continuous batching engine "
+                    "(set batching: sequential in models.yaml to use it).",
+                    param=name,
+                )
+        if sampling.greedy:
+            return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+        if request.seed is not None:
+            raise InvalidRequestError(
+                "seed is not supported with temperature > 0 by this model's continuous batching engine "
+                "(set batching: sequential in models.yaml to use it).",
+                param="seed",
+            )
+        top_k = min(sampling.top_k, self.vocab_size) if sampling.top_k else self.vocab_size
+        return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": float(sampling.top_p)}
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+        prompt = self.prompt_ids(request)
+        max_tokens = self.max_tokens(request)
+        knobs = self._knobs(request, self.sampling(request))
+        if (failure := self.failure()) is not None:
+            raise DecoderUnavailable(failure)
+
+        request_id = f"seq-{next(self._ids)}"
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._manager.register_result_handler(request_id, outputs.put_nowait)
+        accepted = self._manager.add_request(
+            prompt, request_id=request_id, max_new_tokens=max_tokens, streaming=True, **knobs
+        )
+        finished = False
+        try:
+            if accepted is None:
+                raise DecoderUnavailable("The decoder is shutting down and accepts no new requests.")
+            text = IncrementalText(self.tokenizer)
+            while not finished:
+                output = await outputs.get()
+                while not outputs.empty():  # outputs are cumulative: when behind, the latest says it all
+                    output = outputs.get_nowait()
+                finished = output.is_finished()
+                if output.error is not None:
+                    if self.failure() is not None:
+                        raise DecoderUnavailable(f"The decoder failed: {output.error}")
+                    raise RuntimeError(f"generation failed: {output.error}")
+                delta = text.feed(output.generated_tokens[len(text.ids) :])
+                if finished:
+                    finish = self.finish_reason(len(text.ids), max_tokens)
+                    yield EngineOutput(delta + text.flush(), len(text.ids), len(prompt), finish_reason=finish)
+                elif delta:
+                    yield EngineOutput(delta, len(text.ids), len(prompt))
+        finally:
+            if not finished:  # stop string, client gone or error: free the sequence's slot and pages now
+                self._manager.cancel_request(request_id)
+                with self._manager.output_router._lock:  # a cancelled request gets no final output
+                    self._manager.output_router.result_handlers.pop(request_id, None)
