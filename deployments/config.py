@@ -9,12 +9,14 @@ file's values and are validated by the same models.
 
 from __future__ import annotations
 
+import ipaddress
 import string
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -111,6 +113,42 @@ class VisionProxyConfig(_Strict):
 
     def prompt(self, user_text: str) -> str:
         return self.prompt_template.format(user_text=user_text)
+
+
+def _allow_entry(value: str) -> str:
+    entry = value.strip().rstrip(".").lower()
+    if not entry or "://" in entry or (("/" in entry or ":" in entry) and _network(entry) is None):
+        raise ValueError(f"{value!r} is neither a host name nor an IP address or CIDR network")
+    return entry
+
+
+def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return None
+
+
+class ImageInputConfig(_Strict):
+    """Limits and sources of request images (``data:``, ``http(s)://``, ``file://`` URLs)."""
+
+    max_image_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest encoded image, in bytes.")
+    max_image_pixels: int = Field(40_000_000, gt=0, description="Largest image, width x height (read from the header).")
+    allow_remote: bool = Field(True, description="Accept http:// and https:// image URLs at all.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Deadline of DNS lookup plus TCP/TLS connect, per hop.")
+    read_timeout_s: float = Field(10.0, gt=0, description="Longest silence while waiting for response bytes.")
+    total_timeout_s: float = Field(
+        20.0, gt=0, description="Deadline of a whole fetch, redirects and body included (stops slow drips)."
+    )
+    max_redirects: int = Field(3, ge=0, description="Redirects followed per fetch; each hop is checked again.")
+    allow_hosts: list[Annotated[str, AfterValidator(_allow_entry)]] = Field(
+        default_factory=list,
+        description="Host names or IP/CIDR networks exempt from the private-address guard, e.g. an internal "
+        "image store, or 127.0.0.1/32 in tests. Host names match exactly (no wildcards).",
+    )
+    file_root: str | None = Field(
+        None, description="file:// URLs are served only from inside this directory; None rejects file:// URLs."
+    )
 
 
 class Capabilities(_Strict):

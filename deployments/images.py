@@ -1,12 +1,14 @@
 """Image input: turn an `image_url` into validated, encoded image bytes.
 
-Only `data:image/...;base64,` URLs are accepted for now; any other scheme is a 400 (remote fetching
-arrives with its SSRF guard, not before). Bytes are checked here, in the CPU ingress, so that a bad
-image is a 400 before it costs a GPU replica anything, and travel to the captioner once, encoded.
+`load_image` takes ``data:image/...;base64,`` URLs and, through `image_fetch.fetch_image` (SSRF
+guard, timeouts, byte cap), ``http(s)://`` and ``file://`` URLs; the sync `load_image_url` takes data
+URLs only. Limits come from `ImageInputConfig`. Bytes are checked here, in the CPU ingress, so that a
+bad image is a 400 before it costs a GPU replica anything, and travel to the captioner once, encoded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -15,17 +17,33 @@ import warnings
 
 from PIL import Image
 
+from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
+from deployments.image_fetch import fetch_image
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "WEBP", "GIF"}
-MAX_IMAGE_BYTES = 20 * 1024 * 1024
-MAX_IMAGE_PIXELS = 40_000_000
+DEFAULT_IMAGE_INPUT = ImageInputConfig()
 
 _DATA_URL = re.compile(r"^data:image/(?P<subtype>[a-zA-Z0-9.+-]+);base64,(?P<payload>.*)$", re.DOTALL)
 
 
-def load_image_url(url: str, *, param: str) -> bytes:
-    """Validated image bytes from a data URL; `InvalidImageError` (400) naming `param` otherwise."""
+async def load_image(url: str, config: ImageInputConfig, *, param: str) -> bytes:
+    """Validated image bytes from a ``data:``, ``http(s)://`` or ``file://`` URL.
+
+    Raises `InvalidImageError` (400) naming `param` for anything wrong: scheme, a refused host or
+    path, a failed or oversized download, bytes that are not a supported image. CPU work (base64,
+    header parsing) runs off the event loop.
+    """
+    if url.startswith("data:"):
+        return await asyncio.to_thread(load_image_url, url, param=param, config=config)
+    data = await fetch_image(url, config, param=param)
+    await asyncio.to_thread(check_image, data, param=param, config=config)
+    return data
+
+
+def load_image_url(url: str, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> bytes:
+    """Validated image bytes from a data URL, within `config`'s limits; `InvalidImageError` (400)
+    naming `param` otherwise. Sync, data URLs only: remote and file URLs need `load_image`."""
     if not url.startswith("data:"):
         scheme = url.split(":", 1)[0] if ":" in url else "(none)"
         raise InvalidImageError(
@@ -36,17 +54,20 @@ def load_image_url(url: str, *, param: str) -> bytes:
     if match is None:
         raise InvalidImageError("Image data URL must look like data:image/<type>;base64,<data>.", param=param)
     payload = match.group("payload")
-    if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-        raise InvalidImageError(f"Image is larger than {MAX_IMAGE_BYTES} bytes.", param=param)
+    cap = config.max_image_bytes
+    if len(payload) > cap * 4 // 3 + 4:
+        raise InvalidImageError(f"Image is larger than {cap} bytes.", param=param)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidImageError("Image data URL is not valid base64.", param=param) from None
-    check_image(data, param=param)
+    if len(data) > cap:
+        raise InvalidImageError(f"Image is larger than {cap} bytes.", param=param)
+    check_image(data, param=param, config=config)
     return data
 
 
-def check_image(data: bytes, *, param: str) -> None:
+def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> None:
     """Header-only check: a known format and a bounded pixel count, without decoding pixels."""
     try:
         with warnings.catch_warnings():
@@ -57,8 +78,10 @@ def check_image(data: bytes, *, param: str) -> None:
         raise InvalidImageError("Image bytes are not a readable image.", param=param) from None
     if fmt not in ALLOWED_FORMATS:
         raise InvalidImageError(f"Image format {fmt} is not supported (PNG, JPEG, WEBP, GIF).", param=param)
-    if width * height > MAX_IMAGE_PIXELS:
-        raise InvalidImageError(f"Image has {width}x{height} pixels; the limit is {MAX_IMAGE_PIXELS}.", param=param)
+    if width * height > config.max_image_pixels:
+        raise InvalidImageError(
+            f"Image has {width}x{height} pixels; the limit is {config.max_image_pixels}.", param=param
+        )
 
 
 def decode_rgb(data: bytes) -> Image.Image:
