@@ -49,7 +49,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     decoder = PrimaryDecoder.options(ray_actor_options={"num_cpus": 1, "num_gpus": gpus}).bind(
         plan.primary, plan.lifecycle
     )
-    config = IngressConfig(model_name=plan.primary.name, vision=plan.vision, captioner_app=plan.captioner_app)
+    config = IngressConfig(
+        model_name=plan.primary.name, vision=plan.vision, captioner_app=plan.captioner_app, images=plan.images
+    )
     return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, decoder)
 
 

@@ -3,6 +3,11 @@
 It runs as its own Serve application so that its failure never takes the main application down.
 A load failure (OOM, missing weights, no hub) does not raise: the replica stays up, reports
 "unavailable" and why through `status`, and retries loading in the background.
+
+Images from concurrent requests are captioned together: each image joins a `serve.batch` queue,
+and up to `max_batch_size` of them (waiting at most `batch_wait_timeout_s`) go through the model
+in one forward pass. Decoding runs in a worker thread, so the event loop keeps filling the next
+batch while one runs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.ya
 class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, vision: VisionProxyConfig | None, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[CaptionEngine] | None = None
+        self.batches: list[int] = []  # sizes of the last batches, for /health and tests
+        if vision is not None:
+            self._caption_batch.set_max_batch_size(vision.max_batch_size)  # type: ignore[attr-defined]
+            self._caption_batch.set_batch_wait_timeout_s(vision.batch_wait_timeout_s)  # type: ignore[attr-defined]
         if model is not None:
             self._slot = EngineSlot(
                 "captioner",
@@ -39,14 +48,24 @@ class VisionCaptioner:
     async def caption(self, request: CaptionRequest) -> list[str]:
         if self._slot is None:
             raise CaptionerUnavailable(NOT_CONFIGURED)
+        items = zip(request.images, request.prompts, strict=True)
+        return list(await asyncio.gather(*(self._caption_batch(item) for item in items)))
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def _caption_batch(self, items: list[tuple[bytes, str]]) -> list[str]:
+        assert self._slot is not None
         async with self._slot.use() as engine:
-            images = await asyncio.to_thread(lambda: [decode_rgb(b) for b in request.images])
-            return await asyncio.to_thread(engine.caption, images, request.prompts)
+            images = await asyncio.to_thread(lambda: [decode_rgb(data) for data, _ in items])
+            captions = await asyncio.to_thread(engine.caption, images, [prompt for _, prompt in items])
+        self.batches = [*self.batches[-99:], len(items)]
+        return captions
 
     def status(self) -> ComponentStatus:
         if self._slot is None:
             return ComponentStatus(ready=False, reason=NOT_CONFIGURED)
-        return self._slot.status()
+        status = self._slot.status()
+        status.details["last_batch_sizes"] = self.batches[-10:]
+        return status
 
     def check_health(self) -> None:
         """Never raises for a degraded engine: Serve would restart the replica in a loop."""

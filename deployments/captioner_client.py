@@ -1,8 +1,10 @@
-"""The ingress's view of the captioner application: deadlines on every call, and a short memory
-of failures so that image requests degrade at once instead of each waiting out a timeout.
+"""The ingress's view of the captioner application: the caption cache in front of it, deadlines
+on every call, and a short memory of failures so that image requests degrade at once instead of
+each waiting out a timeout.
 
-After a failure, calls are skipped for `retry_after_s`; the next call after that tries again, so
-the service uses a recovered captioner without a restart.
+Only images missing from the cache cross the handle, each once. After a failure, calls are
+skipped for `retry_after_s` (cached captions are still served); the next call after that tries
+again, so the service uses a recovered captioner without a restart.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 
 from ray import serve
 
+from deployments.caption_cache import CaptionCache, cache_key
 from deployments.config import VisionProxyConfig
 from deployments.errors import CaptionerUnavailable, unwrap
 from deployments.protocol import CaptionRequest, ComponentStatus
@@ -45,6 +48,7 @@ class CaptionerClient:
         self._vision = vision
         self._down_until = 0.0
         self.reason: str | None = None
+        self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
         return serve.get_deployment_handle(DEPLOYMENT, app_name=self._app)
@@ -63,11 +67,19 @@ class CaptionerClient:
 
     async def caption(self, images: list[ImageInput]) -> list[str]:
         """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed)."""
+        prompts = [self._vision.prompt(im.user_text) for im in images]
+        keys = [cache_key(im.digest, self._vision.model, prompt) for im, prompt in zip(images, prompts, strict=True)]
+
+        async def missing(indices: list[int]) -> list[str]:
+            return await self._call(
+                CaptionRequest(images=[images[i].data for i in indices], prompts=[prompts[i] for i in indices])
+            )
+
+        return await self.cache.get_or_compute(keys, missing)
+
+    async def _call(self, request: CaptionRequest) -> list[str]:
         if time.monotonic() < self._down_until:
             raise CaptionerUnavailable(f"The vision captioner is unavailable: {self.reason}")
-        request = CaptionRequest(
-            images=[im.data for im in images], prompts=[self._vision.prompt(im.user_text) for im in images]
-        )
         response = None
         try:
             response = self._handle().caption.remote(request)

@@ -103,6 +103,16 @@ class VisionProxyConfig(_Strict):
         "X-Vision-Degraded header; reject = 503.",
     )
     retry_after_s: float = Field(10.0, gt=0, description="After a captioner failure, how long image requests skip it.")
+    max_batch_size: int = Field(
+        8, gt=0, description="Images captioned in one forward pass by a captioner replica; 1 turns batching off."
+    )
+    batch_wait_timeout_s: float = Field(
+        0.01, ge=0, description="How long a captioner replica waits for more images to fill a batch."
+    )
+    cache_entries: int = Field(
+        4096, ge=0, description="Captions kept per ingress replica, keyed by image hash and prompt; 0 disables."
+    )
+    cache_mb: float = Field(16.0, gt=0, description="Memory bound of the caption cache (captions and keys), MB.")
 
     @model_validator(mode="after")
     def _template_fields(self) -> VisionProxyConfig:
@@ -202,6 +212,9 @@ class Lifecycle(_Strict):
 
 class ModelsFile(Lifecycle):
     models: list[ModelConfig] = Field(min_length=1)
+    images: ImageInputConfig = Field(
+        default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> ModelsFile:
@@ -259,6 +272,7 @@ class ServicePlan(_Strict):
     captioner: ModelConfig | None
     lifecycle: Lifecycle
     captioner_app: str
+    images: ImageInputConfig
 
     @property
     def vision(self) -> VisionProxyConfig | None:
@@ -301,7 +315,13 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
                 raise ConfigError(f"{path}: models[{i}].weight_file: {local / m.weight_file} not found")
             m = m.model_copy(update={"local_path": str(local)})
         models.append(m)
-    return parsed.model_copy(update={"models": models})
+    images = parsed.images
+    if images.file_root is not None:
+        root = (path.parent / images.file_root).resolve()
+        if not root.is_dir():
+            raise ConfigError(f"{path}: images.file_root: {root} is not a directory")
+        images = images.model_copy(update={"file_root": str(root)})
+    return parsed.model_copy(update={"models": models, "images": images})
 
 
 def _with_params(model: ModelConfig, overrides: dict[str, Any], where: str) -> ModelConfig:
@@ -357,4 +377,5 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
         captioner=captioner,
         lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
         captioner_app=app_args.captioner_app,
+        images=models.images,
     )

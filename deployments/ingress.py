@@ -18,7 +18,7 @@ from ray.serve.context import _get_serve_request_context
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.captioner_client import CaptionerClient
-from deployments.config import VisionProxyConfig
+from deployments.config import ImageInputConfig, VisionProxyConfig
 from deployments.errors import (
     CaptionerUnavailable,
     DecoderUnavailable,
@@ -59,6 +59,7 @@ class IngressConfig(BaseModel):
     model_name: str
     vision: VisionProxyConfig | None = None
     captioner_app: str = "vision"
+    images: ImageInputConfig = ImageInputConfig()
 
 
 def _request_id(request: Request | None = None) -> str:
@@ -108,7 +109,7 @@ class Ingress:
         ready = [decoder.ready]
         if self._captioner is not None:
             captioner = await self._captioner.status()
-            components["captioner"] = captioner.model_dump()
+            components["captioner"] = {**captioner.model_dump(), "cache": self._captioner.cache.describe()}
             ready.append(captioner.ready)
         overall = "ok" if all(ready) else ("degraded" if decoder.ready else "unavailable")
         return JSONResponse({"status": overall, "components": components}, status_code=200 if decoder.ready else 503)
@@ -158,7 +159,7 @@ class Ingress:
             raise VisionDisabledError(
                 f"Model {self._config.model_name!r} does not accept images (vision is disabled).", param="messages"
             )
-        images = await asyncio.to_thread(collect_images, messages)  # base64 + header checks: off the loop
+        images = await collect_images(messages, self._config.images)
         try:
             captions = await self._captioner.caption(images)
         except CaptionerUnavailable as exc:

@@ -8,10 +8,13 @@ content is joined to text).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from deployments.images import load_image_url
+from deployments.caption_cache import image_digest
+from deployments.config import ImageInputConfig
+from deployments.images import load_image
 from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
 
 UNDESCRIBED = "[image could not be described: {reason}]"
@@ -19,10 +22,11 @@ UNDESCRIBED = "[image could not be described: {reason}]"
 
 @dataclass(frozen=True)
 class ImageInput:
-    """One image of the conversation, in order: its bytes and the text of its message."""
+    """One image of the conversation, in order: its bytes, their SHA-256 and the text of its message."""
 
     data: bytes
     user_text: str
+    digest: str
 
 
 def _text_of(content: object) -> str:
@@ -46,14 +50,14 @@ def count_images(messages: list[ChatMessage]) -> int:
     return sum(1 for _ in _image_parts(messages))
 
 
-def collect_images(messages: list[ChatMessage]) -> list[ImageInput]:
-    """All images of the conversation, validated, in order of appearance."""
-    return [
-        ImageInput(
-            load_image_url(part.image_url.url, param=f"messages[{i}].content[{j}].image_url"), _text_of(msg.content)
-        )
-        for i, j, msg, part in _image_parts(messages)
-    ]
+async def collect_images(messages: list[ChatMessage], config: ImageInputConfig) -> list[ImageInput]:
+    """All images of the conversation, loaded (fetched concurrently), validated and hashed, in order."""
+
+    async def one(i: int, j: int, msg: UserMessage, part: ImagePart) -> ImageInput:
+        data = await load_image(part.image_url.url, config, param=f"messages[{i}].content[{j}].image_url")
+        return ImageInput(data, _text_of(msg.content), await asyncio.to_thread(image_digest, data))
+
+    return list(await asyncio.gather(*(one(*found) for found in _image_parts(messages))))
 
 
 def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from tests.conftest import data_url, png_bytes
-from tests.serve.conftest import BASE_URL, app_status, deploy, image_chat, undeploy, write_models
+from tests.serve.conftest import BASE_URL, app_status, deploy, image_chat, undeploy, wait_until, write_models
 
 MODEL = "smollm2"
 
@@ -170,3 +170,41 @@ def test_both_models_packed_on_one_gpu(http):
     assert components["decoder"]["details"]["gpu_ids"] == ["0"]
     assert components["captioner"]["details"]["gpu_ids"] == ["0"]
     assert components["decoder"]["details"]["device"] == "cpu"  # no CUDA here: the engine falls back to CPU
+
+
+def decoder_busy(http) -> int:
+    details = http.get("/health").json()["components"]["decoder"]["details"]
+    return details["running"] + details["waiting"]
+
+
+def test_stop_string_cancels_the_sequence(client, http):
+    """A 400-token story cut at its first words: the sequence leaves the batch at once, and the
+    reply ends before the stop string."""
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a long story about a cat."}],
+        temperature=0,
+        max_tokens=400,
+        stop=[" a "],
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens < 20
+    assert wait_until(lambda: decoder_busy(http) == 0, timeout_s=5)
+
+
+def test_client_disconnect_frees_the_decoder_slot(http):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a long story about a dog."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        while '"content": ""' in (line := next(lines)) or not line.strip():
+            pass  # the role chunk and blank separators
+        assert decoder_busy(http) == 1
+    # 400 tokens take this CPU half a minute: a free slot within seconds means the request was cancelled
+    assert wait_until(lambda: decoder_busy(http) == 0, timeout_s=5, every_s=0.2)

@@ -1,3 +1,4 @@
+import hashlib
 import io
 import re
 
@@ -5,6 +6,7 @@ import pytest
 from PIL import Image
 from pydantic import TypeAdapter
 
+from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
 from deployments.protocol import ChatMessage
 from deployments.proxy_vision import collect_images, count_images, rewrite
@@ -50,15 +52,16 @@ def test_caption_count_must_match():
         rewrite(chat({"role": "user", "content": [img(), img()]}), ["one"])
 
 
-def test_collect_images_carries_bytes_and_user_text():
+async def test_collect_images_carries_bytes_digest_and_user_text():
     red, blue = png_bytes((255, 0, 0)), png_bytes((0, 0, 255))
     messages = chat(
         {"role": "user", "content": [{"type": "text", "text": "what?"}, img((255, 0, 0))]},
         {"role": "user", "content": [img((0, 0, 255))]},
     )
-    images = collect_images(messages)
+    images = await collect_images(messages, ImageInputConfig())
     assert [i.data for i in images] == [red, blue]
     assert [i.user_text for i in images] == ["what?", ""]
+    assert [i.digest for i in images] == [hashlib.sha256(red).hexdigest(), hashlib.sha256(blue).hexdigest()]
 
 
 @pytest.mark.parametrize(
@@ -67,37 +70,39 @@ def test_collect_images_carries_bytes_and_user_text():
         ("data:image/png;base64,@@@@", "not valid base64"),
         ("data:image/png;base64," + "aGVsbG8=", "not a readable image"),
         ("data:text/plain;base64,aGVsbG8=", "must look like"),
-        ("https://example.com/cat.png", "Unsupported image URL scheme 'https'"),
-        ("file:///etc/passwd", "Unsupported image URL scheme 'file'"),
+        ("https://10.0.0.7/cat.png", "is a private address; fetching it is not allowed"),
+        ("http://169.254.169.254/latest/meta-data", "cloud metadata"),
+        ("file:///etc/passwd", "file:// image URLs are disabled"),
+        ("ftp://example.com/cat.png", "Unsupported image URL scheme 'ftp'"),
         ("cat.png", "Unsupported image URL scheme '(none)'"),
     ],
 )
-def test_bad_image_urls_are_400s_that_point_at_the_part(url, message):
+async def test_bad_image_urls_are_400s_that_point_at_the_part(url, message):
     messages = chat(
         {"role": "user", "content": "first"},
         {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]},
     )
     with pytest.raises(InvalidImageError, match=re.escape(message)) as err:
-        collect_images(messages)
+        await collect_images(messages, ImageInputConfig())
     assert err.value.param == "messages[1].content[1].image_url"
     assert err.value.status == 400
 
 
-def test_pixel_bomb_rejected_from_header_only():
+async def test_pixel_bomb_rejected_from_header_only():
     buf = io.BytesIO()
     Image.new("1", (8000, 8000)).save(buf, format="PNG")  # 64 Mpx, a few KB compressed
     messages = chat(
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(buf.getvalue())}}]}
     )
     with pytest.raises(InvalidImageError, match="8000x8000"):
-        collect_images(messages)
+        await collect_images(messages, ImageInputConfig())
 
 
-def test_unsupported_format_rejected():
+async def test_unsupported_format_rejected():
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, format="BMP")
     messages = chat(
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(buf.getvalue())}}]}
     )
     with pytest.raises(InvalidImageError, match="BMP is not supported"):
-        collect_images(messages)
+        await collect_images(messages, ImageInputConfig())
