@@ -45,21 +45,47 @@ def _tokenizer():
     return AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=smollm2_gguf().name)
 
 
-def _tiny_llama(tok):
+def _tiny_llama(tok, **sizes: int):
     from transformers import LlamaConfig
 
+    shape = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        **sizes,
+    }
     return LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=512,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.eos_token_id,
+        **shape,
     )
+
+
+# A "small" VLM for benchmarks: random weights, but the compute of a real small captioner
+# (a 224 px ViT with 49 patches, a 12-layer 576-wide LM like SmolLM2's).
+SMALL_VLM = {
+    "image_size": 224,
+    "patch": 32,
+    "vision": {"hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 6, "num_attention_heads": 6},
+    "text": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+    },
+}
+TINY_VLM = {
+    "image_size": 32,
+    "patch": 8,
+    "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2},
+    "text": {},
+}
 
 
 def build_tiny_llm(out: Path) -> Path:
@@ -72,7 +98,7 @@ def build_tiny_llm(out: Path) -> Path:
     return out
 
 
-def build_tiny_vlm(out: Path) -> Path:
+def build_tiny_vlm(out: Path, shape: dict | None = None) -> Path:
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -84,7 +110,8 @@ def build_tiny_vlm(out: Path) -> Path:
     torch.manual_seed(0)
     tok = _tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    image_size, patch = 32, 8
+    shape = shape or TINY_VLM
+    image_size, patch = shape["image_size"], shape["patch"]
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessor(
             size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
@@ -98,15 +125,9 @@ def build_tiny_vlm(out: Path) -> Path:
     )
     config = LlavaConfig(
         vision_config=CLIPVisionConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=image_size,
-            patch_size=patch,
-            projection_dim=32,
+            **shape["vision"], image_size=image_size, patch_size=patch, projection_dim=shape["vision"]["hidden_size"]
         ),
-        text_config=_tiny_llama(tok),
+        text_config=_tiny_llama(tok, **shape["text"]),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default",
         vision_feature_layer=-1,

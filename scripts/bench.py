@@ -1,0 +1,350 @@
+"""Side-by-side benchmark: this service (`serve run`) and `transformers serve --continuous-batching`
+on the same model, prompts and machine. Prints one JSON line per configuration.
+
+    ./scripts/bench.sh                       # setup, then this script with its defaults
+    .venv/bin/python scripts/bench.py --skip-peer --concurrency 1 8
+
+Text: streaming chat at each concurrency (default 1, 8, 16), `--max-tokens` new tokens, greedy;
+output tokens/s, TTFT and end-to-end latency p50/p95, for both servers, and the ratios.
+Images (this service only; the peer drops images): captions/s at concurrency 8 with distinct
+images, with captioner batching on and off, and with the caption cache cold and warm. The decoder
+replica's resident memory comes from /health.
+
+The captioner defaults to a small LLaVA built locally (random weights, but the compute of a real
+small captioner: a 224 px ViT and a 12-layer LM); pass `--captioner DIR` for a real one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+from openai import AsyncOpenAI
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+PROMPTS = [
+    f"Write a short story about a {thing}."
+    for thing in ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
+]
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], base_url: str, ready_path: str, env: dict[str, str]) -> None:
+        self.name, self.base_url, self.ready_path = name, base_url, ready_path
+        self.log = open(Path(tempfile.gettempdir()) / f"bench-{name}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_ready(self, predicate, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited; see {self.log.name}")
+            try:
+                if predicate(httpx.get(self.base_url + self.ready_path, timeout=5)):
+                    return
+            except (httpx.HTTPError, ValueError):  # not up yet, or not JSON yet
+                pass
+            time.sleep(2)
+        self.stop()
+        raise SystemExit(f"{self.name} not ready after {timeout_s}s; see {self.log.name}")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def start_ours(models_file: Path, port: int) -> Server:
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = port
+    for app in config["applications"]:
+        app["args"] = {**app["args"], "models_file": str(models_file)}
+    path = models_file.parent / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    server = Server(
+        "ours",
+        [str(ROOT / ".venv/bin/serve"), "run", str(path)],
+        f"http://127.0.0.1:{port}",
+        "/health",
+        {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
+    )
+
+    def ready(response: httpx.Response) -> bool:
+        components = response.json().get("components", {})
+        return all(c.get("ready") for c in components.values()) and "captioner" in components
+
+    server.wait_ready(ready)
+    return server
+
+
+def start_peer(model_dir: Path, port: int) -> Server:
+    server = Server(
+        "peer",
+        [str(ROOT / ".venv/bin/transformers"), "serve", str(model_dir), "--continuous-batching", "--port", str(port)],
+        f"http://127.0.0.1:{port}",
+        "/health",
+        {"HF_HUB_OFFLINE": "1"},
+    )
+    server.wait_ready(lambda r: r.status_code == 200)
+    return server
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+async def one_chat(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    start = time.perf_counter()
+    ttft, chunks, usage = None, 0, None
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            if ttft is None:
+                ttft = time.perf_counter() - start
+        if chunk.usage:
+            usage = chunk.usage.completion_tokens
+    return ttft or float("nan"), time.perf_counter() - start, usage if usage is not None else chunks
+
+
+async def text_run(server: Server, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="bench", max_retries=0, timeout=600)
+    await one_chat(client, model, "Say hello.", 8)  # warm-up
+    queue = list(range(requests))
+    results: list[tuple[float, float, int]] = []
+
+    async def worker() -> None:
+        while queue:
+            i = queue.pop()
+            results.append(await one_chat(client, model, PROMPTS[i % len(PROMPTS)], max_tokens))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    ttfts, e2es = [r[0] for r in results], [r[1] for r in results]
+    return {
+        "server": server.name,
+        "workload": "text",
+        "concurrency": concurrency,
+        "requests": requests,
+        "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
+        "ttft_p50_s": round(statistics.median(ttfts), 3),
+        "ttft_p95_s": pct(ttfts, 0.95),
+        "e2e_p50_s": round(statistics.median(e2es), 2),
+        "e2e_p95_s": pct(e2es, 0.95),
+    }
+
+
+def image_url(seed: int) -> str:
+    img = Image.new("RGB", (96, 64), ((seed * 37) % 256, (seed * 91) % 256, (seed * 13) % 256))
+    img.putpixel((seed % 96, seed % 64), (255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+async def image_run(server: Server, model: str, seeds: list[int], concurrency: int, label: dict) -> dict[str, Any]:
+    """Image requests (one image each, 1 output token: the caption is the work), `concurrency` at a time."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:
+        queue = list(seeds)
+        degraded = 0
+
+        async def worker() -> None:
+            nonlocal degraded
+            while queue:
+                url = image_url(queue.pop())
+                body = {
+                    "model": model,
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                }
+                response = await http.post("/v1/chat/completions", json=body)
+                response.raise_for_status()
+                degraded += "x-vision-degraded" in response.headers
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+        cache = (await http.get("/health")).json()["components"]["captioner"]["cache"]
+    return {
+        "server": server.name,
+        "workload": "images",
+        **label,
+        "concurrency": concurrency,
+        "images": len(seeds),
+        "captions_s": round(len(seeds) / wall, 2),
+        "degraded": degraded,
+        "cache": cache,
+    }
+
+
+def decoder_rss_mb(server: Server) -> int:
+    return httpx.get(server.base_url + "/health", timeout=10).json()["components"]["decoder"]["details"]["rss_mb"]
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def write_models(directory: Path, captioner: Path, max_batch_size: int) -> Path:
+    models = yaml.safe_load((ROOT / "models.yaml").read_text())
+    primary = models["models"][0]
+    primary["local_path"] = str((ROOT / primary["local_path"]).resolve())
+    proxy = primary["capabilities"]["vision_proxy"]
+    proxy.update({"model": "bench-captioner", "max_batch_size": max_batch_size, "max_new_tokens": 32})
+    models["models"] = [primary, {"name": "bench-captioner", "local_path": str(captioner)}]
+    path = directory / f"models-batch{max_batch_size}.yaml"
+    path.write_text(yaml.safe_dump(models))
+    return path
+
+
+def peer_model_dir(cache: Path) -> Path:
+    """The same weights as our default (the GGUF, dequantized), saved where `transformers serve` loads them."""
+    out = cache / "smollm2-hf"
+    if not (out / "config.json").exists():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        primary = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]
+        source, gguf = ROOT / primary["local_path"], primary["weight_file"]
+        AutoTokenizer.from_pretrained(source, gguf_file=gguf).save_pretrained(out)
+        loaded = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf)
+        config = loaded.config
+        del config.quantization_config  # the GGUF was dequantized on load: save plain weights
+        plain = AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(loaded.state_dict())
+        plain.generation_config = loaded.generation_config
+        plain.save_pretrained(out)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="requests per concurrency slot (at least 4 in all)")
+    parser.add_argument("--image-rounds", type=int, default=4, help="distinct images per slot at concurrency 8")
+    parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
+    parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--port", type=int, default=8100)
+    args = parser.parse_args()
+
+    work = ROOT / "models" / "bench"
+    work.mkdir(parents=True, exist_ok=True)
+    captioner = args.captioner
+    if captioner is None:
+        from tests.tiny_models import SMALL_VLM, build_tiny_vlm
+
+        captioner = build_tiny_vlm(work / "small-vlm", SMALL_VLM)
+    emit(
+        {
+            "bench": "start",
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": machine(),
+            "args": vars(args) | {"captioner": str(captioner)},
+        }
+    )
+    model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
+    ours: dict[int, dict] = {}
+    peer: dict[int, dict] = {}
+
+    server = start_ours(write_models(work, captioner, max_batch_size=8), args.port)
+    try:
+        for c in args.concurrency:
+            ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
+            emit(ours[c])
+        emit({"server": "ours", "decoder_rss_mb": decoder_rss_mb(server)})
+        seeds = list(range(8 * args.image_rounds))
+        emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "cold"}))
+        emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "warm"}))
+    finally:
+        server.stop()
+
+    server = start_ours(write_models(work, captioner, max_batch_size=1), args.port)
+    try:
+        seeds = list(range(1000, 1000 + 8 * args.image_rounds))
+        emit(await image_run(server, model, seeds, 8, {"batching": False, "cache_state": "cold"}))
+    finally:
+        server.stop()
+
+    if args.skip_peer:
+        return
+    server = start_peer(peer_model_dir(work), args.port + 1)
+    try:
+        peer_model = str(peer_model_dir(work))
+        for c in args.concurrency:
+            peer[c] = await text_run(server, peer_model, c, max(4, c * args.rounds), args.max_tokens)
+            emit(peer[c])
+        emit({"server": "peer", "rss_mb": psutil.Process(server.proc.pid).memory_info().rss // 2**20})
+    finally:
+        server.stop()
+
+    for c in args.concurrency:
+        emit(
+            {
+                "ratio": "ours/peer",
+                "concurrency": c,
+                "output_tok_s": round(ours[c]["output_tok_s"] / peer[c]["output_tok_s"], 2),
+                "ttft_p50": round(ours[c]["ttft_p50_s"] / peer[c]["ttft_p50_s"], 2),
+            }
+        )
+    if 1 in ours:
+        emit(
+            {
+                "ratio": "ours c/c1",
+                **{f"c{c}": round(ours[c]["output_tok_s"] / ours[1]["output_tok_s"], 2) for c in ours},
+            }
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
