@@ -51,7 +51,7 @@ class VisionCaptioner:
         items = zip(request.images, request.prompts, strict=True)
         return list(await asyncio.gather(*(self._caption_batch(item) for item in items)))
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
     async def _caption_batch(self, items: list[tuple[bytes, str]]) -> list[str]:
         assert self._slot is not None
         async with self._slot.use() as engine:

@@ -107,7 +107,7 @@ class VisionProxyConfig(_Strict):
         8, gt=0, description="Images captioned in one forward pass by a captioner replica; 1 turns batching off."
     )
     batch_wait_timeout_s: float = Field(
-        0.01, ge=0, description="How long a captioner replica waits for more images to fill a batch."
+        0.05, ge=0, description="How long a captioner replica waits for more images to fill a batch."
     )
     cache_entries: int = Field(
         4096, ge=0, description="Captions kept per ingress replica, keyed by image hash and prompt; 0 disables."

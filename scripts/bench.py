@@ -186,7 +186,10 @@ def image_url(seed: int) -> str:
 
 
 async def image_run(server: Server, model: str, seeds: list[int], concurrency: int, label: dict) -> dict[str, Any]:
-    """Image requests (one image each, 1 output token: the caption is the work), `concurrency` at a time."""
+    """Image requests (one image each, 1 output token: the caption is the work), `concurrency` at a time.
+    A first round of other images warms the captioner up (first passes at each batch shape are slow)."""
+    if label["cache_state"] == "cold":
+        await image_run(server, model, [-1 - s for s in seeds[:concurrency]], concurrency, {"cache_state": "warm-up"})
     async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:
         queue = list(seeds)
         degraded = 0

@@ -164,3 +164,32 @@ def test_every_param_has_a_default_and_description():
         assert field.description, name
         assert not field.is_required(), name
     assert AppArgs().models_file == "models.yaml"
+
+
+def test_images_section_reaches_the_plan_with_file_root_resolved(tmp_path):
+    (tmp_path / "pictures").mkdir()
+    path = proxy_file(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["images"] = {"file_root": "pictures", "allow_hosts": ["10.1.0.0/16"], "max_image_bytes": 1000}
+    write(tmp_path, data)
+    plan = resolve_plan({"models_file": str(path)})
+    assert plan.images.file_root == str((tmp_path / "pictures").resolve())
+    assert plan.images.max_image_bytes == 1000 and plan.images.allow_hosts == ["10.1.0.0/16"]
+    data["images"] = {"file_root": "nowhere"}
+    write(tmp_path, data)
+    with pytest.raises(ConfigError, match=r"images\.file_root"):
+        load_models_file(path)
+
+
+def test_batching_and_cache_settings_are_validated(tmp_path):
+    path = proxy_file(tmp_path, params={"batching": "paged"})
+    with pytest.raises(ConfigError, match="batching"):
+        load_models_file(path)
+    data = yaml.safe_load(proxy_file(tmp_path).read_text())
+    data["models"][0]["capabilities"]["vision_proxy"].update({"max_batch_size": 0})
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        load_models_file(write(tmp_path, data))
+    data["models"][0]["capabilities"]["vision_proxy"].update({"max_batch_size": 4, "cache_entries": 0})
+    plan = resolve_plan({"models_file": str(write(tmp_path, data)), "decoder.cpu_threads": "all"})
+    assert plan.vision is not None and plan.vision.max_batch_size == 4 and plan.vision.cache_entries == 0
+    assert plan.primary.params.cpu_threads == "all"
