@@ -177,6 +177,47 @@ async def text_run(server: Server, model: str, concurrency: int, requests: int, 
     }
 
 
+async def engine_run(concurrency: list[int], rounds: int, max_tokens: int) -> None:
+    """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost."""
+    from deployments.config import load_models_file
+    from deployments.engines import create_text_engine
+    from deployments.protocol import GenerateRequest, TextMessage
+
+    engine = create_text_engine(load_models_file(ROOT / "models.yaml").models[0])
+
+    async def one(prompt: str) -> tuple[float, float, int]:
+        start, ttft, tokens = time.perf_counter(), None, 0
+        request = GenerateRequest(
+            messages=[TextMessage(role="user", content=prompt)], max_tokens=max_tokens, temperature=0
+        )
+        async for piece in engine.generate(request):
+            ttft = ttft or time.perf_counter() - start
+            tokens = piece.completion_tokens
+        return ttft or float("nan"), time.perf_counter() - start, tokens
+
+    await one("Say hello.")
+    for c in concurrency:
+        queue: list[int] = list(range(max(4, c * rounds)))
+        results: list[tuple[float, float, int]] = []
+
+        async def worker(queue: list[int], results: list[tuple[float, float, int]]) -> None:
+            while queue:
+                results.append(await one(PROMPTS[queue.pop() % len(PROMPTS)]))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(queue, results) for _ in range(c)))
+        wall = time.perf_counter() - start
+        emit(
+            {
+                "server": "engine-in-process",
+                "concurrency": c,
+                "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
+                "ttft_p50_s": round(statistics.median(r[0] for r in results), 3),
+            }
+        )
+    engine.close()
+
+
 def image_url(seed: int) -> str:
     img = Image.new("RGB", (96, 64), ((seed * 37) % 256, (seed * 91) % 256, (seed * 13) % 256))
     img.putpixel((seed % 96, seed % 64), (255, 255, 255))
@@ -279,7 +320,11 @@ async def main() -> None:
     parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
     args = parser.parse_args()
+    if args.engine_only:
+        await engine_run(args.concurrency, args.rounds, args.max_tokens)
+        return
 
     work = ROOT / "models" / "bench"
     work.mkdir(parents=True, exist_ok=True)
