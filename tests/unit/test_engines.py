@@ -68,6 +68,16 @@ async def test_concurrent_requests_each_get_their_own_answer(tiny_llm):
     assert len(set(alone)) > 1  # the prompts really lead to different answers
 
 
+async def test_greedy_answers_are_unchanged_next_to_sampled_requests(tiny_llm):
+    """A mixed batch runs the full warpers (greedy rows as top-k 1); an all-greedy batch takes the
+    fast path: both must give the exact argmax continuation."""
+    greedy = [ask(f"count {i} sheep", temperature=0, max_tokens=10) for i in range(3)]
+    alone = [(await complete(tiny_llm, r))[0] for r in greedy]
+    sampled = [ask(f"story {i}", temperature=1.3, top_p=0.95, max_tokens=30) for i in range(3)]
+    mixed = await asyncio.gather(*(complete(tiny_llm, r) for r in [*greedy, *sampled]))
+    assert [text for text, _ in mixed[:3]] == alone
+
+
 async def test_context_length_checked_before_generation(tiny_llm):
     with pytest.raises(ContextLengthError):
         await complete(tiny_llm, ask("word " * 600, max_tokens=10))
