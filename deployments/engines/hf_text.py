@@ -105,14 +105,16 @@ class IncrementalText:
 
     def feed(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
-        text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
-        if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
-            return ""
-        delta, self._emitted = text[len(self._emitted) :], text
-        return delta
+        return self._delta(final=False)
 
     def flush(self) -> str:
+        """Everything not yet emitted, incomplete characters included (the sequence has ended)."""
+        return self._delta(final=True)
+
+    def _delta(self, *, final: bool) -> str:
         text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+        if not final and text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+            return ""
         delta, self._emitted = text[len(self._emitted) :], text
         return delta
 
@@ -132,9 +134,8 @@ class TransformersTextEngine(TextEngine):
         own_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
         gen: Any = self.model.generation_config
-        self.eos_token_id = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
         self._special = {
-            "eos_token_id": self.eos_token_id,
+            "eos_token_id": gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id,
             "pad_token_id": gen.pad_token_id if gen.pad_token_id is not None else self.tokenizer.eos_token_id,
             "bos_token_id": gen.bos_token_id,
         }
@@ -175,23 +176,17 @@ class TransformersTextEngine(TextEngine):
     def max_tokens(self, request: GenerateRequest) -> int:
         return request.max_tokens or self.params.max_tokens
 
-    def sampling(self, request: GenerateRequest) -> Sampling:
-        def pick(value: Any, default: Any) -> Any:
-            return value if value is not None else default
+    def _setting(self, request: GenerateRequest, name: str) -> Any:
+        """The request's value of a sampling field, or the model's default when the request left it unset."""
+        value = getattr(request, name)
+        return value if value is not None else getattr(self.params, name)
 
-        return Sampling(
-            temperature=pick(request.temperature, self.params.temperature),
-            top_p=pick(request.top_p, self.params.top_p),
-            top_k=pick(request.top_k, self.params.top_k),
-        )
+    def sampling(self, request: GenerateRequest) -> Sampling:
+        return Sampling(*(self._setting(request, name) for name in ("temperature", "top_p", "top_k")))
 
     def penalties(self, request: GenerateRequest) -> tuple[float, float]:
         """`(frequency, presence)` OpenAI penalties of the request, or the model's defaults."""
-        frequency, presence = request.frequency_penalty, request.presence_penalty
-        return (
-            frequency if frequency is not None else self.params.frequency_penalty,
-            presence if presence is not None else self.params.presence_penalty,
-        )
+        return self._setting(request, "frequency_penalty"), self._setting(request, "presence_penalty")
 
     @staticmethod
     def finish_reason(generated: int, max_tokens: int) -> Literal["stop", "length"]:
