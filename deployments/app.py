@@ -50,7 +50,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         plan.primary, plan.lifecycle
     )
     config = IngressConfig(
-        model_name=plan.primary.name, vision=plan.vision, captioner_app=plan.captioner_app, images=plan.images
+        model_name=plan.primary.name,
+        vision=plan.vision,
+        captioner_app=plan.captioner_app,
+        images=plan.images,
+        server=plan.server,
     )
     return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, decoder)
 

@@ -26,7 +26,13 @@ from deployments.protocol import CaptionRequest, ComponentStatus
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
 
 
-@serve.deployment(name="VisionCaptioner", max_ongoing_requests=32, health_check_period_s=10)
+@serve.deployment(
+    name="VisionCaptioner",
+    max_ongoing_requests=32,
+    max_queued_requests=64,  # beyond: 503 overloaded with Retry-After, never an unbounded wait
+    backpressure_config={"retry_after_s": 2},
+    health_check_period_s=10,
+)
 class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, vision: VisionProxyConfig | None, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[CaptionEngine] | None = None

@@ -14,10 +14,11 @@ import logging
 import time
 
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 
 from deployments.caption_cache import CaptionCache, cache_key
 from deployments.config import VisionProxyConfig
-from deployments.errors import CaptionerUnavailable, unwrap
+from deployments.errors import CaptionerUnavailable, from_serve, unwrap
 from deployments.protocol import CaptionRequest, ComponentStatus
 from deployments.proxy_vision import ImageInput
 
@@ -84,13 +85,15 @@ class CaptionerClient:
         try:
             response = self._handle().caption.remote(request)
             captions = await asyncio.wait_for(response, self._vision.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if response is not None:
                 response.cancel()
             reason = f"no answer within {self._vision.timeout_s:g}s ({await asyncio.to_thread(_app_state, self._app)})"
             raise self._mark_down(reason) from None
         except Exception as exc:
             cause = unwrap(exc)
+            if isinstance(cause, BackPressureError):  # busy, not broken: no degradation, the client retries
+                raise from_serve(cause) from None
             reason = cause.message if isinstance(cause, CaptionerUnavailable) else f"{type(cause).__name__}: {cause}"
             raise self._mark_down(reason[:500]) from None
         self._mark_up()

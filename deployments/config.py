@@ -159,6 +159,32 @@ class ImageInputConfig(_Strict):
     file_root: str | None = Field(
         None, description="file:// URLs are served only from inside this directory; None rejects file:// URLs."
     )
+    max_images_per_request: int = Field(16, ge=0, description="Most image parts in one request (400 beyond).")
+    max_images_per_message: int = Field(8, ge=0, description="Most image parts in one message (400 beyond).")
+
+
+class ServerConfig(_Strict):
+    """HTTP-level limits and access of the ingress (the ``server:`` section of models.yaml)."""
+
+    api_keys: list[Annotated[str, Field(min_length=8)]] = Field(
+        default_factory=list,
+        description="Accepted API keys (`Authorization: Bearer <key>`). With none here and none in "
+        "api_keys_env, the API is open. /health is always open.",
+    )
+    api_keys_env: str | None = Field(
+        "MMSERVE_API_KEYS",
+        description="Environment variable holding more accepted keys, comma-separated; read by each ingress "
+        "replica when it starts, so keys need not be written in files.",
+    )
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, gt=0, description="Largest request body; 413 beyond (a 20 MB image is 27 MB as base64)."
+    )
+    request_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Deadline of one chat request, captions and generation included: 408 before the response "
+        "starts, an error event after; either way the generation is cancelled.",
+    )
 
 
 class Capabilities(_Strict):
@@ -215,6 +241,7 @@ class ModelsFile(Lifecycle):
     images: ImageInputConfig = Field(
         default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
     )
+    server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP limits and API keys.")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ModelsFile:
@@ -273,6 +300,7 @@ class ServicePlan(_Strict):
     lifecycle: Lifecycle
     captioner_app: str
     images: ImageInputConfig
+    server: ServerConfig
 
     @property
     def vision(self) -> VisionProxyConfig | None:
@@ -378,4 +406,5 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
         lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
         captioner_app=app_args.captioner_app,
         images=models.images,
+        server=models.server,
     )

@@ -16,7 +16,13 @@ from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
 from deployments.stopping import StopMatcher
 
 
-@serve.deployment(name="PrimaryDecoder", max_ongoing_requests=64, health_check_period_s=10)
+@serve.deployment(
+    name="PrimaryDecoder",
+    max_ongoing_requests=64,
+    max_queued_requests=64,  # beyond: 503 overloaded with Retry-After, never an unbounded wait
+    backpressure_config={"retry_after_s": 2},
+    health_check_period_s=10,
+)
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[TextEngine] = EngineSlot(

@@ -9,21 +9,29 @@ Hierarchy::
         │   ├── InvalidImageError       400, param points at the image part
         │   ├── VisionDisabledError     400, the model takes no images
         │   └── ContextLengthError      400, code context_length_exceeded
+        ├── AuthenticationError     401, code invalid_api_key
         ├── ModelNotFoundError      404, code model_not_found
+        ├── RequestTimeoutError     408, code request_timeout (the request's deadline passed)
+        ├── PayloadTooLargeError    413, code request_too_large
         └── UnavailableError        503 service_unavailable, with Retry-After
             ├── CaptionerUnavailable    the vision captioner cannot caption now
-            └── DecoderUnavailable      the primary decoder cannot generate now
+            ├── DecoderUnavailable      the primary decoder cannot generate now
+            └── OverloadedError         a deployment's queue is full (Serve's max_queued_requests)
 
 `to_openai_error` turns any exception (ours, a pydantic validation error, one re-raised through a
-Ray handle, or a bug) into ``(status, body, headers)``. Bugs become a generic 500 whose message
-names the request id; the details go to the logs only.
+Ray handle, Serve's back-pressure and dead-replica errors, or a bug) into ``(status, body,
+headers)``. Bugs become a generic 500 whose message names the request id; the details go to the
+logs only.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 
 class MMServeError(Exception):
@@ -72,6 +80,24 @@ class ContextLengthError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+class AuthenticationError(ServiceError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class RequestTimeoutError(ServiceError):
+    status = 408
+    type = "timeout_error"
+    code = "request_timeout"
+
+
+class PayloadTooLargeError(ServiceError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
 class ModelNotFoundError(ServiceError):
     status = 404
     type = "invalid_request_error"
@@ -91,6 +117,26 @@ class CaptionerUnavailable(UnavailableError):
 
 class DecoderUnavailable(UnavailableError):
     code = "decoder_unavailable"
+
+
+class OverloadedError(UnavailableError):
+    code = "overloaded"
+    retry_after_s = 1
+
+
+def from_serve(exc: BaseException) -> BaseException:
+    """Serve's errors for a call through a handle, as ours: a full queue is `OverloadedError`
+    (honouring the deployment's ``backpressure_config``), a replica that died or cannot be reached
+    is `UnavailableError`. Anything else is returned unchanged."""
+    exc = unwrap(exc)
+    if isinstance(exc, BackPressureError):
+        error = OverloadedError("The service is at capacity (a deployment's queue is full); retry shortly.")
+        if exc.retry_after_s:
+            error.retry_after_s = max(1, math.ceil(exc.retry_after_s))
+        return error
+    if isinstance(exc, RayActorError | DeploymentUnavailableError):
+        return UnavailableError("A model replica stopped or is restarting; retry shortly.")
+    return exc
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:
@@ -149,7 +195,7 @@ def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def to_openai_error(exc: BaseException, request_id: str) -> tuple[int, dict, dict[str, str]]:
     """Map any exception to ``(status, OpenAI error body, extra headers)``."""
-    exc = unwrap(exc)
+    exc = from_serve(exc)
     if isinstance(exc, ServiceError):
         headers = {}
         if isinstance(exc, UnavailableError):

@@ -194,7 +194,7 @@ async def fetch_image(url: str, config: ImageInputConfig, *, param: str) -> byte
         raise InvalidImageError("Remote image URLs (http, https) are disabled on this server.", param=param)
     try:
         return await asyncio.wait_for(_fetch_http(url, config, param=param), config.total_timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise InvalidImageError(
             f"Image download did not finish within {config.total_timeout_s:g} s.", param=param
         ) from None

@@ -18,17 +18,20 @@ from ray.serve.context import _get_serve_request_context
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.captioner_client import CaptionerClient
-from deployments.config import ImageInputConfig, VisionProxyConfig
+from deployments.config import ImageInputConfig, ServerConfig, VisionProxyConfig
 from deployments.errors import (
     CaptionerUnavailable,
     DecoderUnavailable,
     ModelNotFoundError,
+    RequestTimeoutError,
     ServiceError,
     VisionDisabledError,
     error_body,
+    from_serve,
     to_openai_error,
     validation_message,
 )
+from deployments.guard import GuardSettings, RequestGuard
 from deployments.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -60,6 +63,7 @@ class IngressConfig(BaseModel):
     vision: VisionProxyConfig | None = None
     captioner_app: str = "vision"
     images: ImageInputConfig = ImageInputConfig()
+    server: ServerConfig = ServerConfig()
 
 
 def _request_id(request: Request | None = None) -> str:
@@ -71,6 +75,8 @@ def _request_id(request: Request | None = None) -> str:
 
 
 api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
+# API keys and the body cap; the settings are those of the Ingress replica serving the request.
+api.add_middleware(RequestGuard, settings=lambda: serve.get_replica_context().servable_object.guard)  # type: ignore[attr-defined]
 
 
 @api.exception_handler(RequestValidationError)
@@ -87,7 +93,12 @@ async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-@serve.deployment(name="Ingress", max_ongoing_requests=256)
+@serve.deployment(
+    name="Ingress",
+    max_ongoing_requests=256,
+    max_queued_requests=512,  # beyond: Serve's proxy answers 503 with Retry-After
+    backpressure_config={"retry_after_s": 2},
+)
 @serve.ingress(api)
 class Ingress:
     def __init__(self, config: IngressConfig, decoder: DeploymentHandle) -> None:
@@ -95,6 +106,14 @@ class Ingress:
         self._decoder = decoder
         self._captioner = CaptionerClient(config.captioner_app, config.vision) if config.vision else None
         self._created = int(time.time())
+        self.guard = GuardSettings.from_config(config.server)
+        logger.info(
+            "ingress for %r: %s, body cap %d bytes, request deadline %gs",
+            config.model_name,
+            f"{len(self.guard.keys)} API key(s) required" if self.guard.keys else "no API keys (open)",
+            config.server.max_body_bytes,
+            config.server.request_timeout_s,
+        )
 
     # ------------------------------------------------------------------ routes
 
@@ -121,7 +140,15 @@ class Ingress:
             raise ModelNotFoundError(
                 f"The model {body.model!r} does not exist. Available: {self._config.model_name!r}.", param="model"
             )
-        messages, degraded = await self._text_messages(body.messages)
+        deadline = asyncio.get_running_loop().time() + self._config.server.request_timeout_s
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                messages, degraded = await self._text_messages(body.messages)
+        except TimeoutError:
+            if timeout.expired():
+                raise self._timed_out() from None
+            raise
         generate = GenerateRequest(
             messages=messages,
             max_tokens=body.completion_limit,
@@ -135,13 +162,13 @@ class Ingress:
         )
         headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}
         stream: DeploymentResponseGenerator = self._decoder.options(stream=True).generate.remote(generate)  # type: ignore[assignment]
-        first = await self._first_chunk(stream)  # errors before the first byte keep their status
+        first = await self._next(stream, deadline)  # errors before the first byte keep their status
         completion_id = f"chatcmpl-{rid}"
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = self._sse(first, stream, completion_id, include_usage, rid)
+            events = self._sse(first, stream, deadline, completion_id, include_usage, rid)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        return JSONResponse(await self._collect(first, stream, completion_id), headers=headers)
+        return JSONResponse(await self._collect(first, stream, deadline, completion_id), headers=headers)
 
     # ------------------------------------------------------------------ helpers
 
@@ -169,17 +196,34 @@ class Ingress:
             return rewrite(messages, [UNDESCRIBED.format(reason="captioner unavailable")] * len(images)), exc.message
         return rewrite(messages, captions), None
 
-    @staticmethod
-    async def _first_chunk(stream: DeploymentResponseGenerator) -> GenerateChunk:
-        try:
-            return await stream.__anext__()
-        except StopAsyncIteration:
-            raise DecoderUnavailable("The decoder ended the stream without output.") from None
+    def _timed_out(self) -> RequestTimeoutError:
+        limit = self._config.server.request_timeout_s
+        return RequestTimeoutError(
+            f"The request did not finish within {limit:g} s (server.request_timeout_s); its generation was cancelled."
+        )
 
-    async def _collect(self, first: GenerateChunk, stream: DeploymentResponseGenerator, cid: str) -> dict:
+    async def _next(self, stream: DeploymentResponseGenerator, deadline: float) -> GenerateChunk:
+        """The decoder's next chunk before `deadline`; past it, the generation is cancelled."""
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                return await stream.__anext__()
+        except StopAsyncIteration:
+            raise DecoderUnavailable("The decoder ended the stream without a final chunk.") from None
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            stream.cancel()
+            raise self._timed_out() from None
+        except Exception as exc:  # a full queue, a dead replica: ours to name
+            raise from_serve(exc) from None
+
+    async def _collect(
+        self, first: GenerateChunk, stream: DeploymentResponseGenerator, deadline: float, cid: str
+    ) -> dict:
         text, last = [first.text], first
         while last.finish_reason is None:
-            last = await stream.__anext__()
+            last = await self._next(stream, deadline)
             text.append(last.text)
         usage = Usage(
             prompt_tokens=last.prompt_tokens,
@@ -190,7 +234,13 @@ class Ingress:
         return ChatCompletion(id=cid, model=self._config.model_name, choices=[choice], usage=usage).model_dump()
 
     async def _sse(
-        self, first: GenerateChunk, stream: DeploymentResponseGenerator, cid: str, include_usage: bool, rid: str
+        self,
+        first: GenerateChunk,
+        stream: DeploymentResponseGenerator,
+        deadline: float,
+        cid: str,
+        include_usage: bool,
+        rid: str,
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
@@ -223,7 +273,7 @@ class Ingress:
                         )
                         yield event(Delta(), usage=usage, final=True)
                     break
-                chunk = await stream.__anext__()
+                chunk = await self._next(stream, deadline)
             done = True
         except Exception as exc:  # after the first byte: one error event, then [DONE]
             status, body, _ = to_openai_error(exc, rid)

@@ -9,11 +9,13 @@ content is joined to text).
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from deployments.caption_cache import image_digest
 from deployments.config import ImageInputConfig
+from deployments.errors import InvalidRequestError
 from deployments.images import load_image
 from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
 
@@ -50,8 +52,26 @@ def count_images(messages: list[ChatMessage]) -> int:
     return sum(1 for _ in _image_parts(messages))
 
 
+def check_image_counts(messages: list[ChatMessage], config: ImageInputConfig) -> None:
+    """`InvalidRequestError` when a message or the request carries more images than allowed."""
+    per_message = Counter(i for i, *_ in _image_parts(messages))
+    total = sum(per_message.values())
+    if total > config.max_images_per_request:
+        raise InvalidRequestError(
+            f"The request has {total} images; the limit is {config.max_images_per_request}.", param="messages"
+        )
+    for i, count in per_message.items():
+        if count > config.max_images_per_message:
+            raise InvalidRequestError(
+                f"Message {i} has {count} images; the limit is {config.max_images_per_message} per message.",
+                param=f"messages[{i}].content",
+            )
+
+
 async def collect_images(messages: list[ChatMessage], config: ImageInputConfig) -> list[ImageInput]:
-    """All images of the conversation, loaded (fetched concurrently), validated and hashed, in order."""
+    """All images of the conversation, counted against the limits, then loaded (fetched concurrently),
+    validated and hashed, in order."""
+    check_image_counts(messages, config)
 
     async def one(i: int, j: int, msg: UserMessage, part: ImagePart) -> ImageInput:
         data = await load_image(part.image_url.url, config, param=f"messages[{i}].content[{j}].image_url")

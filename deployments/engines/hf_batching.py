@@ -151,8 +151,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": float(sampling.top_p)}
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt = self.prompt_ids(request)
-        max_tokens = self.max_tokens(request)
+        prompt, max_tokens = await self.prepare(request)
         knobs = self._knobs(request, self.sampling(request))
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)

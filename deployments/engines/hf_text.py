@@ -159,22 +159,28 @@ class TransformersTextEngine(TextEngine):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
+    async def prepare(self, request: GenerateRequest) -> tuple[list[int], int]:
+        """The chat prompt's token ids (tokenized off the event loop) and the completion budget."""
+        ids = await asyncio.to_thread(self.prompt_ids, request)
+        return ids, self.max_tokens(request, len(ids))
+
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
-        """The chat prompt's token ids; `ContextLengthError` when it and `max_tokens` cannot fit."""
         messages = [m.model_dump() for m in request.messages]
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-        ids = list(encoded["input_ids"])  # type: ignore[index,call-overload]
-        max_tokens = self.max_tokens(request)
-        if len(ids) + max_tokens > self.max_model_len:
+        return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
+
+    def max_tokens(self, request: GenerateRequest, prompt_len: int) -> int:
+        """The request's `max_tokens`, or the default cut to the context left. `ContextLengthError` (400,
+        nothing truncated) when the prompt and the requested tokens cannot fit."""
+        room = self.max_model_len - prompt_len
+        wanted = request.max_tokens or min(self.params.max_tokens, room)
+        if wanted > room or room < 1:
             raise ContextLengthError(
-                f"This model's context is {self.max_model_len} tokens; the prompt has {len(ids)} and "
-                f"{max_tokens} completion tokens were requested. Shorten the messages or max_tokens.",
+                f"This model's context is {self.max_model_len} tokens; the prompt has {prompt_len} and "
+                f"{wanted} completion tokens were requested. Shorten the messages or max_tokens.",
                 param="messages",
             )
-        return ids
-
-    def max_tokens(self, request: GenerateRequest) -> int:
-        return request.max_tokens or self.params.max_tokens
+        return wanted
 
     def _setting(self, request: GenerateRequest, name: str) -> Any:
         """The request's value of a sampling field, or the model's default when the request left it unset."""
@@ -208,8 +214,7 @@ class SequentialTextEngine(TransformersTextEngine):
         return GenerationConfig(max_new_tokens=max_tokens, **options, **self._special)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt = self.prompt_ids(request)
-        max_tokens = self.max_tokens(request)
+        prompt, max_tokens = await self.prepare(request)
         config = self._generation_config(self.sampling(request), max_tokens)
         frequency, presence = self.penalties(request)
         processors = LogitsProcessorList()

@@ -83,6 +83,16 @@ async def test_context_length_checked_before_generation(tiny_llm):
         await complete(tiny_llm, ask("word " * 600, max_tokens=10))
 
 
+async def test_default_max_tokens_shrinks_to_the_context_left(tiny_llm):
+    request = ask("word " * 400)  # no max_tokens: the default (256) does not fit in 512
+    room = tiny_llm.max_model_len - len(tiny_llm.prompt_ids(request))
+    assert 0 < room < tiny_llm.params.max_tokens
+    _, pieces = await complete(tiny_llm, request)
+    assert 0 < pieces[-1].completion_tokens <= room
+    with pytest.raises(ContextLengthError):  # an explicit max_tokens is never cut: 400
+        await complete(tiny_llm, ask("word " * 400, max_tokens=room + 1))
+
+
 async def test_closing_the_stream_stops_generation(tiny_llm):
     async with aclosing(tiny_llm.generate(ask("go on", temperature=0, max_tokens=400))) as pieces:
         async for _ in pieces:

@@ -2,12 +2,17 @@ import pickle
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from deployments.errors import (
+    AuthenticationError,
     CaptionerUnavailable,
     ContextLengthError,
     InvalidImageError,
     ModelNotFoundError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
     to_openai_error,
 )
 
@@ -64,3 +69,30 @@ def test_wrapped_cause_is_unwrapped():
 
     status, _, _ = to_openai_error(RayTaskErrorLike(ContextLengthError("long")), "rid")
     assert status == 400
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (AuthenticationError("bad key"), 401, "invalid_api_key"),
+        (RequestTimeoutError("too slow"), 408, "request_timeout"),
+        (PayloadTooLargeError("too big"), 413, "request_too_large"),
+    ],
+)
+def test_access_and_limit_errors(error, status, code):
+    got, body, headers = to_openai_error(error, "rid")
+    assert (got, body["error"]["code"], body["error"]["message"], headers) == (status, code, error.message, {})
+
+
+def test_serve_back_pressure_is_503_overloaded_with_its_retry_after():
+    status, body, headers = to_openai_error(BackPressureError(5, 4, retry_after_s=2.5), "rid")
+    assert (status, body["error"]["code"], headers) == (503, "overloaded", {"Retry-After": "3"})
+    _, _, headers = to_openai_error(BackPressureError(5, 4), "rid")
+    assert headers == {"Retry-After": "1"}
+
+
+@pytest.mark.parametrize("exc", [ActorDiedError(), DeploymentUnavailableError("PrimaryDecoder")])
+def test_dead_or_missing_replicas_are_503_not_500(exc):
+    status, body, headers = to_openai_error(exc, "rid")
+    assert (status, body["error"]["type"]) == (503, "service_unavailable")
+    assert "Retry-After" in headers

@@ -7,7 +7,7 @@ from PIL import Image
 from pydantic import TypeAdapter
 
 from deployments.config import ImageInputConfig
-from deployments.errors import InvalidImageError
+from deployments.errors import InvalidImageError, InvalidRequestError
 from deployments.protocol import ChatMessage
 from deployments.proxy_vision import collect_images, count_images, rewrite
 from tests.conftest import data_url, png_bytes
@@ -106,3 +106,16 @@ async def test_unsupported_format_rejected():
     )
     with pytest.raises(InvalidImageError, match="BMP is not supported"):
         await collect_images(messages, ImageInputConfig())
+
+
+async def test_image_counts_limited_per_message_and_per_request():
+    config = ImageInputConfig(max_images_per_message=2, max_images_per_request=3)
+    part = img()
+    two = {"role": "user", "content": [part, part]}
+    assert len(await collect_images(chat(two), config)) == 2
+    with pytest.raises(InvalidRequestError) as err:
+        await collect_images(chat({"role": "user", "content": [part] * 3}), config)
+    assert err.value.param == "messages[0].content"
+    with pytest.raises(InvalidRequestError) as err:
+        await collect_images(chat(two, {"role": "assistant", "content": "ok"}, two), config)
+    assert (err.value.param, err.value.status) == ("messages", 400)

@@ -1,0 +1,143 @@
+"""Request guard: API keys and the body size cap, checked before any route runs.
+
+A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so streamed responses pass
+through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
+``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from deployments.config import ServerConfig
+from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, error_body
+
+OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+class KeyRing:
+    """Accepted API keys, kept as SHA-256 digests and compared in constant time."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self._digests = [_digest(k) for k in dict.fromkeys(keys)]
+
+    def __bool__(self) -> bool:
+        return bool(self._digests)
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def accepts(self, authorization: str | None) -> bool:
+        """`Authorization: Bearer <key>` with an accepted key. Every key is compared, match or not."""
+        scheme, _, token = (authorization or "").partition(" ")
+        presented = _digest(token.strip())
+        matched = False
+        for digest in self._digests:
+            matched |= hmac.compare_digest(digest, presented)
+        return matched and scheme.lower() == "bearer"
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    keys: KeyRing
+    max_body_bytes: int
+
+    @classmethod
+    def from_config(cls, server: ServerConfig, environ: Mapping[str, str] = os.environ) -> GuardSettings:
+        """Keys from the config plus those in the `api_keys_env` variable (comma-separated)."""
+        keys = list(server.api_keys)
+        if server.api_keys_env:
+            keys += [k.strip() for k in environ.get(server.api_keys_env, "").split(",") if k.strip()]
+        return cls(KeyRing(keys), server.max_body_bytes)
+
+
+class RequestGuard:
+    """ASGI middleware. `settings` is called once, at the first request (the replica is built by then)."""
+
+    def __init__(self, app: ASGIApp, settings: Callable[[], GuardSettings]) -> None:
+        self.app = app
+        self._settings = settings
+        self._resolved: GuardSettings | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._resolved is None:
+            self._resolved = self._settings()
+        settings = self._resolved
+        headers = Headers(scope=scope)
+        if (
+            settings.keys
+            and _route(scope) not in OPEN_PATHS
+            and not settings.keys.accepts(headers.get("authorization"))
+        ):
+            error = AuthenticationError("Invalid or missing API key; send it as 'Authorization: Bearer <key>'.")
+            await _reject(error, {"WWW-Authenticate": "Bearer"}, scope, receive, send)
+            return
+        if scope["method"] in _BODY_METHODS:
+            body = await _read_body(headers, receive, settings.max_body_bytes)
+            if body is None:  # the client left
+                return
+            if isinstance(body, ServiceError):
+                await _reject(body, {"Connection": "close"}, scope, receive, send)
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+
+def _route(scope: Scope) -> str:
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+async def _read_body(headers: Headers, receive: Receive, cap: int) -> bytes | ServiceError | None:
+    """The whole body, or the 413 to send as soon as it is known to exceed `cap` bytes."""
+    too_large = PayloadTooLargeError(f"Request body exceeds {cap} bytes.")
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        return too_large
+    body = bytearray()
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > cap:
+            return too_large
+        more = message.get("more_body", False)
+    return bytes(body)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app the body already read, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _reject(error: ServiceError, headers: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
+    body = error_body(error.message, error.type, param=error.param, code=error.code)
+    await JSONResponse(body, status_code=error.status, headers=headers)(scope, receive, send)
