@@ -11,18 +11,24 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 from ray.serve.context import _get_serve_request_context
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.captioner_client import CaptionerClient
 from deployments.config import ImageInputConfig, ServerConfig, VisionProxyConfig
 from deployments.errors import (
+    AuthenticationError,
     CaptionerUnavailable,
     DecoderUnavailable,
+    InvalidRequestError,
     ModelNotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
     RequestTimeoutError,
     ServiceError,
     VisionDisabledError,
@@ -41,6 +47,7 @@ from deployments.protocol import (
     ChunkChoice,
     ComponentStatus,
     Delta,
+    ErrorResponse,
     FinishReason,
     GenerateChunk,
     GenerateRequest,
@@ -75,6 +82,37 @@ def _request_id(request: Request | None = None) -> str:
 
 
 api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    error.status: {"model": ErrorResponse, "description": error.__name__}
+    for error in (
+        InvalidRequestError,
+        AuthenticationError,
+        ModelNotFoundError,
+        RequestTimeoutError,
+        PayloadTooLargeError,
+        OverloadedError,
+    )
+}
+_CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "A chat.completion, or chunks when stream is true"},
+    **_ERRORS,
+}
+
+
+def _openapi() -> dict[str, Any]:
+    """FastAPI's schema without its 422: validation errors are 400s here, like OpenAI's."""
+    if api.openapi_schema is None:
+        schema = get_openapi(title=api.title, version=api.version, summary=api.summary, routes=api.routes)
+        for path in schema["paths"].values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        api.openapi_schema = schema
+    return api.openapi_schema
+
+
+api.openapi = _openapi  # type: ignore[method-assign]
 # API keys and the body cap; the settings are those of the Ingress replica serving the request.
 api.add_middleware(RequestGuard, settings=lambda: serve.get_replica_context().servable_object.guard)  # type: ignore[attr-defined]
 
@@ -83,6 +121,14 @@ api.add_middleware(RequestGuard, settings=lambda: serve.get_replica_context().se
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     message, param = validation_message(list(exc.errors()))
     return JSONResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing and body-parsing errors (404, 405, an unparsable body) in OpenAI's shape too."""
+    error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    body = error_body(str(exc.detail), error_type, code="not_found" if exc.status_code == 404 else None)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 @api.exception_handler(ServiceError)
@@ -117,11 +163,11 @@ class Ingress:
 
     # ------------------------------------------------------------------ routes
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", responses={401: _ERRORS[401]})
     async def models(self) -> ModelList:
         return ModelList(data=[ModelCard(id=self._config.model_name, created=self._created)])
 
-    @api.get("/health")
+    @api.get("/health", responses={503: {"description": "The decoder is not ready; the body says why"}})
     async def health(self) -> JSONResponse:
         decoder = await self._decoder_status()
         components: dict[str, Any] = {"decoder": decoder.model_dump()}
@@ -133,7 +179,7 @@ class Ingress:
         overall = "ok" if all(ready) else ("degraded" if decoder.ready else "unavailable")
         return JSONResponse({"status": overall, "components": components}, status_code=200 if decoder.ready else 503)
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", responses=_CHAT_RESPONSES)
     async def chat_completions(self, body: ChatCompletionRequest) -> Any:
         rid = _request_id()
         if body.model != self._config.model_name:

@@ -166,6 +166,19 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, for every 4xx and 5xx."""
+
+    error: ErrorDetail
+
+
 # --------------------------------------------------------------------------- between deployments
 
 

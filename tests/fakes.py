@@ -31,6 +31,33 @@ class EchoEngine(TextEngine):
         yield EngineOutput("", min(len(words), limit), len(words), finish_reason=finish)
 
 
+class SlowEngine(TextEngine):
+    """Emits " tick" every 20 ms up to max_tokens, and counts its live generations in `stats()`
+    (so a test sees, through /health, that a cancelled request stopped generating). The prompt is
+    echoed first, so a test can tell which request an answer belongs to."""
+
+    TICK_S = 0.02
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.params = model.params
+        self.running = 0
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        limit = request.max_tokens or self.params.max_tokens
+        self.running += 1
+        try:
+            yield EngineOutput(request.messages[-1].content, completion_tokens=1, prompt_tokens=1)
+            for i in range(2, limit + 1):
+                await asyncio.sleep(self.TICK_S)
+                yield EngineOutput(" tick", completion_tokens=i, prompt_tokens=1)
+            yield EngineOutput("", limit, 1, finish_reason="length")
+        finally:
+            self.running -= 1
+
+    def stats(self) -> dict[str, int]:
+        return {"running": self.running}
+
+
 class ColorCaptionEngine(CaptionEngine):
     """Captions an image by its top-left pixel colour; counts its calls."""
 

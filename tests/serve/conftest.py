@@ -69,6 +69,25 @@ def app_status(name: str) -> str:
     return getattr(status, "value", str(status))
 
 
+def kill_replicas(deployment: str) -> None:
+    """Kill every replica actor of a deployment, as a crash would; Serve's controller replaces them."""
+    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
+    assert replicas, f"no {deployment} replica"
+    for actor in replicas:
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+
+
+def ingress_log_lines(containing: str) -> list[str]:
+    """Lines of the Ingress replicas' Serve log files that contain `containing`."""
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+    return [
+        line
+        for path in logs.glob("replica_*_Ingress_*.log")
+        for line in path.read_text(errors="replace").splitlines()
+        if containing in line
+    ]
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 90.0, every_s: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

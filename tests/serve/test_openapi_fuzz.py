@@ -1,0 +1,30 @@
+"""Schemathesis fuzzes the ingress from its own OpenAPI spec, over HTTP against real Serve: valid and
+invalid bodies for every operation, checked for server errors, undocumented status codes and
+content types, and acceptance of invalid data. The decoder and captioner are deterministic fakes:
+the fuzzing is about the ingress, and this keeps it fast."""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from tests.serve.conftest import BASE_URL, deploy, echo_with_captioner, undeploy, write_models
+
+
+@pytest.fixture(scope="module")
+def api_schema(serve_cluster, tmp_path_factory):
+    models = write_models(tmp_path_factory.mktemp("fuzz"), echo_with_captioner("unused", max_tokens=8))
+    models.write_text(models.read_text().replace("local_path: unused", "engine: tests.fakes:ColorCaptionEngine"))
+    deploy(models)
+    yield schemathesis.openapi.from_url(f"{BASE_URL}/openapi.json")
+    undeploy("default", "vision")
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+def test_ingress_conforms_to_its_spec(case):
+    case.call_and_validate(timeout=30)
