@@ -203,7 +203,7 @@ class Ingress:
             top_k=body.top_k,
             frequency_penalty=body.frequency_penalty,
             presence_penalty=body.presence_penalty,
-            stop=body.stop or [],
+            stop=body.stop_sequences,
             seed=body.seed,
         )
         headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}

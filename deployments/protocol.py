@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 # --------------------------------------------------------------------------- request
 
@@ -63,6 +63,9 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+StopString = Annotated[str, Field(min_length=1)]
+
+
 class ChatCompletionRequest(_Request):
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
@@ -73,7 +76,9 @@ class ChatCompletionRequest(_Request):
     top_k: int | None = Field(None, ge=0)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
-    stop: list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
+        None, description="Up to 4 non-empty sequences; generation stops before any of them."
+    )
     seed: int | None = None
     n: int = Field(1, ge=1, le=1, description="Only n=1 is supported.")
     stream: bool = False
@@ -84,15 +89,9 @@ class ChatCompletionRequest(_Request):
     store: bool | None = None
     service_tier: str | None = None
 
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_list(cls, value: object) -> object:
-        stops = [value] if isinstance(value, str) else value
-        if isinstance(stops, list) and len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
-        if isinstance(stops, list) and any(s == "" for s in stops):
-            raise ValueError("stop sequences must be non-empty")
-        return stops
+    @property
+    def stop_sequences(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     @property
     def completion_limit(self) -> int | None:

@@ -36,7 +36,7 @@ def test_max_completion_tokens_wins():
 
 
 def test_stop_normalised_and_bounded():
-    assert req(stop="x").stop == ["x"]
+    assert req(stop="x").stop_sequences == ["x"]
     with pytest.raises(ValidationError):
         req(stop=["a", "b", "c", "d", "e"])
     with pytest.raises(ValidationError):
