@@ -187,7 +187,7 @@ def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
         if isinstance(part, str):
             if isinstance(prev, int) and part in _UNION_TAGS:
                 continue
-            if part.startswith(("list[", "function-", "tagged-union")) or part == "str":
+            if part.startswith(("list[", "function-", "tagged-union", "constrained-")) or part == "str":
                 continue
         out.append(part)
     return tuple(out)

@@ -68,24 +68,31 @@ def load_image_url(url: str, *, param: str, config: ImageInputConfig = DEFAULT_I
 
 
 def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> None:
-    """Header-only check: a known format and a bounded pixel count, without decoding pixels."""
+    """A known format and a bounded pixel count, read from the header before any decoding; then a
+    full decode, so that a corrupt or truncated image is this request's 400 and never fails a
+    captioner batch shared with other requests."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 fmt, (width, height) = img.format, img.size
+                if fmt not in ALLOWED_FORMATS:
+                    raise InvalidImageError(f"Image format {fmt} is not supported (PNG, JPEG, WEBP, GIF).", param=param)
+                if width * height > config.max_image_pixels:
+                    raise InvalidImageError(
+                        f"Image has {width}x{height} pixels; the limit is {config.max_image_pixels}.", param=param
+                    )
+                img.load()  # within the limits: decode it all here, so a truncated file never reaches a batch
+    except InvalidImageError:
+        raise
     except Exception:
         raise InvalidImageError("Image bytes are not a readable image.", param=param) from None
-    if fmt not in ALLOWED_FORMATS:
-        raise InvalidImageError(f"Image format {fmt} is not supported (PNG, JPEG, WEBP, GIF).", param=param)
-    if width * height > config.max_image_pixels:
-        raise InvalidImageError(
-            f"Image has {width}x{height} pixels; the limit is {config.max_image_pixels}.", param=param
-        )
 
 
 def decode_rgb(data: bytes) -> Image.Image:
     """Full decode for the captioner: first frame, RGB."""
     with Image.open(io.BytesIO(data)) as img:
         img.seek(0)
+        if img.mode == "P" and "transparency" in img.info:  # PIL wants palette transparency via RGBA
+            return img.convert("RGBA").convert("RGB")
         return img.convert("RGB")

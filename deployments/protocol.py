@@ -79,7 +79,7 @@ class ChatCompletionRequest(_Request):
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
         None, description="Up to 4 non-empty sequences; generation stops before any of them."
     )
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="A 64-bit integer.")
     n: int = Field(1, ge=1, le=1, description="Only n=1 is supported.")
     stream: bool = False
     stream_options: StreamOptions | None = None
