@@ -90,7 +90,7 @@ class Server:
         self.log.close()
 
 
-def start_ours(models_file: Path, port: int) -> Server:
+def start_ours(models_file: Path, port: int, name: str = "ours") -> Server:
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
@@ -98,7 +98,7 @@ def start_ours(models_file: Path, port: int) -> Server:
     path = models_file.parent / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     server = Server(
-        "ours",
+        name,
         [str(ROOT / ".venv/bin/serve"), "run", str(path)],
         f"http://127.0.0.1:{port}",
         "/health",
