@@ -182,7 +182,7 @@ async def send(client: httpx.AsyncClient, model: str, spec: Spec, rid: str, args
     out = Outcome(spec, rid, time.monotonic())
     try:
         await asyncio.wait_for(exchange(client, body, out), args.timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         out.error = "timeout:client"
     except httpx.TimeoutException as exc:
         out.error = f"timeout:{type(exc).__name__}"
@@ -251,7 +251,7 @@ async def inject(faults: list[Fault], t0: float, finished: asyncio.Event) -> Non
         try:
             await asyncio.wait_for(finished.wait(), max(0.0, t0 + fault.at_s - time.monotonic()))
             fault.error = "not injected: the load had ended"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 fault.killed = await asyncio.to_thread(kill_replicas, *TARGETS[fault.target])
             except Exception as exc:
