@@ -107,10 +107,9 @@ def _route(scope: Scope) -> str:
 
 async def _read_body(headers: Headers, receive: Receive, cap: int) -> bytes | ServiceError | None:
     """The whole body, or the 413 to send as soon as it is known to exceed `cap` bytes."""
-    too_large = PayloadTooLargeError(f"Request body exceeds {cap} bytes.")
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
-        return too_large
+        return _too_large(cap)
     body = bytearray()
     more = True
     while more:
@@ -119,9 +118,13 @@ async def _read_body(headers: Headers, receive: Receive, cap: int) -> bytes | Se
             return None
         body += message.get("body", b"")
         if len(body) > cap:
-            return too_large
+            return _too_large(cap)
         more = message.get("more_body", False)
     return bytes(body)
+
+
+def _too_large(cap: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"Request body exceeds {cap} bytes.")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
