@@ -5,6 +5,11 @@ each waiting out a timeout.
 Only images missing from the cache cross the handle, each once. After a failure, calls are
 skipped for `retry_after_s` (cached captions are still served); the next call after that tries
 again, so the service uses a recovered captioner without a restart.
+
+A call that has been waiting for `WATCH_AFTER_S` is watched through Serve's own view of the
+captioner: once Serve reports it unhealthy (a replica died and its replacement is still loading,
+which takes as long as loading the model), the call is given up and image requests degrade at
+once rather than wait for the replacement.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 
 from ray import serve
 from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentResponse
 
 from deployments.caption_cache import CaptionCache, cache_key
 from deployments.config import VisionProxyConfig
@@ -26,6 +32,12 @@ logger = logging.getLogger("ray.serve")
 
 DEPLOYMENT = "VisionCaptioner"
 STATUS_TIMEOUT_S = 5.0
+WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
+HEALTHY = {"HEALTHY", "UPSCALING", "DOWNSCALING", "UPDATING"}  # UPDATING: a redeploy; old replicas serve
+
+
+def _value(status: object) -> str:
+    return str(getattr(status, "value", status))
 
 
 def _app_state(app: str) -> str:
@@ -38,9 +50,18 @@ def _app_state(app: str) -> str:
         return f"Serve application {app!r} is not deployed"
     detail = status.deployments.get(DEPLOYMENT)
     message = (detail.message if detail else "") or status.message
-    return f"Serve application {app!r} is {getattr(status.status, 'value', status.status)}" + (
-        f": {message}" if message else ""
-    )
+    return f"Serve application {app!r} is {_value(status.status)}" + (f": {message}" if message else "")
+
+
+def _unhealthy(app: str) -> str | None:
+    """Why Serve cannot serve the captioner now (its words), or None while it can or cannot tell."""
+    try:
+        detail = serve.status().applications[app].deployments[DEPLOYMENT]
+    except Exception:
+        return None
+    if _value(detail.status) in HEALTHY:
+        return None
+    return f"Serve reports {DEPLOYMENT} {_value(detail.status)}" + (f": {detail.message}" if detail.message else "")
 
 
 class CaptionerClient:
@@ -49,6 +70,7 @@ class CaptionerClient:
         self._vision = vision
         self._down_until = 0.0
         self.reason: str | None = None
+        self._view: tuple[float, asyncio.Future[str | None]] | None = None  # Serve's view, shared by waiting calls
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
@@ -81,13 +103,9 @@ class CaptionerClient:
     async def _call(self, request: CaptionRequest) -> list[str]:
         if time.monotonic() < self._down_until:
             raise CaptionerUnavailable(f"The vision captioner is unavailable: {self.reason}")
-        response = None
         try:
-            response = self._handle().caption.remote(request)
-            captions = await asyncio.wait_for(response, self._vision.timeout_s)
+            captions = await self._watch(self._handle().caption.remote(request))
         except TimeoutError:
-            if response is not None:
-                response.cancel()
             reason = f"no answer within {self._vision.timeout_s:g}s ({await asyncio.to_thread(_app_state, self._app)})"
             raise self._mark_down(reason) from None
         except Exception as exc:
@@ -98,6 +116,33 @@ class CaptionerClient:
             raise self._mark_down(reason[:500]) from None
         self._mark_up()
         return captions
+
+    async def _watch(self, response: DeploymentResponse) -> list[str]:
+        """The answer; `CaptionerUnavailable` once Serve reports the captioner unhealthy, or
+        TimeoutError after `timeout_s`. Either way the call is cancelled."""
+        deadline = time.monotonic() + self._vision.timeout_s
+        call = asyncio.ensure_future(response)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                done, _ = await asyncio.wait({call}, timeout=min(WATCH_AFTER_S, left))
+                if done:
+                    return call.result()
+                if (reason := await self._serve_view()) is not None:
+                    raise CaptionerUnavailable(reason)
+        finally:
+            if not call.done():
+                call.cancel()
+                response.cancel()
+
+    async def _serve_view(self) -> str | None:
+        """`_unhealthy`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
+        now = time.monotonic()
+        if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
+            self._view = (now, asyncio.ensure_future(asyncio.to_thread(_unhealthy, self._app)))
+        return await asyncio.shield(self._view[1])
 
     async def status(self) -> ComponentStatus:
         try:

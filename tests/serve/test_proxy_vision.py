@@ -164,3 +164,21 @@ def test_captioner_killed_under_traffic(service, http):
     if degraded:
         rid = degraded[0].headers["x-request-id"]
         assert wait_until(lambda: any(rid in line for line in ingress_log_lines("answering without")), timeout_s=10)
+
+
+def test_captioner_death_degrades_new_image_requests_without_waiting_for_the_restart(service, http):
+    """With no caption in flight when the captioner dies, the next image request cannot learn of the
+    death from a failed call: it waits in Serve's queue for a replacement. The client watches Serve's
+    view of the captioner and degrades the request once Serve reports it unhealthy."""
+    fresh = data_url(png_bytes((1, 2, 3)))
+    assert wait_until(lambda: captioner_health(http)["ready"], timeout_s=120)
+    kill_replicas("VisionCaptioner")
+    response = http.post("/v1/chat/completions", json=image_chat("echo", fresh, text="after the kill"))
+    assert response.status_code == 200, response.text
+    assert response.headers.get("x-vision-degraded") == "captioner-unavailable"
+    rid = response.headers["x-request-id"]
+    assert wait_until(lambda: any(rid in line for line in ingress_log_lines("Serve reports VisionCaptioner")))
+    assert wait_until(
+        lambda: "x-vision-degraded" not in http.post("/v1/chat/completions", json=image_chat("echo", fresh)).headers,
+        timeout_s=120,
+    )
