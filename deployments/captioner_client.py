@@ -27,41 +27,13 @@ from deployments.config import VisionProxyConfig
 from deployments.errors import CaptionerUnavailable, from_serve, unwrap
 from deployments.protocol import CaptionRequest, ComponentStatus
 from deployments.proxy_vision import ImageInput
+from deployments.serve_view import FAILED, app_state, deployment_status
 
 logger = logging.getLogger("ray.serve")
 
 DEPLOYMENT = "VisionCaptioner"
 STATUS_TIMEOUT_S = 5.0
 WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
-HEALTHY = {"HEALTHY", "UPSCALING", "DOWNSCALING", "UPDATING"}  # UPDATING: a redeploy; old replicas serve
-
-
-def _value(status: object) -> str:
-    return str(getattr(status, "value", status))
-
-
-def _app_state(app: str) -> str:
-    """Serve's own words on the captioner application (e.g. why a replica cannot be scheduled)."""
-    try:
-        status = serve.status().applications.get(app)
-    except Exception as exc:
-        return f"Serve status unavailable: {exc}"
-    if status is None:
-        return f"Serve application {app!r} is not deployed"
-    detail = status.deployments.get(DEPLOYMENT)
-    message = (detail.message if detail else "") or status.message
-    return f"Serve application {app!r} is {_value(status.status)}" + (f": {message}" if message else "")
-
-
-def _unhealthy(app: str) -> str | None:
-    """Why Serve cannot serve the captioner now (its words), or None while it can or cannot tell."""
-    try:
-        detail = serve.status().applications[app].deployments[DEPLOYMENT]
-    except Exception:
-        return None
-    if _value(detail.status) in HEALTHY:
-        return None
-    return f"Serve reports {DEPLOYMENT} {_value(detail.status)}" + (f": {detail.message}" if detail.message else "")
 
 
 class CaptionerClient:
@@ -70,7 +42,7 @@ class CaptionerClient:
         self._vision = vision
         self._down_until = 0.0
         self.reason: str | None = None
-        self._view: tuple[float, asyncio.Future[str | None]] | None = None  # Serve's view, shared by waiting calls
+        self._view: tuple[float, asyncio.Future[tuple[str, str]]] | None = None  # Serve's view, shared by waiting calls
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
@@ -106,7 +78,7 @@ class CaptionerClient:
         try:
             captions = await self._watch(self._handle().caption.remote(request))
         except TimeoutError:
-            reason = f"no answer within {self._vision.timeout_s:g}s ({await asyncio.to_thread(_app_state, self._app)})"
+            reason = f"no answer within {self._vision.timeout_s:g}s ({await self._app_state()})"
             raise self._mark_down(reason) from None
         except Exception as exc:
             cause = unwrap(exc)
@@ -116,6 +88,9 @@ class CaptionerClient:
             raise self._mark_down(reason[:500]) from None
         self._mark_up()
         return captions
+
+    async def _app_state(self) -> str:
+        return await asyncio.to_thread(app_state, self._app, DEPLOYMENT)
 
     async def _watch(self, response: DeploymentResponse) -> list[str]:
         """The answer; `CaptionerUnavailable` once Serve reports the captioner unhealthy, or
@@ -130,25 +105,26 @@ class CaptionerClient:
                 done, _ = await asyncio.wait({call}, timeout=min(WATCH_AFTER_S, left))
                 if done:
                     return call.result()
-                if (reason := await self._serve_view()) is not None:
-                    raise CaptionerUnavailable(reason)
+                status, words = await self._serve_view()
+                if status in FAILED:
+                    raise CaptionerUnavailable(words)
         finally:
             if not call.done():
                 call.cancel()
                 response.cancel()
 
-    async def _serve_view(self) -> str | None:
-        """`_unhealthy`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
+    async def _serve_view(self) -> tuple[str, str]:
+        """`serve_view.deployment_status`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
         now = time.monotonic()
         if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
-            self._view = (now, asyncio.ensure_future(asyncio.to_thread(_unhealthy, self._app)))
+            self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_status, self._app, DEPLOYMENT)))
         return await asyncio.shield(self._view[1])
 
     async def status(self) -> ComponentStatus:
         try:
             status = await asyncio.wait_for(self._handle().status.remote(), STATUS_TIMEOUT_S)
         except Exception:
-            return ComponentStatus(ready=False, reason=await asyncio.to_thread(_app_state, self._app))
+            return ComponentStatus(ready=False, reason=await self._app_state())
         if status.ready:
             self._mark_up()
         return status

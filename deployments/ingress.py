@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 from ray.serve.context import _get_serve_request_context
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -35,6 +36,7 @@ from deployments.errors import (
     error_body,
     from_serve,
     to_openai_error,
+    unwrap,
     validation_message,
 )
 from deployments.guard import GuardSettings, RequestGuard
@@ -58,6 +60,7 @@ from deployments.protocol import (
     Usage,
 )
 from deployments.proxy_vision import UNDESCRIBED, collect_images, count_images, rewrite
+from deployments.serve_view import SERVING, deployment_status
 
 logger = logging.getLogger("ray.serve")
 
@@ -222,7 +225,19 @@ class Ingress:
         try:
             return await asyncio.wait_for(self._decoder.status.remote(), DECODER_STATUS_TIMEOUT_S)
         except Exception as exc:
-            return ComponentStatus(ready=False, reason=f"decoder not reachable: {type(exc).__name__}: {exc}"[:500])
+            cause = unwrap(exc)
+            if not isinstance(cause, TimeoutError | BackPressureError):
+                return ComponentStatus(
+                    ready=False, reason=f"decoder not reachable: {type(cause).__name__}: {cause}"[:500]
+                )
+        # Every replica is busy generating: the status call waits behind generation. Serve's own
+        # health checks (which fail when the engine does) still say whether the decoder works.
+        decoder = self._decoder
+        status, words = await asyncio.to_thread(deployment_status, decoder.app_name, decoder.deployment_name)
+        if status not in SERVING:
+            return ComponentStatus(ready=False, model=self._config.model_name, reason=words)
+        busy = f"no status answer within {DECODER_STATUS_TIMEOUT_S:g}s (replicas busy); {words}"
+        return ComponentStatus(ready=True, model=self._config.model_name, details={"busy": busy})
 
     async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], str | None]:
         """Proxy vision: captions in place of images. Returns the degradation reason, if any."""

@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from ray import serve
 from ray.serve._private.api import serve_start
 from ray.serve.schema import ServeDeploySchema
 
+from deployments.protocol import GenerateRequest, TextMessage
 from tests.serve.conftest import BASE_URL, kill_replicas, undeploy, wait_until, write_models
 
 DEADLINE_S = 6.0
@@ -124,6 +126,27 @@ def test_deadline_mid_stream_ends_with_an_error_event(service, http):
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "request_timeout"
     assert wait_until(lambda: running(http) == 0, timeout_s=5)
+
+
+def test_health_falls_back_to_serves_view_when_the_decoder_is_saturated(service, http):
+    """With every slot of the replica taken (max_ongoing_requests 3), /health's status call waits
+    behind generation; /health then answers from Serve's health checks, not "unreachable"."""
+    decoder = serve.get_deployment_handle("PrimaryDecoder", app_name="default").options(stream=True)
+    request = GenerateRequest(messages=[TextMessage(role="user", content="busy")], max_tokens=2000)  # 40 s
+    streams = []  # straight to the decoder: no ingress deadline on this path
+    try:
+        for n in (1, 2):  # one by one: a burst would be turned away by the queue bound of 1
+            streams.append(decoder.generate.remote(request))
+            assert wait_until(lambda n=n: running(http) == n, timeout_s=10)
+        streams.append(decoder.generate.remote(request))  # waits for a sequence slot: the replica is full
+        assert wait_until(lambda: "busy" in http.get("/health").json()["components"]["decoder"]["details"], 20)
+        health = http.get("/health")
+        assert health.status_code == 200
+        assert "Serve reports PrimaryDecoder HEALTHY" in health.json()["components"]["decoder"]["details"]["busy"]
+    finally:
+        for stream in streams:
+            stream.cancel()
+    assert wait_until(lambda: running(http) == 0, timeout_s=10)
 
 
 def test_decoder_killed_mid_request_gives_clean_errors_then_recovers(service, http):
