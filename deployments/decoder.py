@@ -43,13 +43,15 @@ class PrimaryDecoder:
             stop = StopMatcher(request.stop)
             async for piece in pieces:
                 text = stop.feed(piece.text)
+                if piece.finish_reason is not None:
+                    text += stop.flush()
                 finish = "stop" if stop.stopped else piece.finish_reason
                 if finish is None:
                     if text:
                         yield GenerateChunk(text=text)
                     continue
                 yield GenerateChunk(
-                    text=text + stop.flush(),
+                    text=text,
                     finish_reason=finish,
                     prompt_tokens=piece.prompt_tokens,
                     completion_tokens=piece.completion_tokens,

@@ -6,13 +6,16 @@ from __future__ import annotations
 class StopMatcher:
     """Cuts streamed text at the first stop sequence, which is excluded from the output.
 
-    Text that could be the start of a stop sequence is held back until it is known not to be.
+    Text that could be the start of a stop sequence is held back until it is known not to be, so
+    the cut is where the whole text's first stop begins, however the text was split into pieces
+    (also when one stop occurs inside another: "bc" in "abcd").
     """
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.stopped = False
         self._held = ""
+        self._longest = max(map(len, self.stops), default=0)
 
     def feed(self, text: str) -> str:
         """Text safe to emit now. After a match, `stopped` is True and the rest is dropped."""
@@ -20,16 +23,24 @@ class StopMatcher:
             return ""
         if not self.stops:
             return text
-        buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped, self._held = True, ""
-            return buf[: min(hits)]
-        keep = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
-        self._held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
+        return self._scan(self._held + text, final=False)
 
     def flush(self) -> str:
-        """Held-back text at the end of generation."""
-        held, self._held = self._held, ""
-        return "" if self.stopped else held
+        """Held-back text at the end of generation (cut if it holds a stop)."""
+        if self.stopped or not self._held:
+            return ""
+        return self._scan(self._held, final=True)
+
+    def _scan(self, buf: str, final: bool) -> str:
+        first = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=len(buf) + 1)
+        # The earliest place where a stop may begin that only more text can complete or rule out.
+        start = max(0, len(buf) - self._longest + 1)
+        pending = len(buf) if final else next((i for i in range(start, len(buf)) if self._open(buf[i:])), len(buf))
+        if first <= pending:
+            self.stopped, self._held = True, ""
+            return buf[:first]
+        self._held = buf[pending:]
+        return buf[:pending]
+
+    def _open(self, tail: str) -> bool:
+        return any(len(s) > len(tail) and s.startswith(tail) for s in self.stops)

@@ -9,8 +9,8 @@ that the captioner must caption. Before the load, each calibrated prompt is sent
 `usage.prompt_tokens` and answer are the reference. Under load each checked answer must carry its
 own request id and its own prompt's token count, and must not be another prompt's answer (both
 *crossed*); a different answer with the right count is *drift* (batched greedy numerics), reported
-but not a failure. Failures are classed by HTTP status and OpenAI error code (429/503: overloaded,
-408/504: timeout), stream error event, protocol violation or client exception. A failure that ends
+but not a failure. Failures are classed by HTTP status and OpenAI error code (a 429/503 without
+Retry-After is marked), stream error event, protocol violation or client exception. A failure that ends
 within --fault-window-s after an injected fault that can explain it (decoder: any request;
 captioner: image requests) is *explained*. Prints one JSON report; exits 1 on any crossed answer,
 id mismatch or unexplained failure.
@@ -125,11 +125,8 @@ def http_class(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         err = {}
     code, status = err.get("code") or err.get("type") or "-", response.status_code
-    if status in (429, 503):
-        return f"overloaded:{status}:{code}" + ("" if "retry-after" in response.headers else ":no-retry-after")
-    if status in (408, 504):
-        return f"timeout:{status}:{code}"
-    return f"http_{status}:{code}"
+    missing = status in (429, 503) and "retry-after" not in response.headers
+    return f"http_{status}:{code}" + (":no-retry-after" if missing else "")
 
 
 async def exchange(client: httpx.AsyncClient, body: dict[str, Any], out: Outcome) -> None:

@@ -93,6 +93,14 @@ def sse_events(response: httpx.Response) -> list[str]:
     return [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
 
 
+def test_a_stop_still_open_when_generation_ends_is_cut_with_finish_stop(service, http):
+    """Until generation ends, "abc" could become the stop "abcd"; then the stop "bc" inside it is
+    the first one: the text is cut there and the finish reason is "stop", not the engine's "length"."""
+    body = {**chat("say abc", max_tokens=1), "stop": ["abcd", "bc"]}
+    choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("say a", "stop")
+
+
 def test_full_decoder_queue_is_503_with_retry_after(service, http):
     """2 generating + 1 waiting in the replica + 1 queued fit; the rest are turned away at once
     instead of waiting. (Serve counts a request as queued until a replica takes it, so a burst can

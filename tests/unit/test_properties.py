@@ -16,12 +16,12 @@
    raises `InvalidImageError` naming the given param; real PNG/JPEG/GIF/WEBP images of any small
    size and mode load byte-exact and `decode_rgb` gives an RGB image of that size.
 5. StopMatcher: for any text, 1-4 stops and any chunking, feed + flush give the text up to the first
-   stop occurrence (all of it when there is none) and `stopped` says whether one occurred, provided
-   no stop sits strictly inside another.
+   stop occurrence (all of it when there is none) and `stopped` says whether one occurred, also when
+   one stop sits inside another.
 
 Strict xfails record the gaps the current code still has (each reason says which): discriminator
-and tag-stripping gaps in `param` (the error names the message or part, not the field inside it),
-and chunk-dependent stop cutting when one stop sits strictly inside another. Found and fixed: an
+and tag-stripping gaps in `param` (the error names the message or part, not the field inside it).
+Found and fixed: chunk-dependent stop cutting when one stop sat strictly inside another, an
 unbounded `seed` (a 500 from torch), truncated images that passed the header check and failed a
 shared captioner batch, a PIL warning for palette PNGs with transparency. Settings keep the run short
 and write no example database.
@@ -428,11 +428,6 @@ def test_accepted_images_decode(url):
 STOPS = st.lists(st.text("ab\n", min_size=1, max_size=3), min_size=1, max_size=4)
 
 
-def _inside(s: str, t: str) -> bool:
-    """`s` occurs in `t` after its start and ends before its end."""
-    return any(t.startswith(s, i) for i in range(1, len(t) - len(s)))
-
-
 @st.composite
 def chunked(draw) -> list[str]:
     text = draw(st.text("ab\nc", max_size=20))
@@ -447,16 +442,10 @@ def _stream(stops: list[str], chunks: list[str]) -> tuple[str, bool]:
 
 
 @settings(FAST, max_examples=200)
-@given(STOPS.filter(lambda ss: not any(_inside(s, t) for s in ss for t in ss)), chunked())
+@given(STOPS, chunked())
+@example(["abcd", "bc"], ["ab", "c", "d"])  # a stop inside another: cut where the outer one begins
+@example(["abcd", "bc"], ["ab", "c"])  # ... and where the inner one begins when the outer never completes
 def test_stop_matcher_cuts_at_the_first_stop_whatever_the_chunking(stops, chunks):
     text = "".join(chunks)
     hits = [text.find(s) for s in stops if s in text]
     assert _stream(stops, chunks) == (text[: min(hits)] if hits else text, bool(hits))
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a stop inside another stop cuts earlier when streamed")
-@KNOWN
-@given(STOPS, chunked())
-@example(["abc", "b"], ["a", "b", "c"])
-def test_stop_matcher_output_does_not_depend_on_chunking(stops, chunks):
-    assert _stream(stops, chunks) == _stream(stops, ["".join(chunks)])
