@@ -169,6 +169,8 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     # A union reports one error per branch; the deepest one is the branch the client meant.
     first = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = _strip_union_tags(tuple(first.get("loc", ())))
+    if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # loc stops at the union: name its tag field
+        loc += (str(first.get("ctx", {}).get("discriminator", "")).strip("'"),)
     param = validation_param(loc)
     msg = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
@@ -183,9 +185,10 @@ def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """Drop what unions add to a loc: the tag after a list index (`0, "user"`) and branch names
     (`"list[...]"`, `"str"`), keeping real field names such as `image_url`."""
     out: list[Any] = []
-    for prev, part in zip((None, *loc), loc, strict=False):
+    for before, prev, part in zip((None, None, *loc), (None, *loc), loc, strict=False):
         if isinstance(part, str):
-            if isinstance(prev, int) and part in _UNION_TAGS:
+            plain_list = isinstance(before, str) and before.startswith("list[") and "tagged-union" not in before
+            if isinstance(prev, int) and part in _UNION_TAGS and not plain_list:  # no tag in a list[TextPart]
                 continue
             if part.startswith(("list[", "function-", "tagged-union", "constrained-")) or part == "str":
                 continue

@@ -19,9 +19,11 @@
    stop occurrence (all of it when there is none) and `stopped` says whether one occurred, also when
    one stop sits inside another.
 
-Strict xfails record the gaps the current code still has (each reason says which): discriminator
-and tag-stripping gaps in `param` (the error names the message or part, not the field inside it).
-Found and fixed: chunk-dependent stop cutting when one stop sat strictly inside another, an
+Strict xfails record the gaps the current code still has (each reason says which): an unknown field
+named like a union branch (`str`, `list[x]`) or a FastAPI loc prefix (`body`) is left out of `param`.
+Found and fixed: `param` naming the message or part instead of its `role`/`type` for discriminator
+errors, and dropping `text`/`image_url` in text-only parts; chunk-dependent stop cutting when one
+stop sat strictly inside another; an
 unbounded `seed` (a 500 from torch), truncated images that passed the header check and failed a
 shared captioner batch, a PIL warning for palette PNGs with transparency. Settings keep the run short
 and write no example database.
@@ -242,22 +244,20 @@ MUTATIONS = {
     "too many stops": (("stop",), st.lists(STOP, min_size=5, max_size=8)),
     "empty stop": (("stop",), st.just("")),  # in a list, param names the entry: stop[2]
     "stop not a string": (("stop", 0), CONTAINER | st.integers()),
+    "unknown role": (("@msg", "role"), JSON.filter(lambda r: r not in ROLES)),
+    "missing role": (("@msg", "role"), None),
+    "unknown part type": (("@image", "type"), st.text().filter(lambda s: s not in PART_TYPES)),
+    "missing part type": (("@text", "type"), None),
+    "text-only part: image_url field": (("@other_text", "image_url"), JSON),
+    "text-only part: text not a string": (("@other_text", "text"), CONTAINER | st.integers()),
+    "text-only part: missing text": (("@other_text", "text"), None),
     # Top-level "body"/"query"/"path" lose their param: validation_param skips them as FastAPI loc prefixes.
     "unknown top-level field": ((_key(*ChatCompletionRequest.model_fields, "body", "query", "path"),), JSON),
     "unknown message field": (("@msg", _key("role", "content", "name")), JSON),
     "unknown part field": (("@text", _key("type", "text")), JSON),
     "unknown image_url field": (("@image", "image_url", _key("url", "detail")), JSON),
 }
-TAG = "discriminator errors (union_tag_invalid/not_found) name the message or part, not its role/type field"
-STRIPPED = "_strip_union_tags drops a real field named text/image_url right after a list index"
 KNOWN_GAPS = {
-    "unknown role": (TAG, ("@msg", "role"), JSON.filter(lambda r: r not in ROLES)),
-    "missing role": (TAG, ("@msg", "role"), None),
-    "unknown part type": (TAG, ("@image", "type"), st.text().filter(lambda s: s not in PART_TYPES)),
-    "missing part type": (TAG, ("@text", "type"), None),
-    "text-only part: missing text": (STRIPPED, ("@other_text", "text"), None),
-    "text-only part: text not a string": (STRIPPED, ("@other_text", "text"), CONTAINER | st.integers()),
-    "text-only part: image_url field": (STRIPPED, ("@other_text", "image_url"), JSON),
     "field named like a union branch": (
         "_strip_union_tags drops any loc item named 'str' or starting with 'list['/'function-'",
         ("@msg", st.sampled_from(["str", "list[x]", "function-x"])),
