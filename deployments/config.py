@@ -85,6 +85,14 @@ class EngineParams(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI frequency penalty.")
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI presence penalty.")
     max_tokens: int = Field(256, gt=0, description="Default completion length when a request sets none.")
+    stream_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        le=10_000,
+        description="Coalesce streamed text: after a chunk, text generated within this many ms is sent as one "
+        "chunk (the first and the last are sent at once). Fewer messages per token through Serve; 0 sends "
+        "every piece.",
+    )
 
 
 class VisionProxyConfig(_Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -37,18 +38,22 @@ class PrimaryDecoder:
             raise RuntimeError(f"primary decoder {model.name!r} failed to load: {self._slot.reason}")
         self._slot.start()
         self._seqs = asyncio.Semaphore(model.params.max_num_seqs)
+        self._interval_s = model.params.stream_interval_ms / 1000
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         async with self._seqs, self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             stop = StopMatcher(request.stop)
+            pending, send_at = "", 0.0  # text held back until `send_at` (stream_interval_ms)
             async for piece in pieces:
-                text = stop.feed(piece.text)
+                text = pending + stop.feed(piece.text)
                 if piece.finish_reason is not None:
                     text += stop.flush()
                 finish = "stop" if stop.stopped else piece.finish_reason
                 if finish is None:
-                    if text:
+                    pending = text
+                    if text and (now := time.monotonic()) >= send_at:
                         yield GenerateChunk(text=text)
+                        pending, send_at = "", now + self._interval_s
                     continue
                 yield GenerateChunk(
                     text=text,

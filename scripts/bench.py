@@ -318,6 +318,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="requests per concurrency slot (at least 4 in all)")
     parser.add_argument("--image-rounds", type=int, default=4, help="distinct images per slot at concurrency 8")
     parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
+    parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
@@ -345,26 +346,29 @@ async def main() -> None:
     ours: dict[int, dict] = {}
     peer: dict[int, dict] = {}
 
+    text, images = "text" in args.workloads, "images" in args.workloads
     server = start_ours(write_models(work, captioner, max_batch_size=8), args.port)
     try:
-        for c in args.concurrency:
+        for c in args.concurrency if text else []:
             ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
             emit(ours[c])
         emit({"server": "ours", "decoder_rss_mb": decoder_rss_mb(server)})
-        seeds = list(range(8 * args.image_rounds))
-        emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "cold"}))
-        emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "warm"}))
+        if images:
+            seeds = list(range(8 * args.image_rounds))
+            emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "cold"}))
+            emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "warm"}))
     finally:
         server.stop()
 
-    server = start_ours(write_models(work, captioner, max_batch_size=1), args.port)
-    try:
-        seeds = list(range(1000, 1000 + 8 * args.image_rounds))
-        emit(await image_run(server, model, seeds, 8, {"batching": False, "cache_state": "cold"}))
-    finally:
-        server.stop()
+    if images:
+        server = start_ours(write_models(work, captioner, max_batch_size=1), args.port)
+        try:
+            seeds = list(range(1000, 1000 + 8 * args.image_rounds))
+            emit(await image_run(server, model, seeds, 8, {"batching": False, "cache_state": "cold"}))
+        finally:
+            server.stop()
 
-    if args.skip_peer:
+    if args.skip_peer or not text:
         return
     server = start_peer(peer_model_dir(work), args.port + 1)
     try:

@@ -1,0 +1,54 @@
+"""The decoder deployment's own streaming layer (stop strings, stream_interval_ms), on a fake engine
+and without Ray: the deployment class is constructed directly."""
+
+import pytest
+
+from deployments.config import EngineParams, Lifecycle, ModelConfig
+from deployments.decoder import PrimaryDecoder
+from deployments.protocol import GenerateChunk, GenerateRequest, TextMessage
+
+# The echo engine sends "user:", one word of this per piece, then an empty piece with finish_reason.
+QUESTION = "tell me a story about a fox that jumps over the dog"
+
+
+def decoder(stream_interval_ms: float) -> PrimaryDecoder:
+    params = EngineParams(stream_interval_ms=stream_interval_ms, max_num_seqs=2)
+    model = ModelConfig(name="echo", engine="tests.fakes:EchoEngine", params=params)
+    return PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+
+
+async def chunks(stream_interval_ms: float, **request) -> list[GenerateChunk]:
+    ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)], **request)
+    return [chunk async for chunk in decoder(stream_interval_ms).generate(ask)]
+
+
+async def test_without_an_interval_every_piece_is_its_own_chunk():
+    sent = await chunks(0)
+    assert [c.text for c in sent[:3]] == ["user:", " tell", " me"]
+    assert len(sent) == 1 + len(QUESTION.split()) + 1
+
+
+async def test_an_interval_coalesces_pieces_but_sends_the_first_and_the_last_at_once():
+    alone = await chunks(0)
+    sent = await chunks(10_000)  # nothing after the first piece is due before the end
+    assert [c.text for c in sent] == ["user:", "".join(c.text for c in alone[1:])]
+    assert sent[-1].finish_reason == alone[-1].finish_reason == "stop"
+    assert (sent[-1].prompt_tokens, sent[-1].completion_tokens) == (
+        alone[-1].prompt_tokens,
+        alone[-1].completion_tokens,
+    )
+
+
+@pytest.mark.parametrize("stop", [" fox", "ox th", "dog"])
+async def test_stop_strings_cut_the_same_text_with_and_without_an_interval(stop):
+    alone = "".join(c.text for c in await chunks(0, stop=[stop]))
+    coalesced = await chunks(10_000, stop=[stop])
+    assert "".join(c.text for c in coalesced) == alone
+    assert stop not in alone and alone == ("user: " + QUESTION)[: ("user: " + QUESTION).index(stop)]
+    assert coalesced[-1].finish_reason == "stop"
+
+
+async def test_the_length_limit_ends_a_coalesced_stream_with_its_reason():
+    sent = await chunks(10_000, max_tokens=4)
+    assert "".join(c.text for c in sent) == "user: tell me a"
+    assert sent[-1].finish_reason == "length" and sent[-1].completion_tokens == 4
