@@ -89,9 +89,9 @@ class EngineParams(_Strict):
         0.0,
         ge=0,
         le=10_000,
-        description="Coalesce streamed text: after a chunk, text generated within this many ms is sent as one "
-        "chunk (the first and the last are sent at once). Fewer messages per token through Serve; 0 sends "
-        "every piece.",
+        description="Coalesce streamed text: after a chunk, new text is held until this many ms have passed, "
+        "then sent as one chunk (the first and the last are never held): fewer Serve messages per token. "
+        "0 sends every piece.",
     )
 
 

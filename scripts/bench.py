@@ -90,11 +90,19 @@ class Server:
         self.log.close()
 
 
-def start_ours(models_file: Path, port: int, name: str = "ours") -> Server:
+def start_ours(models_file: Path, port: int, decoder_replicas: int = 0, name: str = "ours") -> Server:
+    """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: the CPU layout of
+    that many single-threaded decoder replicas sharing the machine's cores (docs/benchmarks.md)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
         app["args"] = {**app["args"], "models_file": str(models_file)}
+    if decoder_replicas:
+        main = config["applications"][0]
+        main["args"]["decoder.cpu_threads"] = 1
+        decoder = next(d for d in main["deployments"] if d["name"] == "PrimaryDecoder")
+        decoder["autoscaling_config"].update(min_replicas=decoder_replicas, max_replicas=decoder_replicas)
+        decoder["ray_actor_options"] = {"num_cpus": 1 / decoder_replicas}  # they and the captioner fit the cores
     path = models_file.parent / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     server = Server(
@@ -320,6 +328,7 @@ async def main() -> None:
     parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
     parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--decoder-replicas", type=int, default=0, help="CPU layout: N single-threaded decoders")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
     args = parser.parse_args()
@@ -347,7 +356,7 @@ async def main() -> None:
     peer: dict[int, dict] = {}
 
     text, images = "text" in args.workloads, "images" in args.workloads
-    server = start_ours(write_models(work, captioner, max_batch_size=8), args.port)
+    server = start_ours(write_models(work, captioner, max_batch_size=8), args.port, args.decoder_replicas)
     try:
         for c in args.concurrency if text else []:
             ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
