@@ -3,6 +3,7 @@ on the same model, prompts and machine. Prints one JSON line per configuration.
 
     ./scripts/bench.sh                       # setup, then this script with its defaults
     .venv/bin/python scripts/bench.py --skip-peer --concurrency 1 8
+    .venv/bin/python scripts/bench.py --workloads text --decoder-replicas 2   # the CPU layout
 
 Text: streaming chat at each concurrency (default 1, 8, 16), `--max-tokens` new tokens, greedy;
 output tokens/s, TTFT and end-to-end latency p50/p95, for both servers, and the ratios.
