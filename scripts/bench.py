@@ -359,9 +359,10 @@ async def main() -> None:
     text, images = "text" in args.workloads, "images" in args.workloads
     server = start_ours(write_models(work, captioner, max_batch_size=8), args.port, args.decoder_replicas)
     try:
-        for c in args.concurrency if text else []:
-            ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
-            emit(ours[c])
+        if text:
+            for c in args.concurrency:
+                ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
+                emit(ours[c])
         emit({"server": "ours", "decoder_rss_mb": decoder_rss_mb(server)})
         if images:
             seeds = list(range(8 * args.image_rounds))

@@ -171,6 +171,7 @@ def test_decoder_killed_mid_request_gives_clean_errors_then_recovers(service, ht
         # arriving at the same moment can turn the request away (503 overloaded).
         plain = pool.submit(http.post, "/v1/chat/completions", json=chat(max_tokens=1000))
         time.sleep(0.5)
+        assert wait_until(lambda: running(http) == 1, timeout_s=2, every_s=0.05)
         stream = pool.submit(streamed)
         time.sleep(0.5)
         assert wait_until(lambda: running(http) == 2, timeout_s=2, every_s=0.05)
