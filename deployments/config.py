@@ -48,10 +48,11 @@ class EngineParams(_Strict):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Weights dtype. auto: bfloat16 on a GPU that supports it, else float32."
     )
-    quantization: Literal["none", "bnb-4bit", "bnb-8bit"] = Field(
+    quantization: Literal["none", "bnb-4bit", "bnb-8bit", "int4-cpu"] = Field(
         "none",
-        description="On-the-fly quantization (bitsandbytes, CUDA only). GGUF files are dequantized "
-        "by transformers and need no setting here.",
+        description="On-the-fly quantization after loading. bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
+        "int4-cpu: weight-only int4 in groups of 32 with bfloat16 activations (torch's CPU kernel), "
+        "every linear layer but the output embedding; keeps a GGUF Q4 file's weights at 4 bits.",
     )
     device_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
@@ -93,6 +94,12 @@ class EngineParams(_Strict):
         "then sent as one chunk (the first and the last are never held): fewer Serve messages per token. "
         "0 sends every piece.",
     )
+
+    @model_validator(mode="after")
+    def _int4_dtype(self) -> EngineParams:
+        if self.quantization == "int4-cpu" and self.dtype not in {"auto", "bfloat16"}:
+            raise ValueError(f"quantization int4-cpu computes in bfloat16; dtype {self.dtype} cannot be used with it")
+        return self
 
 
 class VisionProxyConfig(_Strict):

@@ -91,13 +91,17 @@ class Server:
         self.log.close()
 
 
-def start_ours(models_file: Path, port: int, decoder_replicas: int = 0, name: str = "ours") -> Server:
+def start_ours(
+    models_file: Path, port: int, decoder_replicas: int = 0, quantization: str = "none", name: str = "ours"
+) -> Server:
     """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: the CPU layout of
     that many single-threaded decoder replicas sharing the machine's cores (docs/benchmarks.md)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
         app["args"] = {**app["args"], "models_file": str(models_file)}
+    if quantization != "none":
+        config["applications"][0]["args"]["decoder.quantization"] = quantization
     if decoder_replicas:
         main = config["applications"][0]
         main["args"]["decoder.cpu_threads"] = 1
@@ -122,10 +126,13 @@ def start_ours(models_file: Path, port: int, decoder_replicas: int = 0, name: st
     return server
 
 
-def start_peer(model_dir: Path, port: int) -> Server:
+def start_peer(model_dir: Path, port: int, dtype: str) -> Server:
     server = Server(
         "peer",
-        [str(ROOT / ".venv/bin/transformers"), "serve", str(model_dir), "--continuous-batching", "--port", str(port)],
+        [
+            *(str(ROOT / ".venv/bin/transformers"), "serve", str(model_dir), "--continuous-batching"),
+            *("--port", str(port), "--dtype", dtype),
+        ],
         f"http://127.0.0.1:{port}",
         "/health",
         {"HF_HUB_OFFLINE": "1"},
@@ -186,13 +193,15 @@ async def text_run(server: Server, model: str, concurrency: int, requests: int, 
     }
 
 
-async def engine_run(concurrency: list[int], rounds: int, max_tokens: int) -> None:
+async def engine_run(concurrency: list[int], rounds: int, max_tokens: int, quantization: str) -> None:
     """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
     from deployments.protocol import GenerateRequest, TextMessage
 
-    engine = create_text_engine(load_models_file(ROOT / "models.yaml").models[0])
+    model = load_models_file(ROOT / "models.yaml").models[0]
+    params = model.params.model_copy(update={"quantization": quantization})
+    engine = create_text_engine(model.model_copy(update={"params": params}))
 
     async def one(prompt: str) -> tuple[float, float, int]:
         start, ttft, tokens = time.perf_counter(), None, 0
@@ -330,11 +339,13 @@ async def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--decoder-replicas", type=int, default=0, help="CPU layout: N single-threaded decoders")
+    parser.add_argument("--quantization", default="none", help="our decoder's quantization (e.g. int4-cpu)")
+    parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
     args = parser.parse_args()
     if args.engine_only:
-        await engine_run(args.concurrency, args.rounds, args.max_tokens)
+        await engine_run(args.concurrency, args.rounds, args.max_tokens, args.quantization)
         return
 
     work = ROOT / "models" / "bench"
@@ -357,7 +368,8 @@ async def main() -> None:
     peer: dict[int, dict] = {}
 
     text, images = "text" in args.workloads, "images" in args.workloads
-    server = start_ours(write_models(work, captioner, max_batch_size=8), args.port, args.decoder_replicas)
+    models_file = write_models(work, captioner, max_batch_size=8)
+    server = start_ours(models_file, args.port, args.decoder_replicas, args.quantization)
     try:
         if text:
             for c in args.concurrency:
@@ -381,7 +393,7 @@ async def main() -> None:
 
     if args.skip_peer or not text:
         return
-    server = start_peer(peer_model_dir(work), args.port + 1)
+    server = start_peer(peer_model_dir(work), args.port + 1, args.peer_dtype)
     try:
         peer_model = str(peer_model_dir(work))
         for c in args.concurrency:

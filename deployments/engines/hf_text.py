@@ -31,7 +31,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
-from deployments.engines.loading import load_kwargs, place
+from deployments.engines.loading import load_kwargs, place, quantize_loaded
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol import GenerateRequest
 
@@ -131,6 +131,7 @@ class TransformersTextEngine(TextEngine):
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
         lm = AutoModelForCausalLM.from_pretrained(model.source, **kwargs, **load)
         self.model = place(lm, self.device, kwargs).eval()
+        self.int4_layers = quantize_loaded(self.model, self.params)
         own_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
         gen: Any = self.model.generation_config
@@ -151,6 +152,7 @@ class TransformersTextEngine(TextEngine):
             "device": self.device,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "max_model_len": self.max_model_len,
+            "int4_layers": self.int4_layers,
             "cpu_threads": torch.get_num_threads() if self.device == "cpu" else None,
         }
 

@@ -11,14 +11,13 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ModelConfig, VisionProxyConfig
 from deployments.engines.base import CaptionEngine
-from deployments.engines.loading import load_kwargs, place
+from deployments.engines.loading import load_kwargs, place, quantize_loaded
 
 
 class TransformersCaptionEngine(CaptionEngine):
     def __init__(self, model: ModelConfig, vision: VisionProxyConfig | None) -> None:
         self.max_new_tokens = vision.max_new_tokens if vision else 64
         self.device, shared, kwargs = load_kwargs(model)
-        self.dtype = kwargs["dtype"]
         self.processor = AutoProcessor.from_pretrained(model.source, **shared)
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is not None:
@@ -27,14 +26,16 @@ class TransformersCaptionEngine(CaptionEngine):
         self.model = place(vlm, self.device, kwargs).eval()
         self.source = model.source
         self.params = model.params
+        self.int4_layers = quantize_loaded(self.model, self.params)
 
     def describe(self) -> dict[str, Any]:
         return {
             **self.params.model_dump(include={"quantization", "device_ids", "max_num_seqs"}),
             "source": self.source,
             "device": self.device,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
             "max_new_tokens": self.max_new_tokens,
+            "int4_layers": self.int4_layers,
         }
 
     def close(self) -> None:

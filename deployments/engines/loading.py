@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import torch
 
 from deployments.config import EngineParams, ModelConfig
+from deployments.engines import int4_cpu
 from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")
@@ -37,6 +38,10 @@ def pick_device(params: EngineParams) -> tuple[str, dict[str, Any]]:
 
 
 def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
+    """The dtype weights are loaded in. int4-cpu loads float32 (a GGUF file is dequantized exactly),
+    and `quantize_loaded` packs the linear layers and moves the rest to bfloat16."""
+    if params.quantization == "int4-cpu":
+        return torch.float32
     if params.dtype != "auto":
         return _DTYPES[params.dtype]
     if device.startswith("cuda"):
@@ -72,6 +77,14 @@ def pretrained_kwargs(model: ModelConfig) -> dict[str, Any]:
 def quantization_kwargs(params: EngineParams, device: str) -> dict[str, Any]:
     if params.quantization == "none":
         return {}
+    if params.quantization == "int4-cpu":  # applied after loading, by `quantize_loaded`
+        if device != "cpu":
+            raise ConfigError("quantization int4-cpu is for CPU replicas; on a GPU use bnb-4bit")
+        if not int4_cpu.available():
+            raise ConfigError(
+                f"quantization int4-cpu needs torch's CPU int4 kernel (torch {torch.__version__} lacks it)"
+            )
+        return {}
     if not device.startswith("cuda"):
         raise ConfigError(f"quantization {params.quantization} needs a CUDA GPU")
     from transformers import BitsAndBytesConfig
@@ -96,6 +109,16 @@ def place(module: Any, device: str, kwargs: dict[str, Any]) -> Any:
     if "device_map" in kwargs or "quantization_config" in kwargs:
         return module
     return module.to(device)
+
+
+def quantize_loaded(module: Any, params: EngineParams) -> int:
+    """Post-load quantization (`int4-cpu`); returns how many layers it replaced."""
+    if params.quantization != "int4-cpu":
+        return 0
+    replaced = int4_cpu.quantize(module)
+    module.to(torch.bfloat16)  # what stays unpacked (embeddings, norms, lm_head), and the activations
+    logger.info("int4-cpu: %d linear layers at 4 bits", replaced)
+    return replaced
 
 
 def describe_line(name: str, role: str, info: dict[str, Any]) -> str:

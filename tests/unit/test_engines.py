@@ -26,9 +26,10 @@ async def complete(engine: TextEngine, request: GenerateRequest):
     return "".join(p.text for p in pieces), pieces
 
 
-@pytest.fixture(scope="module", params=["continuous", "sequential"])
+@pytest.fixture(scope="module", params=["continuous", "sequential", "continuous+int4-cpu"])
 def tiny_llm(request, tiny_llm_dir) -> TextEngine:
-    params = EngineParams(batching=request.param, max_num_seqs=4)
+    batching, _, quantization = request.param.partition("+")
+    params = EngineParams(batching=batching, quantization=quantization or "none", max_num_seqs=4)
     engine = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=params))
     yield engine
     engine.close()
@@ -60,7 +61,16 @@ async def test_sampling_runs(tiny_llm):
     assert pieces[-1].finish_reason in ("length", "stop") and pieces[-1].completion_tokens <= 6
 
 
+def needs_batch_invariance(engine: TextEngine) -> None:
+    """Exact equality between batched and lone answers holds in float32. In bfloat16 (int4-cpu) a sum
+    depends on the batch's shape, and this random model's near-ties flip; the int4 engine's concurrent
+    answers are checked on the real model instead (test_int4_cpu.py)."""
+    if engine.params.quantization == "int4-cpu":
+        pytest.skip("bfloat16 is not batch-invariant")
+
+
 async def test_concurrent_requests_each_get_their_own_answer(tiny_llm):
+    needs_batch_invariance(tiny_llm)
     prompts = [f"tell me about item {i} " * (i + 1) for i in range(6)]
     alone = [(await complete(tiny_llm, ask(p, temperature=0, max_tokens=10)))[0] for p in prompts]
     together = await asyncio.gather(*(complete(tiny_llm, ask(p, temperature=0, max_tokens=10)) for p in prompts))
@@ -71,6 +81,7 @@ async def test_concurrent_requests_each_get_their_own_answer(tiny_llm):
 async def test_greedy_answers_are_unchanged_next_to_sampled_requests(tiny_llm):
     """A mixed batch runs the full warpers (greedy rows as top-k 1); an all-greedy batch takes the
     fast path: both must give the exact argmax continuation."""
+    needs_batch_invariance(tiny_llm)
     greedy = [ask(f"count {i} sheep", temperature=0, max_tokens=10) for i in range(3)]
     alone = [(await complete(tiny_llm, r))[0] for r in greedy]
     sampled = [ask(f"story {i}", temperature=1.3, top_p=0.95, max_tokens=30) for i in range(3)]

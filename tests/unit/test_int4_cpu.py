@@ -1,0 +1,117 @@
+"""`quantization: int4-cpu`: the int4 layer, the model rewrite, its config rules and the engines on it."""
+
+import asyncio
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
+from deployments.engines import create_caption_engine, create_text_engine, int4_cpu
+from deployments.engines.loading import load_kwargs, quantization_kwargs
+from deployments.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
+
+
+def q4_layer(out_features: int = 48, in_features: int = 96) -> nn.Linear:
+    """A layer as a GGUF Q4_1 file stores it: per block of 32 inputs, code * scale + min, codes 0..15."""
+    gen = torch.Generator().manual_seed(0)
+    blocks = in_features // 32
+    codes = torch.randint(0, 16, (out_features, blocks, 32), generator=gen)
+    codes[..., 0], codes[..., 1] = 0, 15  # every block spans its full range, as a quantizer leaves it
+    # scales and mins exactly representable in bfloat16, like GGUF's float16 ones mostly are
+    scale = (torch.rand(out_features, blocks, 1, generator=gen) * 0.05 + 0.01).bfloat16().float()
+    low = (torch.randn(out_features, blocks, 1, generator=gen) * 0.1).bfloat16().float()
+    layer = nn.Linear(in_features, out_features, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_((codes * scale + low).reshape(out_features, in_features))
+        layer.bias.copy_(torch.randn(out_features, generator=gen))
+    return layer.requires_grad_(False)
+
+
+def test_a_q4_layer_keeps_its_weights_at_4_bits():
+    layer = q4_layer()
+    packed = int4_cpu.Int4Linear(layer)
+    # Multiplying by the identity reads the weights back out of the kernel (in bfloat16).
+    weights_only = nn.Linear(96, 48, bias=False).requires_grad_(False)
+    weights_only.weight.copy_(layer.weight)
+    recovered = int4_cpu.Int4Linear(weights_only)(torch.eye(96, dtype=torch.bfloat16)).float().T
+    assert torch.allclose(recovered, layer.weight, rtol=0, atol=float(layer.weight.abs().max()) * 2**-7)
+    x = torch.randn(5, 3, 96)
+    y = packed(x)
+    assert y.shape == (5, 3, 48) and y.dtype == x.dtype
+    assert torch.allclose(y, layer(x), rtol=0.02, atol=0.05)
+    stored = sum(b.numel() * b.element_size() for b in packed.buffers())
+    assert stored < layer.weight.numel() * 2 / 3  # well under bfloat16's 2 bytes per weight
+
+
+def test_an_arbitrary_layer_is_rounded_to_16_levels_per_group():
+    torch.manual_seed(1)
+    layer = nn.Linear(64, 32, bias=False).requires_grad_(False)
+    eye = torch.eye(64, dtype=torch.bfloat16)
+    recovered = int4_cpu.Int4Linear(layer)(eye).float().T
+    error = (recovered - layer.weight).abs()
+    group_range = layer.weight.reshape(32, 2, 32).amax(-1) - layer.weight.reshape(32, 2, 32).amin(-1)
+    assert error.max() > 0  # really 4 bits, not a copy
+    assert (error.reshape(32, 2, 32) <= group_range[..., None] / 30 * 1.05 + 1e-3).all()  # half a step
+
+
+def test_quantize_replaces_every_fitting_linear_but_the_output_embedding(tiny_llm_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llm_dir, dtype=torch.bfloat16)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
+    assert int4_cpu.quantize(model) == len(linears) > 0
+    assert isinstance(model.lm_head, nn.Linear)
+    assert not any(isinstance(m, nn.Linear) for m in model.model.layers.modules())
+    odd = nn.Sequential(nn.Linear(40, 32), nn.Linear(32, 20))  # 40 inputs: no group of 32; 20 outputs
+    assert int4_cpu.quantize(odd) == 0
+
+
+def test_config_rules():
+    with pytest.raises(ValueError, match="int4-cpu computes in bfloat16"):
+        EngineParams(quantization="int4-cpu", dtype="float32")
+    params = EngineParams(quantization="int4-cpu")
+    with pytest.raises(ConfigError, match="for CPU replicas"):
+        quantization_kwargs(params, "cuda:0")
+    assert quantization_kwargs(params, "cpu") == {}
+    for dtype in ("auto", "bfloat16"):  # loaded exactly, packed, then bfloat16
+        params = EngineParams(quantization="int4-cpu", dtype=dtype)
+        device, _, kwargs = load_kwargs(ModelConfig(name="x", local_path=".", params=params))
+        assert device == "cpu" and kwargs["dtype"] == torch.float32
+
+
+@pytest.mark.parametrize("batching", ["continuous", "sequential"])
+async def test_the_offline_default_answers_on_int4(smollm2, batching):
+    from tests.unit.test_engines import ask, complete
+
+    params = EngineParams(quantization="int4-cpu", batching=batching, max_num_seqs=4)
+    engine = create_text_engine(
+        ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name, params=params)
+    )
+    try:
+        info = engine.describe()
+        assert info["int4_layers"] == 30 * 7 and info["dtype"] == "bfloat16"  # 30 blocks of q, k, v, o, 3 MLP
+        # not France: "The" 15% against "L'" 14% for the first token, a tie that bfloat16 logits may flip
+        questions = {"Japan": "Tokyo", "England": "London", "China": "Beijing"}
+        answers = await asyncio.gather(  # batched together: each gets its own answer
+            *(complete(engine, ask(f"What is the capital of {c}?", temperature=0, max_tokens=24)) for c in questions)
+        )
+        for (text, pieces), city in zip(answers, questions.values(), strict=True):
+            assert city in text and pieces[-1].finish_reason == "stop"
+    finally:
+        engine.close()
+
+
+def test_the_captioner_runs_on_int4(tiny_vlm_dir):
+    vision = VisionProxyConfig(model="tiny", max_new_tokens=6)
+    model = ModelConfig(name="tiny", local_path=str(tiny_vlm_dir), params=EngineParams(quantization="int4-cpu"))
+    engine = create_caption_engine(model, vision)
+    info = engine.describe()
+    assert info["int4_layers"] > 0 and info["dtype"] == "bfloat16"
+    red, blue = Image.new("RGB", (64, 48), (255, 0, 0)), Image.new("RGB", (30, 60), (0, 0, 255))
+    batch = engine.caption([red, blue], ["Describe.", "Describe this image, please."])
+    assert len(batch) == 2 and all(batch)
+    assert batch[0] == engine.caption([red], ["Describe."])[0]
