@@ -1,6 +1,5 @@
-"""`quantization: int4-cpu`: the int4 layer, the model rewrite, its config rules and the engines on it."""
-
-import asyncio
+"""`quantization: int4-cpu`: the int4 layer, the model rewrite, its config rules and the captioner on it.
+The real GGUF decoder on int4-cpu: `test_engines.py::test_offline_default_gguf_answers_concurrent_questions`."""
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ from PIL import Image
 from torch import nn
 
 from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
-from deployments.engines import create_caption_engine, create_text_engine, int4_cpu
+from deployments.engines import create_caption_engine, int4_cpu
 from deployments.engines.loading import load_kwargs, quantization_kwargs
 from deployments.errors import ConfigError
 
@@ -81,28 +80,6 @@ def test_config_rules():
         params = EngineParams(quantization="int4-cpu", dtype=dtype)
         device, _, kwargs = load_kwargs(ModelConfig(name="x", local_path=".", params=params))
         assert device == "cpu" and kwargs["dtype"] == torch.float32
-
-
-@pytest.mark.parametrize("batching", ["continuous", "sequential"])
-async def test_the_offline_default_answers_on_int4(smollm2, batching):
-    from tests.unit.test_engines import ask, complete
-
-    params = EngineParams(quantization="int4-cpu", batching=batching, max_num_seqs=4)
-    engine = create_text_engine(
-        ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name, params=params)
-    )
-    try:
-        info = engine.describe()
-        assert info["int4_layers"] == 30 * 7 and info["dtype"] == "bfloat16"  # 30 blocks of q, k, v, o, 3 MLP
-        # not France: "The" 15% against "L'" 14% for the first token, a tie that bfloat16 logits may flip
-        questions = {"Japan": "Tokyo", "England": "London", "China": "Beijing"}
-        answers = await asyncio.gather(  # batched together: each gets its own answer
-            *(complete(engine, ask(f"What is the capital of {c}?", temperature=0, max_tokens=24)) for c in questions)
-        )
-        for (text, pieces), city in zip(answers, questions.values(), strict=True):
-            assert city in text and pieces[-1].finish_reason == "stop"
-    finally:
-        engine.close()
 
 
 def test_the_captioner_runs_on_int4(tiny_vlm_dir):
