@@ -52,7 +52,8 @@ class EngineParams(_Strict):
         "none",
         description="On-the-fly quantization after loading. bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
         "int4-cpu: weight-only int4 in groups of 32 with bfloat16 activations (torch's CPU kernel), "
-        "every linear layer but the output embedding; keeps a GGUF Q4 file's weights at 4 bits.",
+        "every linear layer but the output embedding, whose top logits are recomputed in float32; keeps a "
+        "GGUF Q4 file's weights at 4 bits. On a GPU replica it does nothing (logged): use bnb-4bit there.",
     )
     device_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,

@@ -131,7 +131,7 @@ class TransformersTextEngine(TextEngine):
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
         lm = AutoModelForCausalLM.from_pretrained(model.source, **kwargs, **load)
         self.model = place(lm, self.device, kwargs).eval()
-        self.int4_layers = quantize_loaded(self.model, self.params)
+        self.int4_layers = quantize_loaded(self.model, self.params, self.device)
         own_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
         gen: Any = self.model.generation_config

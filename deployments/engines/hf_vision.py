@@ -26,7 +26,7 @@ class TransformersCaptionEngine(CaptionEngine):
         self.model = place(vlm, self.device, kwargs).eval()
         self.source = model.source
         self.params = model.params
-        self.int4_layers = quantize_loaded(self.model, self.params)
+        self.int4_layers = quantize_loaded(self.model, self.params, self.device)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -38,9 +38,9 @@ def pick_device(params: EngineParams) -> tuple[str, dict[str, Any]]:
 
 
 def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
-    """The dtype weights are loaded in. int4-cpu loads float32 (a GGUF file is dequantized exactly),
-    and `quantize_loaded` packs the linear layers and moves the rest to bfloat16."""
-    if params.quantization == "int4-cpu":
+    """The dtype weights are loaded in. int4-cpu on a CPU loads float32 (a GGUF file is dequantized
+    exactly), and `quantize_loaded` packs the linear layers and moves the rest to bfloat16."""
+    if params.quantization == "int4-cpu" and device == "cpu":
         return torch.float32
     if params.dtype != "auto":
         return _DTYPES[params.dtype]
@@ -78,9 +78,7 @@ def quantization_kwargs(params: EngineParams, device: str) -> dict[str, Any]:
     if params.quantization == "none":
         return {}
     if params.quantization == "int4-cpu":  # applied after loading, by `quantize_loaded`
-        if device != "cpu":
-            raise ConfigError("quantization int4-cpu is for CPU replicas; on a GPU use bnb-4bit")
-        if not int4_cpu.available():
+        if device == "cpu" and not int4_cpu.available():
             raise ConfigError(
                 f"quantization int4-cpu needs torch's CPU int4 kernel (torch {torch.__version__} lacks it)"
             )
@@ -111,12 +109,14 @@ def place(module: Any, device: str, kwargs: dict[str, Any]) -> Any:
     return module.to(device)
 
 
-def quantize_loaded(module: Any, params: EngineParams) -> int:
-    """Post-load quantization (`int4-cpu`); returns how many layers it replaced."""
+def quantize_loaded(module: Any, params: EngineParams, device: str) -> int:
+    """Post-load quantization (`int4-cpu`, CPU replicas only); returns how many layers it replaced."""
     if params.quantization != "int4-cpu":
         return 0
+    if device != "cpu":  # one models.yaml serves CPU and GPU machines (`decoder_gpus: auto`)
+        logger.warning("int4-cpu applies to CPU replicas; on %s the weights stay %s", device, module.dtype)
+        return 0
     replaced = int4_cpu.quantize(module)
-    module.to(torch.bfloat16)  # what stays unpacked (embeddings, norms, lm_head), and the activations
     logger.info("int4-cpu: %d linear layers at 4 bits", replaced)
     return replaced
 

@@ -170,24 +170,21 @@ def test_custom_engine_import_errors_are_config_errors():
 
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Germany": "Berlin", "England": "London", "China": "Beijing"}
-# int4-cpu computes in bfloat16, whose logits may flip a near-tie such as France's first token ("The"
-# 15% against "L'" 14%): it is asked the three capitals with the widest margin ("The" at 71-74%).
-INT4_CAPITALS = ["Japan", "England", "China"]
 
 
 @pytest.mark.parametrize(
-    ("quantization", "batching", "countries", "dtype", "int4_layers"),
+    ("quantization", "batching", "dtype", "int4_layers"),
     [
-        ("none", "continuous", list(CAPITALS), "float32", 0),
+        ("none", "continuous", "float32", 0),
         *(
-            pytest.param("int4-cpu", batching, INT4_CAPITALS, "bfloat16", 30 * 7, marks=NEEDS_INT4)  # 30 blocks x 7
+            pytest.param("int4-cpu", batching, "bfloat16", 30 * 7, marks=NEEDS_INT4)  # 30 blocks x 7
             for batching in ("continuous", "sequential")
         ),
     ],
 )
-async def test_offline_default_gguf_answers_concurrent_questions(
-    smollm2, quantization, batching, countries, dtype, int4_layers
-):
+async def test_offline_default_gguf_answers_concurrent_questions(smollm2, quantization, batching, dtype, int4_layers):
+    """France's first token is a near-tie ("The" 15.6%, "L'" 13.8%): int4-cpu keeps it only because
+    its top logits are recomputed in float32 (in bfloat16 a batch answered "L'Étoile")."""
     params = EngineParams(quantization=quantization, batching=batching)
     model = ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name, params=params)
     engine = create_text_engine(model)
@@ -195,9 +192,9 @@ async def test_offline_default_gguf_answers_concurrent_questions(
         info = engine.describe()
         assert info["dtype"] == dtype and info["int4_layers"] == int4_layers
         answers = await asyncio.gather(  # batched together: each gets its own answer
-            *(complete(engine, ask(f"What is the capital of {c}?", temperature=0, max_tokens=24)) for c in countries)
+            *(complete(engine, ask(f"What is the capital of {c}?", temperature=0, max_tokens=24)) for c in CAPITALS)
         )
-        for (text, pieces), country in zip(answers, countries, strict=True):
+        for (text, pieces), country in zip(answers, CAPITALS, strict=True):
             assert CAPITALS[country] in text
             assert pieces[-1].finish_reason == "stop"
     finally:

@@ -8,7 +8,7 @@ from torch import nn
 
 from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
 from deployments.engines import create_caption_engine, int4_cpu
-from deployments.engines.loading import load_kwargs, quantization_kwargs
+from deployments.engines.loading import load_kwargs, quantization_kwargs, quantize_loaded
 from deployments.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
@@ -57,29 +57,63 @@ def test_an_arbitrary_layer_is_rounded_to_16_levels_per_group():
     assert (error.reshape(32, 2, 32) <= group_range[..., None] / 30 * 1.05 + 1e-3).all()  # half a step
 
 
-def test_quantize_replaces_every_fitting_linear_but_the_output_embedding(tiny_llm_dir):
+def test_quantize_packs_every_fitting_linear_but_the_output_embedding(tiny_llm_dir):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llm_dir, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llm_dir, dtype=torch.float32)
+    head = model.lm_head.weight.detach().clone()
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
     assert int4_cpu.quantize(model) == len(linears) > 0
-    assert isinstance(model.lm_head, nn.Linear)
-    assert not any(isinstance(m, nn.Linear) for m in model.model.layers.modules())
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert isinstance(model.lm_head, int4_cpu.ExactTopLogits) and model.dtype == torch.bfloat16
+    assert torch.equal(model.lm_head.exact, head)  # the float32 weights, not their bfloat16 rounding
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.get_input_embeddings().weight  # still one bfloat16 copy
     odd = nn.Sequential(nn.Linear(40, 32), nn.Linear(32, 20))  # 40 inputs: no group of 32; 20 outputs
     assert int4_cpu.quantize(odd) == 0
 
 
-def test_config_rules():
+def test_top_logits_are_float32s_so_a_near_tie_keeps_its_order():
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(300, 64, generator=gen) * 0.1
+    weight[7, 0], weight[9, 0] = 20.0, 20.05  # 0.05 apart; bfloat16 has 0.125 between values near 20
+    hidden = torch.zeros(2, 1, 64)
+    hidden[..., 0] = 1.0
+    hidden[1, 0, 1:] = torch.randn(63, generator=gen)
+    float32 = hidden.bfloat16().float() @ weight.T  # the activations are bfloat16 either way
+    head = int4_cpu.ExactTopLogits(nn.Parameter(weight.bfloat16(), requires_grad=False), weight, None)
+    logits = head(hidden.bfloat16())
+    rounded = (hidden.bfloat16() @ weight.bfloat16().T).float()
+    assert rounded[0, 0, 7] == rounded[0, 0, 9]  # bfloat16 alone cannot tell them apart...
+    assert logits.dtype == torch.float32 and int(logits[0, 0].argmax()) == 9  # ...the head can
+    top = float32.topk(int4_cpu.TOP // 2, dim=-1).indices  # surely among bfloat16's `TOP` highest
+    assert torch.allclose(logits.gather(-1, top), float32.gather(-1, top), rtol=0, atol=1e-5)
+    assert torch.allclose(logits, float32, rtol=0, atol=0.07)  # the rest: bfloat16 rounding
+
+
+def test_config_rules(monkeypatch):
     with pytest.raises(ValueError, match="int4-cpu computes in bfloat16"):
         EngineParams(quantization="int4-cpu", dtype="float32")
     params = EngineParams(quantization="int4-cpu")
-    with pytest.raises(ConfigError, match="for CPU replicas"):
-        quantization_kwargs(params, "cuda:0")
-    assert quantization_kwargs(params, "cpu") == {}
+    assert quantization_kwargs(params, "cpu") == quantization_kwargs(params, "cuda:0") == {}
+    monkeypatch.setattr(int4_cpu, "available", lambda: False)
+    with pytest.raises(ConfigError, match="CPU int4 kernel"):
+        quantization_kwargs(params, "cpu")
+    monkeypatch.undo()
     for dtype in ("auto", "bfloat16"):  # loaded exactly, packed, then bfloat16
         params = EngineParams(quantization="int4-cpu", dtype=dtype)
         device, _, kwargs = load_kwargs(ModelConfig(name="x", local_path=".", params=params))
         assert device == "cpu" and kwargs["dtype"] == torch.float32
+
+
+def test_a_gpu_replica_leaves_the_model_as_loaded(tiny_llm_dir):
+    """One models.yaml serves CPU and GPU machines: on a GPU, int4-cpu does nothing (and says so)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llm_dir, dtype=torch.float32)
+    assert quantize_loaded(model, EngineParams(quantization="int4-cpu"), "cuda:0") == 0
+    assert isinstance(model.lm_head, nn.Linear) and model.dtype == torch.float32
+    assert quantize_loaded(model, EngineParams(quantization="int4-cpu"), "cpu") > 0
 
 
 def test_the_captioner_runs_on_int4(tiny_vlm_dir):
