@@ -92,7 +92,7 @@ class Server:
 
 
 def start_ours(
-    models_file: Path, port: int, decoder_replicas: int = 0, quantization: str = "none", name: str = "ours"
+    models_file: Path, port: int, decoder_replicas: int = 0, quantization: str | None = None, name: str = "ours"
 ) -> Server:
     """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: the CPU layout of
     that many single-threaded decoder replicas sharing the machine's cores (docs/benchmarks.md)."""
@@ -100,7 +100,7 @@ def start_ours(
     config["http_options"]["port"] = port
     for app in config["applications"]:
         app["args"] = {**app["args"], "models_file": str(models_file)}
-    if quantization != "none":
+    if quantization:
         config["applications"][0]["args"]["decoder.quantization"] = quantization
     if decoder_replicas:
         main = config["applications"][0]
@@ -193,14 +193,14 @@ async def text_run(server: Server, model: str, concurrency: int, requests: int, 
     }
 
 
-async def engine_run(concurrency: list[int], rounds: int, max_tokens: int, quantization: str) -> None:
+async def engine_run(concurrency: list[int], rounds: int, max_tokens: int, quantization: str | None) -> None:
     """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
     from deployments.protocol import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
-    params = model.params.model_copy(update={"quantization": quantization})
+    params = model.params.model_copy(update={"quantization": quantization or model.params.quantization})
     engine = create_text_engine(model.model_copy(update={"params": params}))
 
     async def one(prompt: str) -> tuple[float, float, int]:
@@ -339,7 +339,7 @@ async def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--decoder-replicas", type=int, default=0, help="CPU layout: N single-threaded decoders")
-    parser.add_argument("--quantization", default="none", help="our decoder's quantization (e.g. int4-cpu)")
+    parser.add_argument("--quantization", help="our decoder's quantization (default: models.yaml's, int4-cpu)")
     parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")

@@ -65,20 +65,22 @@ class Int4Linear(nn.Module):
 class ExactTopLogits(nn.Module):
     """Logits from a bfloat16 output embedding, the `TOP` highest of each position in float32."""
 
-    def __init__(self, weight: nn.Parameter, exact: torch.Tensor, bias: torch.Tensor | None) -> None:
+    exact: torch.Tensor
+    exact_bias: torch.Tensor | None
+
+    def __init__(self, head: nn.Linear, exact: torch.Tensor, exact_bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.weight = weight  # bfloat16; still the input embedding's when the two are tied
+        self.weight, self.bias = head.weight, head.bias  # the weight stays the input embedding's if tied
         self.register_buffer("exact", exact)
-        self.register_buffer("bias", bias)
+        self.register_buffer("exact_bias", exact_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(self.weight.dtype)
-        logits = nn.functional.linear(x.to(self.weight.dtype), self.weight, bias).float()
+        logits = nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
         flat, hidden = logits.view(-1, logits.shape[-1]), x.reshape(-1, x.shape[-1]).float()
         top = flat.topk(TOP, dim=-1).indices
         exact = torch.einsum("nd,ntd->nt", hidden, self.exact[top])
-        if self.bias is not None:
-            exact += self.bias[top]
+        if self.exact_bias is not None:
+            exact += self.exact_bias[top]
         flat.scatter_(1, top, exact)
         return logits
 
@@ -103,5 +105,5 @@ def quantize(model: nn.Module) -> int:
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if child is head:
-                    setattr(parent, name, ExactTopLogits(head.weight, *exact))
+                    setattr(parent, name, ExactTopLogits(head, *exact))
     return replaced
