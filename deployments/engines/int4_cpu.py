@@ -65,14 +65,12 @@ class Int4Linear(nn.Module):
 class ExactTopLogits(nn.Module):
     """Logits from a bfloat16 output embedding, the `TOP` highest of each position in float32."""
 
-    exact: torch.Tensor
-    exact_bias: torch.Tensor | None
-
-    def __init__(self, head: nn.Linear, exact: torch.Tensor, exact_bias: torch.Tensor | None) -> None:
+    def __init__(self, head: nn.Linear) -> None:
         super().__init__()
         self.weight, self.bias = head.weight, head.bias  # the weight stays the input embedding's if tied
-        self.register_buffer("exact", exact)
-        self.register_buffer("exact_bias", exact_bias)
+        # Plain attributes, not buffers: the model's move to bfloat16 leaves them in float32.
+        self.exact = head.weight.detach().float().clone()
+        self.exact_bias = None if head.bias is None else head.bias.detach().float().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
@@ -86,24 +84,17 @@ class ExactTopLogits(nn.Module):
 
 
 def quantize(model: nn.Module) -> int:
-    """Pack every fitting `nn.Linear` but the output embedding, move the rest to bfloat16 and give the
-    output embedding exact top logits, in place; returns how many layers were packed."""
+    """Pack every fitting `nn.Linear` but the output embedding, which gets exact top logits, and move
+    the rest to bfloat16, in place; returns how many layers were packed."""
     output_embeddings = getattr(model, "get_output_embeddings", None)
     head = output_embeddings() if callable(output_embeddings) else None
-    exact = None
-    if isinstance(head, nn.Linear):  # float32 copies, taken before the move to bfloat16
-        exact = (head.weight.detach().float(), None if head.bias is None else head.bias.detach().float())
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child is not head and Int4Linear.fits(child):
+            if isinstance(child, nn.Linear) and child is head:
+                setattr(parent, name, ExactTopLogits(child))
+            elif isinstance(child, nn.Linear) and Int4Linear.fits(child):
                 setattr(parent, name, Int4Linear(child))
                 replaced += 1
-    model.to(torch.bfloat16)  # what stays unpacked (embeddings, norms), and so the activations
-    if exact is not None:
-        assert isinstance(head, nn.Linear)
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if child is head:
-                    setattr(parent, name, ExactTopLogits(head, *exact))
+    model.to(torch.bfloat16)  # what stays unpacked (embeddings, norms, the head), and so the activations
     return replaced

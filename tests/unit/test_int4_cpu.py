@@ -81,9 +81,9 @@ def test_top_logits_are_float32s_so_a_near_tie_keeps_its_order():
     hidden[..., 0] = 1.0
     hidden[1, 0, 1:] = torch.randn(63, generator=gen)
     float32 = hidden.bfloat16().float() @ weight.T  # the activations are bfloat16 either way
-    bfloat16 = nn.Linear(64, 300, bias=False, dtype=torch.bfloat16).requires_grad_(False)
-    bfloat16.weight.copy_(weight)
-    head = int4_cpu.ExactTopLogits(bfloat16, weight, None)
+    layer = nn.Linear(64, 300, bias=False).requires_grad_(False)
+    layer.weight.copy_(weight)
+    head = int4_cpu.ExactTopLogits(layer).to(torch.bfloat16)
     logits = head(hidden.bfloat16())
     rounded = (hidden.bfloat16() @ weight.bfloat16().T).float()
     assert rounded[0, 0, 7] == rounded[0, 0, 9]  # bfloat16 alone cannot tell them apart...
