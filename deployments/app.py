@@ -12,19 +12,21 @@ Both take the same args (see `AppArgs`), so serve_config.yaml can share one `arg
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import ray
 from ray.serve import Application
 
 from deployments.captioner import VisionCaptioner
-from deployments.config import AppArgs, GpuShare, resolve_plan
+from deployments.config import AppArgs, GpuShare, ModelConfig, resolve_plan
 from deployments.decoder import PrimaryDecoder
 from deployments.ingress import Ingress, IngressConfig
 
 logger = logging.getLogger("ray.serve")
 
 SHARED_GPU = 0.5  # decoder and captioner packed on one card
+CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto)
 
 
 def _gpus(share: GpuShare) -> float:
@@ -35,22 +37,49 @@ def _gpus(share: GpuShare) -> float:
     return SHARED_GPU if has_gpu else 0.0
 
 
+def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[dict[str, Any], ModelConfig]:
+    """The decoder's Serve options, and its model config with the torch threads each replica uses.
+
+    GPU: `decoder_gpus` per replica, from one replica up to two when batches are full
+    (target: max_num_seqs ongoing requests); loading a model is slow, so scaling waits 30 s up and
+    600 s down. CPU: a fixed number of replicas, and with `cpu_threads: all` each gets an equal
+    share of the `cores`: two processes run the engine's Python step loop and no OpenMP barrier
+    spans them (1.4x one replica with both cores, docs/benchmarks.md). Together they ask Ray for
+    one CPU, as one decoder did, so that the captioner keeps its own.
+    serve_config.yaml can still set any of these; its values win over the code's.
+    """
+    target = model.params.max_num_seqs
+    if gpus := _gpus(app_args.decoder_gpus):
+        scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 30, "downscale_delay_s": 600}
+        options = {"ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}
+        return {**options, "autoscaling_config": {**scaling, "target_ongoing_requests": target}}, model
+    replicas = app_args.decoder_cpu_replicas
+    if replicas == "auto":
+        replicas = min(CPU_DECODERS, cores)
+    if model.params.cpu_threads == "all":
+        params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
+        model = model.model_copy(update={"params": params})
+    return {
+        "ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0},
+        "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas, "target_ongoing_requests": target},
+    }, model
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Main application: the OpenAI ingress and the primary decoder."""
     app_args = AppArgs.model_validate(args or {})
     plan = resolve_plan(app_args)
-    gpus = _gpus(app_args.decoder_gpus)
+    options, primary = decoder_layout(app_args, plan.primary, os.cpu_count() or 1)
     logger.info(
-        "building main app: primary=%s vision=%s decoder_gpus=%s",
-        plan.primary.name,
-        plan.primary.capabilities.vision_mode,
-        gpus,
+        "building main app: primary=%s vision=%s decoder=%s cpu_threads=%s",
+        primary.name,
+        primary.capabilities.vision_mode,
+        options,
+        primary.params.cpu_threads,
     )
-    decoder = PrimaryDecoder.options(ray_actor_options={"num_cpus": 1, "num_gpus": gpus}).bind(
-        plan.primary, plan.lifecycle
-    )
+    decoder = PrimaryDecoder.options(**options).bind(primary, plan.lifecycle)
     config = IngressConfig(
-        model_name=plan.primary.name,
+        model_name=primary.name,
         vision=plan.vision,
         captioner_app=plan.captioner_app,
         images=plan.images,

@@ -292,6 +292,11 @@ class AppArgs(_Strict):
     captioner_app: str = Field("vision", description="Serve application that runs the captioner.")
     decoder_gpus: GpuShare = Field("auto", description="num_gpus per decoder replica; auto: 0.5 with GPUs.")
     captioner_gpus: GpuShare = Field("auto", description="num_gpus per captioner replica.")
+    decoder_cpu_replicas: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        "auto",
+        description="Decoder replicas when the decoder runs on CPU; with cpu_threads: all they share the "
+        "cores. auto: 2 on a machine with 2 or more cores, else 1.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -3,13 +3,13 @@ on the same model, prompts and machine. Prints one JSON line per configuration.
 
     ./scripts/bench.sh                       # setup, then this script with its defaults
     .venv/bin/python scripts/bench.py --skip-peer --concurrency 1 8
-    .venv/bin/python scripts/bench.py --workloads text --decoder-replicas 2   # the CPU layout
+    .venv/bin/python scripts/bench.py --workloads text --decoder-replicas 1   # one CPU decoder
 
 Text: streaming chat at each concurrency (default 1, 8, 16), `--max-tokens` new tokens, greedy;
 output tokens/s, TTFT and end-to-end latency p50/p95, for both servers, and the ratios.
 Images (this service only; the peer drops images): captions/s at concurrency 8 with distinct
 images, with captioner batching on and off, and with the caption cache cold and warm. The decoder
-replica's resident memory comes from /health.
+replicas' resident memory is read from their processes.
 
 The captioner defaults to a small LLaVA built locally (random weights, but the compute of a real
 small captioner: a 224 px ViT and a 12-layer LM); pass `--captioner DIR` for a real one.
@@ -94,8 +94,8 @@ class Server:
 def start_ours(
     models_file: Path, port: int, decoder_replicas: int = 0, quantization: str | None = None, name: str = "ours"
 ) -> Server:
-    """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: the CPU layout of
-    that many single-threaded decoder replicas sharing the machine's cores (docs/benchmarks.md)."""
+    """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: that many decoder
+    replicas on a CPU-only machine, sharing its cores (`decoder_cpu_replicas`; 0: as shipped)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
@@ -103,11 +103,7 @@ def start_ours(
     if quantization:
         config["applications"][0]["args"]["decoder.quantization"] = quantization
     if decoder_replicas:
-        main = config["applications"][0]
-        main["args"]["decoder.cpu_threads"] = 1
-        decoder = next(d for d in main["deployments"] if d["name"] == "PrimaryDecoder")
-        decoder["autoscaling_config"].update(min_replicas=decoder_replicas, max_replicas=decoder_replicas)
-        decoder["ray_actor_options"] = {"num_cpus": 1 / decoder_replicas}  # they and the captioner fit the cores
+        config["applications"][0]["args"]["decoder_cpu_replicas"] = decoder_replicas
     path = models_file.parent / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     server = Server(
@@ -282,8 +278,14 @@ async def image_run(server: Server, model: str, seeds: list[int], concurrency: i
     }
 
 
-def decoder_rss_mb(server: Server) -> int:
-    return httpx.get(server.base_url + "/health", timeout=10).json()["components"]["decoder"]["details"]["rss_mb"]
+def decoder_memory() -> dict[str, Any]:
+    """Resident memory of every decoder replica process (Ray titles them by deployment)."""
+    rss = [
+        p.memory_info().rss // 2**20
+        for p in psutil.process_iter(["cmdline"])
+        if (p.info["cmdline"] or [""])[0].startswith("ray::ServeReplica:default:PrimaryDecoder")
+    ]
+    return {"decoder_replicas": len(rss), "decoder_rss_mb": sum(rss), "decoder_rss_mb_each": rss}
 
 
 # ----------------------------------------------------------------------------- setup
@@ -338,7 +340,7 @@ async def main() -> None:
     parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
     parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
-    parser.add_argument("--decoder-replicas", type=int, default=0, help="CPU layout: N single-threaded decoders")
+    parser.add_argument("--decoder-replicas", type=int, default=0, help="decoders on CPU (default: as shipped, 2)")
     parser.add_argument("--quantization", help="our decoder's quantization (default: models.yaml's, int4-cpu)")
     parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
@@ -375,7 +377,7 @@ async def main() -> None:
             for c in args.concurrency:
                 ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
                 emit(ours[c])
-        emit({"server": "ours", "decoder_rss_mb": decoder_rss_mb(server)})
+        emit({"server": "ours", **decoder_memory()})
         if images:
             seeds = list(range(8 * args.image_rounds))
             emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "cold"}))
