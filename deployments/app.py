@@ -53,9 +53,8 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
         scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 30, "downscale_delay_s": 600}
         options = {"ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}
         return {**options, "autoscaling_config": {**scaling, "target_ongoing_requests": target}}, model
-    replicas = app_args.decoder_cpu_replicas
-    if replicas == "auto":
-        replicas = min(CPU_DECODERS, cores)
+    wanted = app_args.decoder_cpu_replicas
+    replicas = min(CPU_DECODERS, cores) if wanted == "auto" else wanted
     if model.params.cpu_threads == "all":
         params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
         model = model.model_copy(update={"params": params})
