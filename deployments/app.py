@@ -46,22 +46,22 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
     share of the `cores`: two processes run the engine's Python step loop and no OpenMP barrier
     spans them (1.4x one replica with both cores, docs/benchmarks.md). Together they ask Ray for
     one CPU, as one decoder did, so that the captioner keeps its own.
-    serve_config.yaml can still set any of these; its values win over the code's.
+    An `autoscaling_config` in serve_config.yaml replaces both (a `num_replicas` there is ignored
+    on GPUs, where the builder's autoscaling wins).
     """
-    target = model.params.max_num_seqs
     if gpus := _gpus(app_args.decoder_gpus):
         scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 30, "downscale_delay_s": 600}
         options = {"ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}
-        return {**options, "autoscaling_config": {**scaling, "target_ongoing_requests": target}}, model
+        return {
+            **options,
+            "autoscaling_config": {**scaling, "target_ongoing_requests": model.params.max_num_seqs},
+        }, model
     wanted = app_args.decoder_cpu_replicas
     replicas = min(CPU_DECODERS, cores) if wanted == "auto" else wanted
     if model.params.cpu_threads == "all":
         params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
         model = model.model_copy(update={"params": params})
-    return {
-        "ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0},
-        "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas, "target_ongoing_requests": target},
-    }, model
+    return {"ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0}, "num_replicas": replicas}, model
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -41,7 +41,8 @@ def service(serve_cluster, tmp_path_factory):
         ],
         server={"request_timeout_s": DEADLINE_S},
     )
-    args = {"models_file": str(models)}
+    # One decoder replica, never scaled: the queue bounds below are per replica.
+    args = {"models_file": str(models), "decoder_gpus": 0, "decoder_cpu_replicas": 1}
     config = {
         "applications": [
             {

@@ -17,19 +17,14 @@ def layout(cores: int, llm: ModelConfig, **args):
 @pytest.mark.parametrize(("cores", "replicas", "threads"), [(1, 1, 1), (2, 2, 1), (3, 2, 1), (16, 2, 8)])
 def test_cpu_decoders_share_the_cores(cores, replicas, threads):
     options, placed = layout(cores, model(cpu_threads="all"), decoder_gpus=0)
-    assert options["autoscaling_config"] == {
-        "min_replicas": replicas,
-        "max_replicas": replicas,
-        "target_ongoing_requests": 12,
-    }
-    assert options["ray_actor_options"] == {"num_cpus": 1 / replicas, "num_gpus": 0}
+    assert options == {"num_replicas": replicas, "ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0}}
     assert placed.params.cpu_threads == threads
     assert placed.params.model_dump(exclude={"cpu_threads"}) == model().params.model_dump(exclude={"cpu_threads"})
 
 
 def test_cpu_replicas_and_threads_that_are_set_are_kept():
     options, placed = layout(16, model(cpu_threads=3), decoder_gpus=0, decoder_cpu_replicas=4)
-    assert options["autoscaling_config"]["min_replicas"] == options["autoscaling_config"]["max_replicas"] == 4
+    assert options["num_replicas"] == 4
     assert options["ray_actor_options"]["num_cpus"] == 0.25
     assert placed.params.cpu_threads == 3
     _, unset = layout(16, model(), decoder_gpus=0)
@@ -39,7 +34,7 @@ def test_cpu_replicas_and_threads_that_are_set_are_kept():
 def test_gpu_decoders_autoscale_on_full_batches_and_ignore_cpu_settings():
     llm = model(cpu_threads="all")
     options, placed = layout(2, llm, decoder_gpus=1, decoder_cpu_replicas=4)
-    assert options["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1.0}
+    assert options["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1.0} and "num_replicas" not in options
     scaling = options["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 12)
     assert scaling["upscale_delay_s"] < scaling["downscale_delay_s"]
