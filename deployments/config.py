@@ -76,7 +76,9 @@ class EngineParams(_Strict):
         None, gt=0, description="Most tokens per batching step (prompt chunks + decodes). Default: 512."
     )
     cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
-        None, description="torch threads on CPU: a number, all (every core), or null (Ray's num_cpus)."
+        None,
+        description="torch threads on CPU: a number, all (the cores; a decoder shares them among its CPU "
+        "replicas), or null (Ray's num_cpus).",
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."
