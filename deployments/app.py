@@ -12,7 +12,6 @@ Both take the same args (see `AppArgs`), so serve_config.yaml can share one `arg
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import ray
@@ -21,6 +20,7 @@ from ray.serve import Application
 from deployments.captioner import VisionCaptioner
 from deployments.config import AppArgs, GpuShare, ModelConfig, resolve_plan
 from deployments.decoder import PrimaryDecoder
+from deployments.engines.loading import cpu_cores
 from deployments.ingress import Ingress, IngressConfig
 
 logger = logging.getLogger("ray.serve")
@@ -68,7 +68,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     """Main application: the OpenAI ingress and the primary decoder."""
     app_args = AppArgs.model_validate(args or {})
     plan = resolve_plan(app_args)
-    options, primary = decoder_layout(app_args, plan.primary, os.cpu_count() or 1)
+    options, primary = decoder_layout(app_args, plan.primary, cpu_cores())
     logger.info(
         "building main app: primary=%s vision=%s decoder=%s cpu_threads=%s",
         primary.name,

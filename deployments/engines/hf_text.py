@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
-from deployments.engines.loading import load_kwargs, place, quantize_loaded
+from deployments.engines.loading import cpu_cores, load_kwargs, place, quantize_loaded
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol import GenerateRequest
 
@@ -143,7 +142,7 @@ class TransformersTextEngine(TextEngine):
         self.source = model.weight_file or model.source
         threads = self.params.cpu_threads
         if self.device == "cpu" and threads is not None:
-            torch.set_num_threads((os.cpu_count() or 1) if threads == "all" else threads)
+            torch.set_num_threads(cpu_cores() if threads == "all" else threads)
 
     def describe(self) -> dict[str, Any]:
         return {

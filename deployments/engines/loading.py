@@ -19,6 +19,11 @@ logger = logging.getLogger("ray.serve")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def cpu_cores() -> int:
+    """Cores this process may run on: its CPU affinity (a container's cpuset), not the host's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pick_device(params: EngineParams) -> tuple[str, dict[str, Any]]:
     """`(device, from_pretrained kwargs)`: the GPU(s) Ray assigned, else the CPU.
 

@@ -1,9 +1,12 @@
 """The decoder's placement: its Serve options and torch threads, by GPU or CPU."""
 
+import os
+
 import pytest
 
 from deployments.app import decoder_layout
 from deployments.config import AppArgs, ModelConfig
+from deployments.engines.loading import cpu_cores
 
 
 def model(**params) -> ModelConfig:
@@ -44,3 +47,9 @@ def test_gpu_decoders_autoscale_on_full_batches_and_ignore_cpu_settings():
 def test_cpu_replicas_must_be_positive():
     with pytest.raises(ValueError, match="decoder_cpu_replicas"):
         AppArgs.model_validate({"decoder_cpu_replicas": 0})
+
+
+def test_cores_are_those_this_process_may_run_on(monkeypatch):
+    """A container's cpuset, not the host's core count (which os.cpu_count() gives)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6}, raising=False)
+    assert cpu_cores() == 3
