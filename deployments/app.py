@@ -50,12 +50,9 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
     on GPUs, where the builder's autoscaling wins).
     """
     if gpus := _gpus(app_args.decoder_gpus):
-        scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 30, "downscale_delay_s": 600}
-        options = {"ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}
-        return {
-            **options,
-            "autoscaling_config": {**scaling, "target_ongoing_requests": model.params.max_num_seqs},
-        }, model
+        scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": model.params.max_num_seqs}
+        scaling |= {"upscale_delay_s": 30, "downscale_delay_s": 600}
+        return {"ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}, "autoscaling_config": scaling}, model
     wanted = app_args.decoder_cpu_replicas
     replicas = min(CPU_DECODERS, cores) if wanted == "auto" else wanted
     if model.params.cpu_threads == "all":
