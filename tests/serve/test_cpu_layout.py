@@ -1,12 +1,11 @@
 """On a CPU-only placement the builder starts its fixed set of decoder replicas (app.decoder_layout),
 and requests are answered across them."""
 
-import os
-
 import pytest
 from ray import serve
 
 from deployments.app import CPU_DECODERS, build_app
+from deployments.engines.loading import cpu_cores
 from tests.serve.conftest import undeploy, write_models
 
 
@@ -20,7 +19,7 @@ def cpu_app(serve_cluster, tmp_path_factory):
 
 def test_cpu_decoders_run_side_by_side(cpu_app, http):
     decoder = serve.status().applications["cpu"].deployments["PrimaryDecoder"]
-    assert decoder.replica_states == {"RUNNING": min(CPU_DECODERS, os.cpu_count() or 1)}
+    assert decoder.replica_states == {"RUNNING": min(CPU_DECODERS, cpu_cores())}
     for word in ("one", "two", "three", "four"):
         body = {"model": "echo", "messages": [{"role": "user", "content": word}]}
         reply = http.post("/cpu/v1/chat/completions", json=body)
