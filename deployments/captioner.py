@@ -4,10 +4,10 @@ It runs as its own Serve application so that its failure never takes the main ap
 A load failure (OOM, missing weights, no hub) does not raise: the replica stays up, reports
 "unavailable" and why through `status`, and retries loading in the background.
 
-Images from concurrent requests are captioned together: each image joins a `serve.batch` queue,
-and up to `max_batch_size` of them (waiting at most `batch_wait_timeout_s`) go through the model
-in one forward pass. Decoding runs in a worker thread, so the event loop keeps filling the next
-batch while one runs.
+Images from concurrent requests are captioned together (`Batcher`): up to `max_batch_size` of
+them go through the model in one forward pass; those that arrive while a batch runs form the next,
+and an idle model waits at most `batch_wait_timeout_s` for company. Decoding and captioning run in
+worker threads, so the event loop keeps queueing the next batch while one runs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 
 from ray import serve
 
+from deployments.batcher import Batcher
 from deployments.config import Lifecycle, ModelConfig, VisionProxyConfig
 from deployments.engines import CaptionEngine, create_caption_engine
 from deployments.engines.lifecycle import EngineSlot
@@ -37,9 +38,8 @@ class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, vision: VisionProxyConfig | None, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[CaptionEngine] | None = None
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
-        if vision is not None:
-            self._caption_batch.set_max_batch_size(vision.max_batch_size)  # type: ignore[attr-defined]
-            self._caption_batch.set_batch_wait_timeout_s(vision.batch_wait_timeout_s)  # type: ignore[attr-defined]
+        size, wait_s = (vision.max_batch_size, vision.batch_wait_timeout_s) if vision else (1, 0.0)
+        self._batcher: Batcher[tuple[bytes, str], str] = Batcher(self._caption_batch, size, wait_s)
         if model is not None:
             self._slot = EngineSlot(
                 "captioner",
@@ -55,9 +55,8 @@ class VisionCaptioner:
         if self._slot is None:
             raise CaptionerUnavailable(NOT_CONFIGURED)
         items = zip(request.images, request.prompts, strict=True)
-        return list(await asyncio.gather(*(self._caption_batch(item) for item in items)))
+        return list(await asyncio.gather(*(self._batcher.submit(item) for item in items)))
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
     async def _caption_batch(self, items: list[tuple[bytes, str]]) -> list[str]:
         assert self._slot is not None
         async with self._slot.use() as engine:

@@ -89,6 +89,16 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+        # Ray's proxy can outlive `serve run` by seconds, and the next server's proxy binds the same
+        # port beside it (SO_REUSEPORT): wait until nothing answers, or the next run talks to this one.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.base_url + self.ready_path, timeout=2)
+            except httpx.HTTPError:
+                return
+            time.sleep(1)
+        raise SystemExit(f"{self.name} still answers on {self.base_url} a minute after it was stopped")
 
 
 def start_ours(
@@ -265,7 +275,7 @@ async def image_run(server: Server, model: str, seeds: list[int], concurrency: i
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
-        cache = (await http.get("/health")).json()["components"]["captioner"]["cache"]
+        captioner = (await http.get("/health")).json()["components"]["captioner"]
     return {
         "server": server.name,
         "workload": "images",
@@ -274,7 +284,8 @@ async def image_run(server: Server, model: str, seeds: list[int], concurrency: i
         "images": len(seeds),
         "captions_s": round(len(seeds) / wall, 2),
         "degraded": degraded,
-        "cache": cache,
+        "cache": captioner["cache"],
+        "last_batch_sizes": captioner["details"].get("last_batch_sizes"),
     }
 
 
@@ -296,8 +307,10 @@ def write_models(directory: Path, captioner: Path, max_batch_size: int) -> Path:
     primary = models["models"][0]
     primary["local_path"] = str((ROOT / primary["local_path"]).resolve())
     proxy = primary["capabilities"]["vision_proxy"]
+    shipped = next(m for m in models["models"] if m["name"] == proxy["model"])
     proxy.update({"model": "bench-captioner", "max_batch_size": max_batch_size, "max_new_tokens": 32})
-    models["models"] = [primary, {"name": "bench-captioner", "local_path": str(captioner)}]
+    bench_captioner = {"name": "bench-captioner", "local_path": str(captioner), "params": shipped.get("params", {})}
+    models["models"] = [primary, bench_captioner]
     path = directory / f"models-batch{max_batch_size}.yaml"
     path.write_text(yaml.safe_dump(models))
     return path

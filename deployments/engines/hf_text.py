@@ -30,7 +30,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
-from deployments.engines.loading import cpu_cores, load_kwargs, place, quantize_loaded
+from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol import GenerateRequest
 
@@ -140,9 +140,7 @@ class TransformersTextEngine(TextEngine):
             "bos_token_id": gen.bos_token_id,
         }
         self.source = model.weight_file or model.source
-        threads = self.params.cpu_threads
-        if self.device == "cpu" and threads is not None:
-            torch.set_num_threads(cpu_cores() if threads == "all" else threads)
+        self.cpu_threads = set_cpu_threads(self.params, self.device)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -152,7 +150,7 @@ class TransformersTextEngine(TextEngine):
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "max_model_len": self.max_model_len,
             "int4_layers": self.int4_layers,
-            "cpu_threads": torch.get_num_threads() if self.device == "cpu" else None,
+            "cpu_threads": self.cpu_threads,
         }
 
     def close(self) -> None:

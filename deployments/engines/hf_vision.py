@@ -11,7 +11,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ModelConfig, VisionProxyConfig
 from deployments.engines.base import CaptionEngine
-from deployments.engines.loading import load_kwargs, place, quantize_loaded
+from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 
 
 class TransformersCaptionEngine(CaptionEngine):
@@ -27,6 +27,7 @@ class TransformersCaptionEngine(CaptionEngine):
         self.source = model.source
         self.params = model.params
         self.int4_layers = quantize_loaded(self.model, self.params, self.device)
+        self.cpu_threads = set_cpu_threads(self.params, self.device)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -36,6 +37,7 @@ class TransformersCaptionEngine(CaptionEngine):
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "max_new_tokens": self.max_new_tokens,
             "int4_layers": self.int4_layers,
+            "cpu_threads": self.cpu_threads,
         }
 
     def close(self) -> None:

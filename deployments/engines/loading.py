@@ -126,6 +126,16 @@ def quantize_loaded(module: Any, params: EngineParams, device: str) -> int:
     return replaced
 
 
+def set_cpu_threads(params: EngineParams, device: str) -> int | None:
+    """Apply `cpu_threads` (all: the cores this process may run on) to torch; returns torch's thread
+    count on CPU (Ray's num_cpus when `cpu_threads` is null), None on GPU."""
+    if device != "cpu":
+        return None
+    if params.cpu_threads is not None:
+        torch.set_num_threads(cpu_cores() if params.cpu_threads == "all" else params.cpu_threads)
+    return torch.get_num_threads()
+
+
 def describe_line(name: str, role: str, info: dict[str, Any]) -> str:
     """The one readable line logged per engine with its effective settings."""
     items = " ".join(f"{k}={v}" for k, v in info.items())

@@ -13,6 +13,7 @@ from PIL import Image
 from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
 from deployments.engines import TextEngine, create_caption_engine, create_text_engine, int4_cpu
 from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+from deployments.engines.loading import cpu_cores
 from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -210,6 +211,33 @@ def test_captioner_batches_match_single_captions(tiny_vlm_dir):
     assert batch[0] == engine.caption([red], ["Describe."])[0]
     assert batch[1] == engine.caption([blue], ["Describe this image, please."])[0]
     assert engine.caption([], []) == []
+
+
+@pytest.fixture
+def torch_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, "all"])
+def test_both_engines_apply_cpu_threads(tiny_llm_dir, tiny_vlm_dir, torch_threads, threads):
+    want = cpu_cores() if threads == "all" else threads
+    params = EngineParams(batching="sequential", cpu_threads=threads)
+    engines = (
+        lambda: create_text_engine(ModelConfig(name="llm", local_path=str(tiny_llm_dir), params=params)),
+        lambda: create_caption_engine(ModelConfig(name="vlm", local_path=str(tiny_vlm_dir), params=params), None),
+    )
+    for create in engines:
+        torch_threads.set_num_threads(want + 1)
+        engine = create()
+        try:
+            assert torch_threads.get_num_threads() == want
+            assert engine.describe()["cpu_threads"] == want
+        finally:
+            engine.close()
 
 
 def test_openai_penalties_are_additive_over_completion_tokens():
