@@ -74,7 +74,7 @@ def test_an_arbitrary_layer_is_rounded_to_16_levels_per_group():
     assert (error.reshape(32, 2, 32) <= group_range[..., None] / 30 * 1.05 + 1e-3).all()  # half a step
 
 
-def test_quantize_packs_every_fitting_linear_but_the_output_embedding(tiny_llm_dir):
+def test_quantize_packs_every_fitting_linear_and_gives_the_head_exact_top_logits(tiny_llm_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llm_dir, dtype=torch.float32)
