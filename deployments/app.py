@@ -17,11 +17,11 @@ from typing import Any
 import ray
 from ray.serve import Application
 
-from deployments.captioner import VisionCaptioner
 from deployments.config import AppArgs, GpuShare, ModelConfig, resolve_plan
-from deployments.decoder import PrimaryDecoder
 from deployments.engines.loading import cpu_cores
-from deployments.ingress import Ingress, IngressConfig
+from deployments.ingress.deployment import Ingress, IngressConfig
+from deployments.replicas.captioner import VisionCaptioner
+from deployments.replicas.decoder import PrimaryDecoder
 
 logger = logging.getLogger("ray.serve")
 

@@ -368,7 +368,7 @@ async def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     captioner = args.captioner
     if captioner is None:
-        from tests.tiny_models import SMALL_VLM, build_tiny_vlm
+        from deployments.testing.tiny_models import SMALL_VLM, build_tiny_vlm
 
         captioner = build_tiny_vlm(work / "small-vlm", SMALL_VLM)
     emit(

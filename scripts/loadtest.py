@@ -427,7 +427,7 @@ def main() -> None:
     port = urlparse(args.url).port or 80
     server: Server | None = None
     if args.serve:
-        from tests.tiny_models import SMALL_VLM, build_tiny_vlm
+        from deployments.testing.tiny_models import SMALL_VLM, build_tiny_vlm
 
         work = ROOT / "models" / "loadtest"
         work.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.tiny_models import build_tiny_llm, build_tiny_vlm, smollm2_gguf
+from deployments.testing.tiny_models import build_tiny_llm, build_tiny_vlm, smollm2_gguf
 
 
 def png_bytes(color: tuple[int, int, int] = (255, 0, 0), size: tuple[int, int] = (48, 32)) -> bytes:

@@ -44,7 +44,7 @@ def echo_with_captioner(captioner_path: Path | str, max_tokens: int = 4096, **vi
     return [
         {
             "name": "echo",
-            "engine": "tests.fakes:EchoEngine",
+            "engine": "deployments.engines.fake:EchoEngine",
             "params": {"max_tokens": max_tokens},
             "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap", **vision}},
         },

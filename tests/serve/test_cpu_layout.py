@@ -11,7 +11,9 @@ from tests.serve.conftest import undeploy, write_models
 
 @pytest.fixture(scope="module")
 def cpu_app(serve_cluster, tmp_path_factory):
-    models = write_models(tmp_path_factory.mktemp("cpu"), [{"name": "echo", "engine": "tests.fakes:EchoEngine"}])
+    models = write_models(
+        tmp_path_factory.mktemp("cpu"), [{"name": "echo", "engine": "deployments.engines.fake:EchoEngine"}]
+    )
     serve.run(build_app({"models_file": str(models), "decoder_gpus": 0}), name="cpu", route_prefix="/cpu")
     yield
     undeploy("cpu")

@@ -1,7 +1,7 @@
 """Overload, deadlines and component faults with real Ray Serve.
 
 Deployed the way `serve run serve_config.yaml` deploys (a declarative config with per-deployment
-queue bounds), with a slow deterministic decoder (`tests.fakes:SlowEngine`, 20 ms per token, its
+queue bounds), with a slow deterministic decoder (`deployments.engines.fake:SlowEngine`, 20 ms per token, its
 live generations on /health) so that requests are reliably in flight when a queue fills, a deadline
 passes or the decoder replica is killed. (The captioner killed under traffic: test_proxy_vision.)
 """
@@ -33,11 +33,11 @@ def service(serve_cluster, tmp_path_factory):
         [
             {
                 "name": "slow",
-                "engine": "tests.fakes:SlowEngine",
+                "engine": "deployments.engines.fake:SlowEngine",
                 "params": {"max_tokens": 4, "max_num_seqs": 2},
                 "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap", "timeout_s": 5}},
             },
-            {"name": "cap", "engine": "tests.fakes:ColorCaptionEngine"},
+            {"name": "cap", "engine": "deployments.engines.fake:ColorCaptionEngine"},
         ],
         server={"request_timeout_s": DEADLINE_S},
     )

@@ -42,10 +42,10 @@ from PIL import Image
 from pydantic import TypeAdapter, ValidationError
 
 from deployments.errors import InvalidImageError, to_openai_error
-from deployments.images import decode_rgb, load_image_url
+from deployments.ingress.vision.check import decode_rgb, load_image_url
+from deployments.ingress.vision.collect import count_images, rewrite
 from deployments.protocol import ChatCompletionRequest, ChatMessage
-from deployments.proxy_vision import count_images, rewrite
-from deployments.stopping import StopMatcher
+from deployments.replicas.stopping import StopMatcher
 from tests.conftest import data_url
 
 # No example database: nothing is written into the repository.

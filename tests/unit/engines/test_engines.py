@@ -185,7 +185,7 @@ def test_custom_engine_import_errors_are_config_errors():
     with pytest.raises(ConfigError, match="cannot be imported"):
         create_text_engine(ModelConfig(name="x", engine="nowhere.module:Nope"))
     with pytest.raises(ConfigError, match="is not a TextEngine"):
-        create_text_engine(ModelConfig(name="x", engine="tests.fakes:ColorCaptionEngine"))
+        create_text_engine(ModelConfig(name="x", engine="deployments.engines.fake:ColorCaptionEngine"))
 
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Germany": "Berlin", "England": "London", "China": "Beijing"}

@@ -3,8 +3,8 @@ import time
 import pytest
 
 from deployments.config import Lifecycle
-from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import CaptionerUnavailable
+from deployments.replicas.lifecycle import EngineSlot
 
 
 class Factory:

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from deployments.batcher import Batcher
+from deployments.replicas.batcher import Batcher
 
 
 class Model:

@@ -16,13 +16,13 @@ import asyncio
 
 from ray import serve
 
-from deployments.batcher import Batcher
 from deployments.config import Lifecycle, ModelConfig, VisionProxyConfig
 from deployments.engines import CaptionEngine, create_caption_engine
-from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import CaptionerUnavailable
-from deployments.images import decode_rgb
+from deployments.ingress.vision.check import decode_rgb
 from deployments.protocol import CaptionRequest, ComponentStatus
+from deployments.replicas.batcher import Batcher
+from deployments.replicas.lifecycle import EngineSlot
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
 

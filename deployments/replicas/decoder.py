@@ -11,10 +11,10 @@ from ray import serve
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
-from deployments.engines.lifecycle import EngineSlot
 from deployments.errors import DecoderUnavailable
 from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
-from deployments.stopping import StopMatcher
+from deployments.replicas.lifecycle import EngineSlot
+from deployments.replicas.stopping import StopMatcher
 
 
 @serve.deployment(

@@ -20,7 +20,6 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments.captioner_client import CaptionerClient
 from deployments.config import ImageInputConfig, ServerConfig, VisionProxyConfig
 from deployments.errors import (
     AuthenticationError,
@@ -39,7 +38,10 @@ from deployments.errors import (
     unwrap,
     validation_message,
 )
-from deployments.guard import GuardSettings, RequestGuard
+from deployments.ingress.guard import GuardSettings, RequestGuard
+from deployments.ingress.serve_view import SERVING, deployment_status
+from deployments.ingress.vision.client import CaptionerClient
+from deployments.ingress.vision.collect import UNDESCRIBED, collect_images, count_images, rewrite
 from deployments.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -59,8 +61,6 @@ from deployments.protocol import (
     TextMessage,
     Usage,
 )
-from deployments.proxy_vision import UNDESCRIBED, collect_images, count_images, rewrite
-from deployments.serve_view import SERVING, deployment_status
 
 logger = logging.getLogger("ray.serve")
 

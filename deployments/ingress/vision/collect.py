@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from deployments.caption_cache import image_digest
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidRequestError
-from deployments.images import load_image
+from deployments.ingress.vision.cache import image_digest
+from deployments.ingress.vision.check import load_image
 from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
 
 UNDESCRIBED = "[image could not be described: {reason}]"

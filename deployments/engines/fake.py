@@ -1,4 +1,4 @@
-"""Deterministic fake engines, injected through `engine: tests.fakes:Class` in a test models.yaml."""
+"""Deterministic fake engines, injected through `engine: deployments.engines.fake:Class` in a test models.yaml."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from deployments.caption_cache import CaptionCache, cache_key, image_digest
+from deployments.ingress.vision.cache import CaptionCache, cache_key, image_digest
 
 
 class Captioner:

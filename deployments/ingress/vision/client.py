@@ -22,12 +22,12 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponse
 
-from deployments.caption_cache import CaptionCache, cache_key
 from deployments.config import VisionProxyConfig
 from deployments.errors import CaptionerUnavailable, from_serve, unwrap
+from deployments.ingress.serve_view import FAILED, app_state, deployment_status
+from deployments.ingress.vision.cache import CaptionCache, cache_key
+from deployments.ingress.vision.collect import ImageInput
 from deployments.protocol import CaptionRequest, ComponentStatus
-from deployments.proxy_vision import ImageInput
-from deployments.serve_view import FAILED, app_state, deployment_status
 
 logger = logging.getLogger("ray.serve")
 

@@ -1,4 +1,4 @@
-from deployments.stopping import StopMatcher
+from deployments.replicas.stopping import StopMatcher
 
 
 def run(stops, pieces):

@@ -19,7 +19,7 @@ from PIL import Image
 
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
-from deployments.image_fetch import fetch_image
+from deployments.ingress.vision.fetch import fetch_image
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "WEBP", "GIF"}
 DEFAULT_IMAGE_INPUT = ImageInputConfig()

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from deployments.config import ServerConfig
-from deployments.guard import GuardSettings, KeyRing, RequestGuard
+from deployments.ingress.guard import GuardSettings, KeyRing, RequestGuard
 
 KEY = "sk-test-0123456789"
 
