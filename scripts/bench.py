@@ -19,16 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import io
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,10 +31,8 @@ import httpx
 import psutil
 import yaml
 from openai import AsyncOpenAI
-from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from deployments.testing.bench import ROOT, Server, image_url, pct, start_ours, start_peer, write_models
 
 PROMPTS = [
     f"Write a short story about a {thing}."
@@ -50,101 +42,6 @@ PROMPTS = [
 
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-
-
-# ----------------------------------------------------------------------------- servers
-
-
-class Server:
-    def __init__(self, name: str, cmd: list[str], base_url: str, ready_path: str, env: dict[str, str]) -> None:
-        self.name, self.base_url, self.ready_path = name, base_url, ready_path
-        self.log = open(Path(tempfile.gettempdir()) / f"bench-{name}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def wait_ready(self, predicate, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited; see {self.log.name}")
-            try:
-                if predicate(httpx.get(self.base_url + self.ready_path, timeout=5)):
-                    return
-            except (httpx.HTTPError, ValueError):  # not up yet, or not JSON yet
-                pass
-            time.sleep(2)
-        self.stop()
-        raise SystemExit(f"{self.name} not ready after {timeout_s}s; see {self.log.name}")
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
-        # Ray's proxy can outlive `serve run` by seconds, and the next server's proxy binds the same
-        # port beside it (SO_REUSEPORT): wait until nothing answers, or the next run talks to this one.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.base_url + self.ready_path, timeout=2)
-            except httpx.HTTPError:
-                return
-            time.sleep(1)
-        raise SystemExit(f"{self.name} still answers on {self.base_url} a minute after it was stopped")
-
-
-def start_ours(
-    models_file: Path, port: int, decoder_replicas: int = 0, quantization: str | None = None, name: str = "ours"
-) -> Server:
-    """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: that many decoder
-    replicas on a CPU-only machine, sharing its cores (`decoder_cpu_replicas`; 0: as shipped)."""
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"] = port
-    for app in config["applications"]:
-        app["args"] = {**app["args"], "models_file": str(models_file)}
-    if quantization:
-        config["applications"][0]["args"]["decoder.quantization"] = quantization
-    if decoder_replicas:
-        config["applications"][0]["args"]["decoder_cpu_replicas"] = decoder_replicas
-    path = models_file.parent / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    server = Server(
-        name,
-        [str(ROOT / ".venv/bin/serve"), "run", str(path)],
-        f"http://127.0.0.1:{port}",
-        "/health",
-        {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
-    )
-
-    def ready(response: httpx.Response) -> bool:
-        components = response.json().get("components", {})
-        return all(c.get("ready") for c in components.values()) and "captioner" in components
-
-    server.wait_ready(ready)
-    return server
-
-
-def start_peer(model_dir: Path, port: int, dtype: str) -> Server:
-    server = Server(
-        "peer",
-        [
-            *(str(ROOT / ".venv/bin/transformers"), "serve", str(model_dir), "--continuous-batching"),
-            *("--port", str(port), "--dtype", dtype),
-        ],
-        f"http://127.0.0.1:{port}",
-        "/health",
-        {"HF_HUB_OFFLINE": "1"},
-    )
-    server.wait_ready(lambda r: r.status_code == 200)
-    return server
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -243,14 +140,6 @@ async def engine_run(concurrency: list[int], rounds: int, max_tokens: int, quant
     engine.close()
 
 
-def image_url(seed: int) -> str:
-    img = Image.new("RGB", (96, 64), ((seed * 37) % 256, (seed * 91) % 256, (seed * 13) % 256))
-    img.putpixel((seed % 96, seed % 64), (255, 255, 255))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
 async def image_run(server: Server, model: str, seeds: list[int], concurrency: int, label: dict) -> dict[str, Any]:
     """Image requests (one image each, 1 output token: the caption is the work), `concurrency` at a time.
     A first round of other images warms the captioner up (first passes at each batch shape are slow)."""
@@ -301,20 +190,6 @@ def decoder_memory() -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- setup
-
-
-def write_models(directory: Path, captioner: Path, max_batch_size: int) -> Path:
-    models = yaml.safe_load((ROOT / "models.yaml").read_text())
-    primary = models["models"][0]
-    primary["local_path"] = str((ROOT / primary["local_path"]).resolve())
-    proxy = primary["capabilities"]["vision_proxy"]
-    shipped = next(m for m in models["models"] if m["name"] == proxy["model"])
-    proxy.update({"model": "bench-captioner", "max_batch_size": max_batch_size, "max_new_tokens": 32})
-    bench_captioner = {"name": "bench-captioner", "local_path": str(captioner), "params": shipped.get("params", {})}
-    models["models"] = [primary, bench_captioner]
-    path = directory / f"models-batch{max_batch_size}.yaml"
-    path.write_text(yaml.safe_dump(models))
-    return path
 
 
 def peer_model_dir(cache: Path) -> Path:

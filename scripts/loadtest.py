@@ -45,10 +45,9 @@ import httpx
 import psutil
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from deployments.testing.bench import Server, image_url, pct, start_ours, write_models
 
-from bench import Server, image_url, pct, start_ours, write_models  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 WORDS = "apple river stone cloud tiger lamp violin garden rocket pepper island mirror".split()  # noqa: SIM905
 

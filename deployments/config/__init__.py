@@ -1,36 +1,42 @@
-"""Configuration: the typed mirror of models.yaml and of the builders' arguments, and its loading."""
+"""Configuration: `schema` (the typed mirror of models.yaml and of the builders' arguments),
+`loading` (reading the file and resolving the arguments into a `ServicePlan`), `machine` (cores)."""
 
+from deployments.config.loading import ServicePlan, load_models_file, parse_models, resolve_plan
+from deployments.config.machine import cpu_cores
 from deployments.config.schema import (
     AppArgs,
     Capabilities,
+    CaptioningConfig,
+    DeploymentConfig,
     EngineParams,
+    FakeEngineConfig,
     GpuShare,
     ImageInputConfig,
     Lifecycle,
     ModelConfig,
     ModelsFile,
+    ProxyVisionConfig,
     ServerConfig,
-    ServicePlan,
     VisionMode,
-    VisionProxyConfig,
-    load_models_file,
-    parse_models,
-    resolve_plan,
 )
 
 __all__ = [
     "AppArgs",
     "Capabilities",
+    "CaptioningConfig",
+    "DeploymentConfig",
     "EngineParams",
+    "FakeEngineConfig",
     "GpuShare",
     "ImageInputConfig",
     "Lifecycle",
     "ModelConfig",
     "ModelsFile",
+    "ProxyVisionConfig",
     "ServerConfig",
     "ServicePlan",
     "VisionMode",
-    "VisionProxyConfig",
+    "cpu_cores",
     "load_models_file",
     "parse_models",
     "resolve_plan",

@@ -1,31 +1,16 @@
 """Typed mirror of ``models.yaml`` and of the application builder's arguments.
 
-Everything is validated here, at build time, before any weight touches a device: unknown keys,
-duplicate names, a proxy vision mode without a captioner, a missing local file. Errors are
-`ConfigError`s whose message names the file and the field (``models.yaml: models[0].params.dtype:
-...``). Builder args (``serve_config.yaml`` ``args:`` or ``serve run ... key=value``) override the
-file's values and are validated by the same models.
+Every section forbids unknown keys and every field has a default and a description. Cross-file
+checks (duplicate names, local paths, the primary and its captioner) are in `loading`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import string
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
-
-from deployments.errors import ConfigError, validation_param
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -105,35 +90,24 @@ class EngineParams(_Strict):
         return self
 
 
-class VisionProxyConfig(_Strict):
-    """How images are turned into text for a text-only primary model."""
+class CaptioningConfig(_Strict):
+    """A captioner's own settings (the ``captioning:`` section of its models.yaml entry): how its
+    replica batches images and how it is prompted."""
 
-    model: str = Field(description="Captioner: a models.yaml entry name or a Hugging Face model id.")
     prompt_template: str = Field(
         "Describe this image in one or two sentences.",
         description="Caption prompt. May contain {user_text}: the text of the user's message.",
     )
     max_new_tokens: int = Field(64, gt=0, description="Longest caption, in tokens.")
-    timeout_s: float = Field(60.0, gt=0, description="Deadline of one captioning call.")
-    on_failure: Literal["degrade", "reject"] = Field(
-        "degrade",
-        description="When the captioner is down: degrade = answer with a marker per image and an "
-        "X-Vision-Degraded header; reject = 503.",
-    )
-    retry_after_s: float = Field(10.0, gt=0, description="After a captioner failure, how long image requests skip it.")
     max_batch_size: int = Field(
         8, gt=0, description="Images captioned in one forward pass by a captioner replica; 1 turns batching off."
     )
     batch_wait_timeout_s: float = Field(
         0.05, ge=0, description="How long a captioner replica waits for more images to fill a batch."
     )
-    cache_entries: int = Field(
-        4096, ge=0, description="Captions kept per ingress replica, keyed by image hash and prompt; 0 disables."
-    )
-    cache_mb: float = Field(16.0, gt=0, description="Memory bound of the caption cache (captions and keys), MB.")
 
     @model_validator(mode="after")
-    def _template_fields(self) -> VisionProxyConfig:
+    def _template_fields(self) -> CaptioningConfig:
         fields = {f for _, f, _, _ in string.Formatter().parse(self.prompt_template) if f is not None}
         if fields - {"user_text"}:
             raise ValueError(f"prompt_template may only use {{user_text}}, found {sorted(fields)}")
@@ -141,6 +115,23 @@ class VisionProxyConfig(_Strict):
 
     def prompt(self, user_text: str) -> str:
         return self.prompt_template.format(user_text=user_text)
+
+
+class ProxyVisionConfig(_Strict):
+    """How the ingress uses the captioner (the file-level ``proxy_vision:`` section): deadlines, the
+    failure policy and the caption cache."""
+
+    timeout_s: float = Field(60.0, gt=0, description="Deadline of one captioning call.")
+    on_failure: Literal["degrade", "reject"] = Field(
+        "degrade",
+        description="When the captioner is down: degrade = answer with a marker per image and an "
+        "X-Vision-Degraded header; reject = 503.",
+    )
+    retry_after_s: float = Field(10.0, gt=0, description="After a captioner failure, how long image requests skip it.")
+    cache_entries: int = Field(
+        4096, ge=0, description="Captions kept per ingress replica, keyed by image hash and prompt; 0 disables."
+    )
+    cache_mb: float = Field(16.0, gt=0, description="Memory bound of the caption cache (captions and keys), MB.")
 
 
 def _allow_entry(value: str) -> str:
@@ -205,16 +196,58 @@ class ServerConfig(_Strict):
     )
 
 
+MOVED_VISION_PROXY = (
+    "capabilities.vision_proxy was split by where each setting is used: name the captioner with "
+    "capabilities.captioner: <entry name or hub id>; prompt_template, max_new_tokens, max_batch_size and "
+    "batch_wait_timeout_s go in the captioner's own models.yaml entry, under captioning:; timeout_s, on_failure, "
+    "retry_after_s, cache_entries and cache_mb go in the file-level proxy_vision: section"
+)
+
+
 class Capabilities(_Strict):
     vision_mode: VisionMode = Field("disabled", description="disabled | proxy | native.")
-    vision_proxy: VisionProxyConfig | None = Field(None, description="Captioner for proxy mode.")
+    captioner: str | None = Field(
+        None, description="Proxy mode: the captioner, a models.yaml entry name or a Hugging Face model id."
+    )
     image_token: str | None = Field(None, description="Image placeholder token of a native VLM.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "vision_proxy" in data:
+            raise ValueError(MOVED_VISION_PROXY)
+        return data
 
     @model_validator(mode="after")
     def _proxy_needs_captioner(self) -> Capabilities:
-        if self.vision_mode == "proxy" and self.vision_proxy is None:
-            raise ValueError("vision_mode proxy needs a vision_proxy captioner")
+        if self.vision_mode == "proxy" and self.captioner is None:
+            raise ValueError("vision_mode proxy needs a captioner")
         return self
+
+
+class DeploymentConfig(_Strict):
+    """Serve options of a model's deployment (the ``deployment:`` section of its entry). Unset ones
+    take the builder's default for the model's role (deployments/options.py); serve_config.yaml may
+    still override any of them."""
+
+    max_ongoing_requests: int | None = Field(
+        None,
+        gt=0,
+        description="Requests one replica takes at once. Decoder default: twice max_num_seqs (a full batch "
+        "running, another waiting in the replica); the builder refuses less than max_num_seqs. Captioner: 16.",
+    )
+    max_queued_requests: int | None = Field(
+        None, gt=0, description="Requests waiting for a replica; beyond them, 503 with Retry-After. Default: 64."
+    )
+
+
+class FakeEngineConfig(_Strict):
+    """Settings of ``engine: fake``, the deterministic engine shipped for tests and demos."""
+
+    token_delay_ms: float = Field(0.0, ge=0, description="Wait before each generated token: a slow decoder.")
+    fill_to_max_tokens: bool = Field(
+        False, description="After echoing the prompt, go on with ' tick' tokens up to max_tokens: a long generation."
+    )
 
 
 class ModelConfig(_Strict):
@@ -226,10 +259,16 @@ class ModelConfig(_Strict):
     weight_file: str | None = Field(None, description="GGUF file inside hf_id or local_path.")
     engine: str = Field(
         "transformers",
-        description="transformers, or `module:Class` of a custom engine (tests use this for fakes).",
+        description="transformers; fake (deterministic: echoes the prompt, captions by pixel colour); or "
+        "`module:Class` of your own TextEngine/CaptionEngine.",
     )
     params: EngineParams = Field(default_factory=EngineParams)
     capabilities: Capabilities = Field(default_factory=Capabilities)
+    captioning: CaptioningConfig = Field(
+        default_factory=CaptioningConfig, description="Settings used when this model is a captioner."
+    )
+    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options.")
+    fake: FakeEngineConfig = Field(default_factory=FakeEngineConfig, description="Settings of engine: fake.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -260,6 +299,9 @@ class ModelsFile(Lifecycle):
         default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
     )
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP limits and API keys.")
+    proxy_vision: ProxyVisionConfig = Field(
+        default_factory=ProxyVisionConfig, description="How the ingress calls the captioner and caches captions."
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> ModelsFile:
@@ -287,10 +329,14 @@ class AppArgs(_Strict):
     model: str | None = Field(None, description="Primary model entry. Default: the first entry.")
     vision_mode: VisionMode | None = Field(None, description="Overrides the primary's vision_mode.")
     on_image_failure: Literal["degrade", "reject"] | None = Field(
-        None, description="Overrides vision_proxy.on_failure."
+        None, description="Overrides proxy_vision.on_failure."
     )
-    decoder: dict[str, Any] = Field(default_factory=dict, description="Overrides of the primary's params.")
-    captioner: dict[str, Any] = Field(default_factory=dict, description="Overrides of the captioner's params.")
+    decoder: EngineParams = Field(
+        default_factory=EngineParams, description="Overrides of the primary's params (only the fields given)."
+    )
+    captioner: EngineParams = Field(
+        default_factory=EngineParams, description="Overrides of the captioner's params (only the fields given)."
+    )
     captioner_app: str = Field("vision", description="Serve application that runs the captioner.")
     decoder_gpus: GpuShare = Field("auto", description="num_gpus per decoder replica; auto: 0.5 with GPUs.")
     captioner_gpus: GpuShare = Field("auto", description="num_gpus per captioner replica.")
@@ -313,121 +359,3 @@ class AppArgs(_Strict):
             else:
                 nested[head] = value
         return nested
-
-
-class ServicePlan(_Strict):
-    """The resolved configuration the deployments are built from."""
-
-    primary: ModelConfig
-    captioner: ModelConfig | None
-    lifecycle: Lifecycle
-    captioner_app: str
-    images: ImageInputConfig
-    server: ServerConfig
-
-    @property
-    def vision(self) -> VisionProxyConfig | None:
-        caps = self.primary.capabilities
-        return caps.vision_proxy if caps.vision_mode == "proxy" else None
-
-
-def _format_validation(where: str, exc: ValidationError) -> ConfigError:
-    lines = []
-    for err in exc.errors():
-        param = validation_param(tuple(err["loc"]))
-        lines.append(f"{where}: {param or '<root>'}: {err['msg']}")
-    return ConfigError("\n".join(lines))
-
-
-def load_models_file(path: str | Path) -> ModelsFile:
-    """Read and validate models.yaml; local paths become absolute and must exist."""
-    path = Path(path).resolve()
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_models(raw, path)
-
-
-def parse_models(raw: Any, path: Path) -> ModelsFile:
-    try:
-        parsed = ModelsFile.model_validate(raw)
-    except ValidationError as exc:
-        raise _format_validation(str(path), exc) from None
-    models = []
-    for i, m in enumerate(parsed.models):
-        if m.local_path is not None:
-            local = (path.parent / m.local_path).resolve()
-            if not local.exists():
-                raise ConfigError(f"{path}: models[{i}].local_path: {local} does not exist")
-            if m.weight_file and not (local / m.weight_file).is_file():
-                raise ConfigError(f"{path}: models[{i}].weight_file: {local / m.weight_file} not found")
-            m = m.model_copy(update={"local_path": str(local)})
-        models.append(m)
-    images = parsed.images
-    if images.file_root is not None:
-        root = (path.parent / images.file_root).resolve()
-        if not root.is_dir():
-            raise ConfigError(f"{path}: images.file_root: {root} is not a directory")
-        images = images.model_copy(update={"file_root": str(root)})
-    return parsed.model_copy(update={"models": models, "images": images})
-
-
-def _with_params(model: ModelConfig, overrides: dict[str, Any], where: str) -> ModelConfig:
-    if not overrides:
-        return model
-    try:
-        params = EngineParams.model_validate({**model.params.model_dump(exclude_unset=True), **overrides})
-    except ValidationError as exc:
-        raise _format_validation(where, exc) from None
-    return model.model_copy(update={"params": params})
-
-
-def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
-    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
-    try:
-        app_args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
-    except ValidationError as exc:
-        raise _format_validation("builder args", exc) from None
-    models = load_models_file(app_args.models_file)
-    where = str(Path(app_args.models_file).resolve())
-
-    primary = models.get(app_args.model) if app_args.model else models.models[0]
-    if primary is None:
-        raise ConfigError(f"builder args: model: no entry named {app_args.model!r} in {where}")
-    primary = _with_params(primary, app_args.decoder, "builder args: decoder")
-
-    caps = primary.capabilities
-    updates: dict[str, Any] = {}
-    if app_args.vision_mode is not None:
-        updates["vision_mode"] = app_args.vision_mode
-    if app_args.on_image_failure is not None and caps.vision_proxy is not None:
-        updates["vision_proxy"] = caps.vision_proxy.model_copy(update={"on_failure": app_args.on_image_failure})
-    if updates:
-        try:
-            caps = Capabilities.model_validate({**caps.model_dump(), **updates})
-        except ValidationError as exc:
-            raise _format_validation("builder args", exc) from None
-        primary = primary.model_copy(update={"capabilities": caps})
-    if caps.vision_mode == "native":
-        raise ConfigError(
-            f"{where}: {primary.name}.capabilities.vision_mode: native vision is not available yet; "
-            "use proxy (a captioner describes images for the text-only primary)"
-        )
-
-    captioner = None
-    if caps.vision_mode == "proxy" and caps.vision_proxy is not None:
-        ref = caps.vision_proxy.model
-        captioner = models.get(ref) or ModelConfig(name=ref, hf_id=ref)
-        captioner = _with_params(captioner, app_args.captioner, "builder args: captioner")
-
-    return ServicePlan(
-        primary=primary,
-        captioner=captioner,
-        lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
-        captioner_app=app_args.captioner_app,
-        images=models.images,
-        server=models.server,
-    )

@@ -1,71 +1,67 @@
-"""Deterministic fake engines, injected through `engine: deployments.engines.fake:Class` in a test models.yaml."""
+"""Deterministic engines for tests and demos (``engine: fake`` in models.yaml), with the same
+interface as the real ones, like Ray Serve LLM's mock engine. They load nothing and never import
+torch, so a test (or a laptop) can run the whole service in seconds.
+
+- `FakeTextEngine` answers with the prompt it was given (``role: content`` lines), one word per
+  token, so a test reads exactly what reached the decoder. `fake.token_delay_ms` waits before each
+  token; `fake.fill_to_max_tokens` goes on with `` tick`` tokens up to the length limit (a long,
+  slow generation for deadline and overload tests). Its live generations are on /health
+  (`stats`: ``running``), so a test sees that a cancelled request stopped generating.
+- `FakeCaptionEngine` captions an image by its top-left pixel's colour.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
 
 from PIL import Image
 
-from deployments.config import ModelConfig, VisionProxyConfig
-from deployments.engines import CaptionEngine, EngineOutput, TextEngine
+from deployments.config import ModelConfig
+from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
 from deployments.protocol import GenerateRequest
 
-
-class EchoEngine(TextEngine):
-    """Answers with the prompt it was given (`role: content` lines), one word per piece, so a
-    test can read exactly what reached the decoder."""
-
-    def __init__(self, model: ModelConfig) -> None:
-        self.model_name = model.name
-        self.params = model.params
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
-        prompt = "\n".join(f"{m.role}: {m.content}" for m in request.messages)
-        words = prompt.split(" ")
-        limit = request.max_tokens or self.params.max_tokens
-        for i, word in enumerate(words[:limit]):
-            await asyncio.sleep(0)
-            yield EngineOutput(word if i == 0 else " " + word, completion_tokens=i + 1, prompt_tokens=len(words))
-        finish = "length" if len(words) > limit else "stop"
-        yield EngineOutput("", min(len(words), limit), len(words), finish_reason=finish)
+TICK = " tick"
 
 
-class SlowEngine(TextEngine):
-    """Emits " tick" every 20 ms up to max_tokens, and counts its live generations in `stats()`
-    (so a test sees, through /health, that a cancelled request stopped generating). The prompt is
-    echoed first, so a test can tell which request an answer belongs to."""
-
-    TICK_S = 0.02
-
+class FakeTextEngine(TextEngine):
     def __init__(self, model: ModelConfig) -> None:
         self.params = model.params
+        self.settings = model.fake
         self.running = 0
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "fake", **self.settings.model_dump()}
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.running, "waiting": 0}
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+        prompt = "\n".join(f"{m.role}: {m.content}" for m in request.messages)
+        words = [w if i == 0 else " " + w for i, w in enumerate(prompt.split(" "))]
         limit = request.max_tokens or self.params.max_tokens
+        fill = self.settings.fill_to_max_tokens
+        pieces = (words + [TICK] * (limit - len(words)) if fill else words)[:limit]
+        delay_s = self.settings.token_delay_ms / 1000
         self.running += 1
         try:
-            yield EngineOutput(request.messages[-1].content, completion_tokens=1, prompt_tokens=1)
-            for i in range(2, limit + 1):
-                await asyncio.sleep(self.TICK_S)
-                yield EngineOutput(" tick", completion_tokens=i, prompt_tokens=1)
-            yield EngineOutput("", limit, 1, finish_reason="length")
+            for i, piece in enumerate(pieces, start=1):
+                await asyncio.sleep(delay_s)
+                yield EngineOutput(piece, completion_tokens=i, prompt_tokens=len(words))
+            finish: Literal["stop", "length"] = "length" if fill or len(words) > limit else "stop"
+            yield EngineOutput("", len(pieces), len(words), finish_reason=finish)
         finally:
             self.running -= 1
 
-    def stats(self) -> dict[str, int]:
-        return {"running": self.running}
 
+class FakeCaptionEngine(CaptionEngine):
+    def __init__(self, model: ModelConfig) -> None:
+        self.calls = 0
 
-class ColorCaptionEngine(CaptionEngine):
-    """Captions an image by its top-left pixel colour; counts its calls."""
-
-    calls = 0
-
-    def __init__(self, model: ModelConfig, vision: VisionProxyConfig | None) -> None:
-        self.model = model
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "fake"}
 
     def caption(self, images: list[Image.Image], prompts: list[str]) -> list[str]:
-        ColorCaptionEngine.calls += 1
+        self.calls += 1
         return [f"a picture whose corner is rgb{img.getpixel((0, 0))}" for img in images]

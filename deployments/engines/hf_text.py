@@ -121,8 +121,9 @@ class IncrementalText:
 class TransformersTextEngine(TextEngine):
     """Loading, prompt and limits shared by the transformers decoders."""
 
+    device: str
+
     def __init__(self, model: ModelConfig, **load: Any) -> None:
-        self.model_name = model.name
         self.params = model.params
         self.device, shared, kwargs = load_kwargs(model)
         self.tokenizer = AutoTokenizer.from_pretrained(model.source, **shared)

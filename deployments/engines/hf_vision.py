@@ -9,14 +9,16 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from deployments.config import ModelConfig, VisionProxyConfig
+from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 
 
 class TransformersCaptionEngine(CaptionEngine):
-    def __init__(self, model: ModelConfig, vision: VisionProxyConfig | None) -> None:
-        self.max_new_tokens = vision.max_new_tokens if vision else 64
+    device: str
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.max_new_tokens = model.captioning.max_new_tokens
         self.device, shared, kwargs = load_kwargs(model)
         self.processor = AutoProcessor.from_pretrained(model.source, **shared)
         tokenizer = getattr(self.processor, "tokenizer", None)

@@ -10,18 +10,13 @@ from urllib.parse import urlparse
 
 import torch
 
-from deployments.config import EngineParams, ModelConfig
+from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines import int4_cpu
 from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on: its CPU affinity (a container's cpuset), not the host's count."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def pick_device(params: EngineParams) -> tuple[str, dict[str, Any]]:
@@ -134,9 +129,3 @@ def set_cpu_threads(params: EngineParams, device: str) -> int | None:
     if params.cpu_threads is not None:
         torch.set_num_threads(cpu_cores() if params.cpu_threads == "all" else params.cpu_threads)
     return torch.get_num_threads()
-
-
-def describe_line(name: str, role: str, info: dict[str, Any]) -> str:
-    """The one readable line logged per engine with its effective settings."""
-    items = " ".join(f"{k}={v}" for k, v in info.items())
-    return f"engine ready: {role} {name!r} {items}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,20 +66,17 @@ class GuardSettings:
 
 
 class RequestGuard:
-    """ASGI middleware. `settings` is called once, at the first request (the replica is built by then)."""
+    """ASGI middleware with the settings of the ingress replica whose app it guards."""
 
-    def __init__(self, app: ASGIApp, settings: Callable[[], GuardSettings]) -> None:
+    def __init__(self, app: ASGIApp, settings: GuardSettings) -> None:
         self.app = app
         self._settings = settings
-        self._resolved: GuardSettings | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._resolved is None:
-            self._resolved = self._settings()
-        settings = self._resolved
+        settings = self._settings
         headers = Headers(scope=scope)
         if (
             settings.keys

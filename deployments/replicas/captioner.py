@@ -13,13 +13,14 @@ worker threads, so the event loop keeps queueing the next batch while one runs.
 from __future__ import annotations
 
 import asyncio
+import io
 
+from PIL import Image
 from ray import serve
 
-from deployments.config import Lifecycle, ModelConfig, VisionProxyConfig
+from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import CaptionEngine, create_caption_engine
 from deployments.errors import CaptionerUnavailable
-from deployments.ingress.vision.check import decode_rgb
 from deployments.protocol import CaptionRequest, ComponentStatus
 from deployments.replicas.batcher import Batcher
 from deployments.replicas.lifecycle import EngineSlot
@@ -27,24 +28,28 @@ from deployments.replicas.lifecycle import EngineSlot
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
 
 
-@serve.deployment(
-    name="VisionCaptioner",
-    max_ongoing_requests=32,
-    max_queued_requests=64,  # beyond: 503 overloaded with Retry-After, never an unbounded wait
-    backpressure_config={"retry_after_s": 2},
-    health_check_period_s=2,  # a crashed replica is noticed (and replaced) within 2 s
-)
+def decode_rgb(data: bytes) -> Image.Image:
+    """Full decode of image bytes the ingress checked: first frame, RGB."""
+    with Image.open(io.BytesIO(data)) as img:
+        img.seek(0)
+        if img.mode == "P" and "transparency" in img.info:  # PIL wants palette transparency via RGBA
+            return img.convert("RGBA").convert("RGB")
+        return img.convert("RGB")
+
+
+@serve.deployment  # its options are the builder's (deployments/options.py)
 class VisionCaptioner:
-    def __init__(self, model: ModelConfig | None, vision: VisionProxyConfig | None, lifecycle: Lifecycle) -> None:
+    def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[CaptionEngine] | None = None
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
-        size, wait_s = (vision.max_batch_size, vision.batch_wait_timeout_s) if vision else (1, 0.0)
+        captioning = model.captioning if model else None
+        size, wait_s = (captioning.max_batch_size, captioning.batch_wait_timeout_s) if captioning else (1, 0.0)
         self._batcher: Batcher[tuple[bytes, str], str] = Batcher(self._caption_batch, size, wait_s)
         if model is not None:
             self._slot = EngineSlot(
                 "captioner",
                 model.name,
-                lambda: create_caption_engine(model, vision),
+                lambda: create_caption_engine(model),
                 unavailable=CaptionerUnavailable,
                 lifecycle=lifecycle,
             )

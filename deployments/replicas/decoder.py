@@ -1,4 +1,5 @@
-"""PrimaryDecoder: the GPU-pinned LLM. Streams `GenerateChunk`s back through its handle."""
+"""PrimaryDecoder: the GPU-pinned LLM. Streams `GenerateChunk`s back through its handle; stop
+strings (`stopping`) and `stream_interval_ms` are applied here, engines know nothing of them."""
 
 from __future__ import annotations
 
@@ -17,13 +18,7 @@ from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 
 
-@serve.deployment(
-    name="PrimaryDecoder",
-    max_ongoing_requests=64,
-    max_queued_requests=64,  # beyond: 503 overloaded with Retry-After, never an unbounded wait
-    backpressure_config={"retry_after_s": 2},
-    health_check_period_s=2,  # a crashed replica is noticed (and replaced) within 2 s
-)
+@serve.deployment  # its options are the builder's (deployments/options.py)
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[TextEngine] = EngineSlot(

@@ -19,13 +19,13 @@ import psutil
 import ray
 
 from deployments.config import Lifecycle
-from deployments.engines.loading import describe_line
+from deployments.engines import Engine
 from deployments.errors import UnavailableError
 from deployments.protocol import ComponentStatus
 
 logger = logging.getLogger("ray.serve")
 
-E = TypeVar("E")
+E = TypeVar("E", bound=Engine)
 
 RETRY_MAX_S = 300.0
 
@@ -75,8 +75,7 @@ class EngineSlot(Generic[E]):
             self.engine, self.state, self.reason = engine, "ready", None
             self._retry_in = self._retry_first_s
             self._last_used = time.monotonic()
-            describe = getattr(engine, "describe", dict)
-            logger.info(describe_line(self.name, self.role, describe()))
+            logger.info(describe_line(self.name, self.role, engine.describe()))
             return True
 
     def start(self, tick_s: float = 1.0) -> None:
@@ -99,9 +98,8 @@ class EngineSlot(Generic[E]):
     def _unload(self) -> None:
         engine, self.engine = self.engine, None
         self.state, self.reason = "unloaded", None
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        if engine is not None:
+            engine.close()
         logger.info("%s %r unloaded after %.0fs idle", self.role, self.name, self._idle_unload_s)
 
     @asynccontextmanager
@@ -129,13 +127,19 @@ class EngineSlot(Generic[E]):
         }
         if ray.is_initialized():  # where Ray pinned this replica, and what the engine runs on
             details["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
-        device = getattr(self.engine, "device", None)
-        if device is not None:
-            details["device"] = str(device)
-        details.update(getattr(self.engine, "stats", dict)())
+        if self.engine is not None:
+            if self.engine.device is not None:
+                details["device"] = self.engine.device
+            details.update(self.engine.stats())
         return ComponentStatus(
             ready=self.state in ("ready", "unloaded"),
             model=self.name,
             reason=self.reason if self.state not in ("ready", "unloaded") else None,
             details=details,
         )
+
+
+def describe_line(name: str, role: str, info: dict[str, Any]) -> str:
+    """The one readable line logged per engine with its effective settings."""
+    items = " ".join(f"{k}={v}" for k, v in info.items())
+    return f"engine ready: {role} {name!r} {items}"

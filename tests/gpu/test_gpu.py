@@ -4,7 +4,7 @@ import pytest
 import torch
 from PIL import Image
 
-from deployments.config import ModelConfig, VisionProxyConfig
+from deployments.config import ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -26,7 +26,7 @@ async def test_text_engine_on_gpu(smollm2):
 
 
 def test_caption_engine_on_gpu(tiny_vlm_dir):
-    engine = create_caption_engine(ModelConfig(name="v", local_path=str(tiny_vlm_dir)), VisionProxyConfig(model="v"))
+    engine = create_caption_engine(ModelConfig(name="v", local_path=str(tiny_vlm_dir)))
     assert engine.device == "cuda:0"
     captions = engine.caption([Image.new("RGB", (32, 32), (1, 2, 3))] * 2, ["Describe.", "Describe."])
     assert len(captions) == 2 and captions[0] == captions[1]

@@ -1,9 +1,9 @@
 """Real Ray Serve on the CPU: a local cluster with one fake GPU (so GPU pinning and packing are
-exercised), HTTP on a test port, and helpers to deploy the two applications from a models.yaml."""
+exercised), HTTP on a test port, and helpers to deploy the two applications from a models.yaml.
+Replicas import only the installed package: fakes are the shipped `engine: fake`."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,8 +24,6 @@ BASE_URL = f"http://127.0.0.1:{PORT}"
 
 @pytest.fixture(scope="session")
 def serve_cluster():
-    # Replicas import tests.fakes; workers inherit the driver's environment.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     yield
@@ -39,16 +37,18 @@ def write_models(directory: Path, models: list[dict[str, Any]], **file_level: An
     return path
 
 
-def echo_with_captioner(captioner_path: Path | str, max_tokens: int = 4096, **vision: Any) -> list[dict[str, Any]]:
-    """models.yaml entries: the echo decoder (answers with its prompt) and a local captioner `cap`."""
+def echo_with_captioner(captioner_path: Path | None, max_tokens: int = 4096, **captioning: Any) -> list[dict[str, Any]]:
+    """models.yaml entries: the fake decoder (answers with its prompt) and a captioner `cap` with
+    these `captioning` settings: the model at `captioner_path`, or the fake one."""
+    captioner = {"local_path": str(captioner_path)} if captioner_path is not None else {"engine": "fake"}
     return [
         {
             "name": "echo",
-            "engine": "deployments.engines.fake:EchoEngine",
+            "engine": "fake",
             "params": {"max_tokens": max_tokens},
-            "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap", **vision}},
+            "capabilities": {"vision_mode": "proxy", "captioner": "cap"},
         },
-        {"name": "cap", "local_path": str(captioner_path)},
+        {"name": "cap", **captioner, "captioning": captioning},
     ]
 
 

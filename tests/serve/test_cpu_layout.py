@@ -1,19 +1,18 @@
-"""On a CPU-only placement the builder starts its fixed set of decoder replicas (app.decoder_layout),
+"""On a CPU-only placement the builder starts its fixed set of decoder replicas (options.decoder_layout),
 and requests are answered across them."""
 
 import pytest
 from ray import serve
 
-from deployments.app import CPU_DECODERS, build_app
-from deployments.engines.loading import cpu_cores
+from deployments.app import build_app
+from deployments.config import cpu_cores
+from deployments.options import CPU_DECODERS
 from tests.serve.conftest import undeploy, write_models
 
 
 @pytest.fixture(scope="module")
 def cpu_app(serve_cluster, tmp_path_factory):
-    models = write_models(
-        tmp_path_factory.mktemp("cpu"), [{"name": "echo", "engine": "deployments.engines.fake:EchoEngine"}]
-    )
+    models = write_models(tmp_path_factory.mktemp("cpu"), [{"name": "echo", "engine": "fake"}])
     serve.run(build_app({"models_file": str(models), "decoder_gpus": 0}), name="cpu", route_prefix="/cpu")
     yield
     undeploy("cpu")

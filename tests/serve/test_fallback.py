@@ -28,8 +28,9 @@ def weights_dir(serve_cluster, tmp_path_factory):
 def models_file(weights_dir, tmp_path_factory):
     return write_models(
         tmp_path_factory.mktemp("fallback"),
-        echo_with_captioner(weights_dir, timeout_s=20, retry_after_s=0.5, max_new_tokens=6),
+        echo_with_captioner(weights_dir, max_new_tokens=6),
         load_retry_secs=1,
+        proxy_vision={"timeout_s": 20, "retry_after_s": 0.5},
     )
 
 

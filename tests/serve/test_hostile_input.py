@@ -43,9 +43,9 @@ def service(serve_cluster, tmp_path_factory, tiny_llm_dir, tiny_vlm_dir):
                 "name": MODEL,
                 "local_path": str(tiny_llm_dir),
                 "params": {"max_tokens": 4, "max_num_seqs": 4, "temperature": 0},
-                "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "tiny-vlm", "max_new_tokens": 4}},
+                "capabilities": {"vision_mode": "proxy", "captioner": "tiny-vlm"},
             },
-            {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir)},
+            {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir), "captioning": {"max_new_tokens": 4}},
         ],
         server={"api_keys": [KEY], "max_body_bytes": MAX_BODY},
         images={

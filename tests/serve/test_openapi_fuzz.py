@@ -15,10 +15,7 @@ from tests.serve.conftest import BASE_URL, deploy, echo_with_captioner, undeploy
 
 @pytest.fixture(scope="module")
 def api_schema(serve_cluster, tmp_path_factory):
-    models = write_models(tmp_path_factory.mktemp("fuzz"), echo_with_captioner("unused", max_tokens=8))
-    models.write_text(
-        models.read_text().replace("local_path: unused", "engine: deployments.engines.fake:ColorCaptionEngine")
-    )
+    models = write_models(tmp_path_factory.mktemp("fuzz"), echo_with_captioner(None, max_tokens=8))
     deploy(models)
     yield schemathesis.openapi.from_url(f"{BASE_URL}/openapi.json")
     undeploy("default", "vision")

@@ -1,9 +1,10 @@
 """Overload, deadlines and component faults with real Ray Serve.
 
 Deployed the way `serve run serve_config.yaml` deploys (a declarative config with per-deployment
-queue bounds), with a slow deterministic decoder (`deployments.engines.fake:SlowEngine`, 20 ms per token, its
-live generations on /health) so that requests are reliably in flight when a queue fills, a deadline
-passes or the decoder replica is killed. (The captioner killed under traffic: test_proxy_vision.)
+queue bounds), with the shipped fake decoder made slow (`engine: fake`, 20 ms per token, echoing
+the prompt then ticking up to max_tokens, its live generations on /health) so that requests are
+reliably in flight when a queue fills, a deadline passes or the decoder replica is killed. (The
+captioner killed under traffic: test_proxy_vision.)
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ def service(serve_cluster, tmp_path_factory):
         [
             {
                 "name": "slow",
-                "engine": "deployments.engines.fake:SlowEngine",
+                "engine": "fake",
+                "fake": {"token_delay_ms": 20, "fill_to_max_tokens": True},
                 "params": {"max_tokens": 4, "max_num_seqs": 2},
-                "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap", "timeout_s": 5}},
+                "capabilities": {"vision_mode": "proxy", "captioner": "cap"},
             },
-            {"name": "cap", "engine": "deployments.engines.fake:ColorCaptionEngine"},
+            {"name": "cap", "engine": "fake"},
         ],
         server={"request_timeout_s": DEADLINE_S},
+        proxy_vision={"timeout_s": 5},
     )
     # One decoder replica, never scaled: the queue bounds below are per replica.
     args = {"models_file": str(models), "decoder_gpus": 0, "decoder_cpu_replicas": 1}
@@ -87,7 +90,7 @@ def running(http: httpx.Client) -> int:
 def assert_normal_request_works(http: httpx.Client) -> None:
     response = http.post("/v1/chat/completions", json=chat("still fine?"))
     assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["message"]["content"].startswith("still fine?")
+    assert response.json()["choices"][0]["message"]["content"].startswith("user: still fine?")
 
 
 def sse_events(response: httpx.Response) -> list[str]:
@@ -96,10 +99,11 @@ def sse_events(response: httpx.Response) -> list[str]:
 
 def test_a_stop_still_open_when_generation_ends_is_cut_with_finish_stop(service, http):
     """Until generation ends, "abc" could become the stop "abcd"; then the stop "bc" inside it is
-    the first one: the text is cut there and the finish reason is "stop", not the engine's "length"."""
-    body = {**chat("say abc", max_tokens=1), "stop": ["abcd", "bc"]}
+    the first one: the text is cut there and the finish reason is "stop", not the engine's "length"
+    (the engine's three tokens are "user:", " say", " abc")."""
+    body = {**chat("say abc", max_tokens=3), "stop": ["abcd", "bc"]}
     choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
-    assert (choice["message"]["content"], choice["finish_reason"]) == ("say a", "stop")
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("user: say a", "stop")
 
 
 def test_full_decoder_queue_is_503_with_retry_after(service, http):

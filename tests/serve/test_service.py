@@ -22,9 +22,9 @@ def client(serve_cluster, tmp_path_factory, smollm2, tiny_vlm_dir):
                 "local_path": str(smollm2.parent),
                 "weight_file": smollm2.name,
                 "params": {"max_tokens": 48, "max_num_seqs": 4},
-                "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "tiny-vlm", "max_new_tokens": 8}},
+                "capabilities": {"vision_mode": "proxy", "captioner": "tiny-vlm"},
             },
-            {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir)},
+            {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir), "captioning": {"max_new_tokens": 8}},
         ],
     )
     deploy(models)

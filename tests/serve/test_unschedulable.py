@@ -9,7 +9,8 @@ from tests.serve.conftest import app_status, deploy, echo_with_captioner, image_
 
 @pytest.fixture(scope="module")
 def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
-    models = write_models(tmp_path_factory.mktemp("unschedulable"), echo_with_captioner(tiny_vlm_dir, timeout_s=3))
+    directory = tmp_path_factory.mktemp("unschedulable")
+    models = write_models(directory, echo_with_captioner(tiny_vlm_dir), proxy_vision={"timeout_s": 3})
     deploy(models, wait_for_captioner=False, captioner_gpus=4)  # the test cluster has one (fake) GPU
     yield
     undeploy("default", "vision")

@@ -1,4 +1,5 @@
-"""serve_config.yaml is a valid Serve config whose builders accept its args."""
+"""serve_config.yaml is a valid Serve config whose builders accept its args, and which leaves the
+deployment options to the builder (one owner: deployments/options.py)."""
 
 from pathlib import Path
 
@@ -7,7 +8,8 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from deployments import app as app_module
-from deployments import config as config_module
+from deployments.config import AppArgs, cpu_cores, resolve_plan
+from deployments.options import decoder_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,26 +24,20 @@ def test_two_applications_with_one_http_route(config):
     assert routes == {"default": "/", "vision": None}
 
 
-def test_every_deployment_autoscales(config):
+def test_deployment_options_are_left_to_the_builder(config):
     for application in config.applications:
-        for deployment in application.deployments:
-            if deployment.name == "PrimaryDecoder":
-                continue  # below
-            scaling = deployment.autoscaling_config
-            assert scaling and scaling["min_replicas"] >= 1 and scaling["max_replicas"] >= scaling["min_replicas"]
-            assert deployment.max_ongoing_requests >= scaling["target_ongoing_requests"]
+        assert application.deployments == [], application.name
 
 
-def test_the_builder_places_the_decoder(config, monkeypatch, smollm2):
-    """Replicas and resources of the decoder depend on GPU or CPU (app.decoder_layout): settings
-    here would replace the builder's for both. Its queue still holds a full batch."""
+@pytest.mark.parametrize("decoder_gpus", [0, 0.5])
+def test_the_builder_gives_the_shipped_decoder_room_for_a_full_batch(config, monkeypatch, smollm2, decoder_gpus):
     monkeypatch.chdir(ROOT)
     main = next(a for a in config.applications if a.name == "default")
-    decoder = next(d for d in main.deployments if d.name == "PrimaryDecoder")
-    assert "autoscaling_config" not in decoder.model_fields_set
-    assert "ray_actor_options" not in decoder.model_fields_set and "num_replicas" not in decoder.model_fields_set
-    plan = config_module.resolve_plan(main.args)
-    assert decoder.max_ongoing_requests >= plan.primary.params.max_num_seqs
+    args = AppArgs.model_validate({**main.args, "decoder_gpus": decoder_gpus})
+    plan = resolve_plan(args)
+    options, _ = decoder_options(args, plan.primary, cpu_cores())
+    assert options["max_ongoing_requests"] >= plan.primary.params.max_num_seqs
+    assert options["max_queued_requests"] > 0 and options["backpressure_config"]["retry_after_s"] > 0
 
 
 def test_builders_accept_the_shared_args(config, monkeypatch, smollm2):

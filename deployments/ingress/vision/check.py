@@ -87,12 +87,3 @@ def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_I
         raise
     except Exception:
         raise InvalidImageError("Image bytes are not a readable image.", param=param) from None
-
-
-def decode_rgb(data: bytes) -> Image.Image:
-    """Full decode for the captioner: first frame, RGB."""
-    with Image.open(io.BytesIO(data)) as img:
-        img.seek(0)
-        if img.mode == "P" and "transparency" in img.info:  # PIL wants palette transparency via RGBA
-            return img.convert("RGBA").convert("RGB")
-        return img.convert("RGB")

@@ -22,7 +22,7 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponse
 
-from deployments.config import VisionProxyConfig
+from deployments.config import ModelConfig, ProxyVisionConfig
 from deployments.errors import CaptionerUnavailable, from_serve, unwrap
 from deployments.ingress.serve_view import FAILED, app_state, deployment_status
 from deployments.ingress.vision.cache import CaptionCache, cache_key
@@ -37,8 +37,10 @@ WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
 
 
 class CaptionerClient:
-    def __init__(self, app: str, vision: VisionProxyConfig) -> None:
+    def __init__(self, app: str, captioner: ModelConfig, vision: ProxyVisionConfig) -> None:
         self._app = app
+        self._name = captioner.name
+        self._captioning = captioner.captioning
         self._vision = vision
         self._down_until = 0.0
         self.reason: str | None = None
@@ -62,8 +64,8 @@ class CaptionerClient:
 
     async def caption(self, images: list[ImageInput]) -> list[str]:
         """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed)."""
-        prompts = [self._vision.prompt(im.user_text) for im in images]
-        keys = [cache_key(im.digest, self._vision.model, prompt) for im, prompt in zip(images, prompts, strict=True)]
+        prompts = [self._captioning.prompt(im.user_text) for im in images]
+        keys = [cache_key(im.digest, self._name, prompt) for im, prompt in zip(images, prompts, strict=True)]
 
         async def missing(indices: list[int]) -> list[str]:
             return await self._call(

@@ -1,10 +1,5 @@
-"""Proxy vision: rewrite a chat with images into a text-only chat for a text-only decoder.
-
-Each user message with `image_url` parts becomes one text message: its text parts and one
-``Image N: <caption>`` line per image, each at the image's position. N counts images across the
-whole conversation, so earlier turns keep their numbers. Other messages pass unchanged (list
-content is joined to text).
-"""
+"""The images of a chat, in conversation order: counted against the limits, then loaded (fetched
+concurrently), checked and hashed, each with the text of its message (for the caption prompt)."""
 
 from __future__ import annotations
 
@@ -17,9 +12,7 @@ from deployments.config import ImageInputConfig
 from deployments.errors import InvalidRequestError
 from deployments.ingress.vision.cache import image_digest
 from deployments.ingress.vision.check import load_image
-from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
-
-UNDESCRIBED = "[image could not be described: {reason}]"
+from deployments.protocol import ChatMessage, ImagePart, UserMessage
 
 
 @dataclass(frozen=True)
@@ -31,7 +24,8 @@ class ImageInput:
     digest: str
 
 
-def _text_of(content: object) -> str:
+def text_of(content: object) -> str:
+    """A message's text: its string, or its text parts joined by newlines."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -75,29 +69,6 @@ async def collect_images(messages: list[ChatMessage], config: ImageInputConfig) 
 
     async def one(i: int, j: int, msg: UserMessage, part: ImagePart) -> ImageInput:
         data = await load_image(part.image_url.url, config, param=f"messages[{i}].content[{j}].image_url")
-        return ImageInput(data, _text_of(msg.content), await asyncio.to_thread(image_digest, data))
+        return ImageInput(data, text_of(msg.content), await asyncio.to_thread(image_digest, data))
 
     return list(await asyncio.gather(*(one(*found) for found in _image_parts(messages))))
-
-
-def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:
-    """Text-only messages, with `captions[k]` standing for the k-th image of the conversation."""
-    images = count_images(messages)
-    if images != len(captions):
-        raise ValueError(f"{len(captions)} captions for {images} images")
-    out = []
-    n = 0
-    for msg in messages:
-        role = "system" if msg.role == "developer" else msg.role
-        if isinstance(msg, UserMessage) and isinstance(msg.content, list):
-            lines = []
-            for part in msg.content:
-                if isinstance(part, ImagePart):
-                    lines.append(f"Image {n + 1}: {captions[n]}")
-                    n += 1
-                elif part.text:
-                    lines.append(part.text)
-            out.append(TextMessage(role="user", content="\n".join(lines)))
-        else:
-            out.append(TextMessage(role=role, content=_text_of(msg.content)))
-    return out

@@ -6,7 +6,7 @@ import yaml
 from deployments.config import AppArgs, EngineParams, load_models_file, resolve_plan
 from deployments.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, data: dict) -> Path:
@@ -20,7 +20,7 @@ def proxy_file(tmp_path: Path, **primary_extra) -> Path:
     primary = {
         "name": "llm",
         "local_path": "llm",
-        "capabilities": {"vision_mode": "proxy", "vision_proxy": {"model": "cap"}},
+        "capabilities": {"vision_mode": "proxy", "captioner": "cap"},
         **primary_extra,
     }
     return write(tmp_path, {"models": [primary, {"name": "cap", "hf_id": "org/cap"}]})
@@ -54,7 +54,7 @@ def test_duplicate_names_rejected(tmp_path):
 
 def test_proxy_mode_needs_a_captioner(tmp_path):
     path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": {"vision_mode": "proxy"}}]})
-    with pytest.raises(ConfigError, match=r"models\[0\]\.capabilities.*vision_proxy"):
+    with pytest.raises(ConfigError, match=r"models\[0\]\.capabilities.*needs a captioner"):
         load_models_file(path)
 
 
@@ -88,22 +88,9 @@ def test_vision_mode_spellings_of_disabled(tmp_path, value):
 
 
 def test_prompt_template_fields_are_checked(tmp_path):
-    path = write(
-        tmp_path,
-        {
-            "models": [
-                {
-                    "name": "a",
-                    "hf_id": "x/y",
-                    "capabilities": {
-                        "vision_mode": "proxy",
-                        "vision_proxy": {"model": "c", "prompt_template": "Look: {image_path}"},
-                    },
-                }
-            ]
-        },
-    )
-    with pytest.raises(ConfigError, match="may only use"):
+    captioner = {"name": "c", "hf_id": "x/c", "captioning": {"prompt_template": "Look: {image_path}"}}
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y"}, captioner]})
+    with pytest.raises(ConfigError, match=r"models\[1\]\.captioning: .*may only use"):
         load_models_file(path)
 
 
@@ -125,9 +112,9 @@ def test_dotted_overrides_map_into_typed_params(tmp_path):
 
 
 def test_bad_override_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match=r"builder args: decoder: max_tokens"):
+    with pytest.raises(ConfigError, match=r"builder args: decoder\.max_tokens"):
         resolve_plan({"models_file": str(proxy_file(tmp_path)), "decoder.max_tokens": "-3"})
-    with pytest.raises(ConfigError, match=r"builder args: decoder: nonsense"):
+    with pytest.raises(ConfigError, match=r"builder args: decoder\.nonsense"):
         resolve_plan({"models_file": str(proxy_file(tmp_path)), "decoder.nonsense": 1})
     with pytest.raises(ConfigError, match=r"builder args: unknown_arg"):
         resolve_plan({"models_file": str(proxy_file(tmp_path)), "unknown_arg": 1})
@@ -140,7 +127,7 @@ def test_vision_mode_override_disables_captioner(tmp_path):
 
 def test_captioner_may_be_a_bare_hub_id(tmp_path):
     (tmp_path / "llm").mkdir()
-    caps = {"vision_mode": "proxy", "vision_proxy": {"model": "Qwen/Qwen2-VL-2B-Instruct"}}
+    caps = {"vision_mode": "proxy", "captioner": "Qwen/Qwen2-VL-2B-Instruct"}
     path = write(tmp_path, {"models": [{"name": "llm", "local_path": "llm", "capabilities": caps}]})
     plan = resolve_plan({"models_file": str(path)})
     assert plan.captioner is not None and plan.captioner.hf_id == "Qwen/Qwen2-VL-2B-Instruct"
@@ -186,10 +173,42 @@ def test_batching_and_cache_settings_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="batching"):
         load_models_file(path)
     data = yaml.safe_load(proxy_file(tmp_path).read_text())
-    data["models"][0]["capabilities"]["vision_proxy"].update({"max_batch_size": 0})
+    data["models"][1]["captioning"] = {"max_batch_size": 0}
     with pytest.raises(ConfigError, match="max_batch_size"):
         load_models_file(write(tmp_path, data))
-    data["models"][0]["capabilities"]["vision_proxy"].update({"max_batch_size": 4, "cache_entries": 0})
+    data["models"][1]["captioning"] = {"max_batch_size": 4}
+    data["proxy_vision"] = {"cache_entries": 0}
     plan = resolve_plan({"models_file": str(write(tmp_path, data)), "decoder.cpu_threads": "all"})
-    assert plan.vision is not None and plan.vision.max_batch_size == 4 and plan.vision.cache_entries == 0
+    assert plan.captioner is not None and plan.captioner.captioning.max_batch_size == 4
+    assert plan.vision is not None and plan.vision.cache_entries == 0
     assert plan.primary.params.cpu_threads == "all"
+
+
+def test_an_old_vision_proxy_section_says_what_moved_where(tmp_path):
+    old = {"vision_mode": "proxy", "vision_proxy": {"model": "cap", "max_batch_size": 4, "timeout_s": 5}}
+    path = write(
+        tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": old}, {"name": "cap", "hf_id": "c"}]}
+    )
+    with pytest.raises(ConfigError) as err:
+        load_models_file(path)
+    message = str(err.value)
+    assert str(path) in message and "models[0].capabilities" in message
+    for moved in ("capabilities.captioner", "captioning:", "max_batch_size", "proxy_vision:", "timeout_s"):
+        assert moved in message, moved
+
+
+def test_the_captioner_entry_carries_its_own_settings(tmp_path):
+    path = proxy_file(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["models"][1]["captioning"] = {"prompt_template": "Say: {user_text}", "max_new_tokens": 9}
+    data["proxy_vision"] = {"timeout_s": 3, "on_failure": "reject"}
+    plan = resolve_plan({"models_file": str(write(tmp_path, data))})
+    assert plan.captioner is not None and plan.captioner.captioning.prompt("hi") == "Say: hi"
+    assert plan.captioner.captioning.max_new_tokens == 9
+    assert plan.vision is not None and (plan.vision.timeout_s, plan.vision.on_failure) == (3, "reject")
+
+
+def test_builder_overrides_are_typed_params_holding_only_what_was_given():
+    args = AppArgs.model_validate({"decoder.max_tokens": "64", "captioner": {"dtype": "float16"}})
+    assert isinstance(args.decoder, EngineParams) and args.decoder.max_tokens == 64
+    assert args.decoder.model_fields_set == {"max_tokens"} and args.captioner.model_fields_set == {"dtype"}

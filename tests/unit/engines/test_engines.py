@@ -10,10 +10,10 @@ from contextlib import aclosing
 import pytest
 from PIL import Image
 
-from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
+from deployments.config import CaptioningConfig, EngineParams, ModelConfig, cpu_cores
 from deployments.engines import TextEngine, create_caption_engine, create_text_engine, int4_cpu
+from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.engines.hf_batching import ContinuousBatchingTextEngine
-from deployments.engines.loading import cpu_cores
 from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -185,7 +185,17 @@ def test_custom_engine_import_errors_are_config_errors():
     with pytest.raises(ConfigError, match="cannot be imported"):
         create_text_engine(ModelConfig(name="x", engine="nowhere.module:Nope"))
     with pytest.raises(ConfigError, match="is not a TextEngine"):
-        create_text_engine(ModelConfig(name="x", engine="deployments.engines.fake:ColorCaptionEngine"))
+        create_text_engine(ModelConfig(name="x", engine="deployments.engines.fake:FakeCaptionEngine"))
+    with pytest.raises(ConfigError, match="is not a CaptionEngine"):
+        create_caption_engine(ModelConfig(name="x", engine="deployments.engines.fake:FakeTextEngine"))
+
+
+def test_custom_engines_are_named_module_and_class():
+    assert isinstance(
+        create_text_engine(ModelConfig(name="x", engine="deployments.engines.fake:FakeTextEngine")), FakeTextEngine
+    )
+    caption = create_caption_engine(ModelConfig(name="x", engine="deployments.engines.fake:FakeCaptionEngine"))
+    assert isinstance(caption, FakeCaptionEngine)
 
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Germany": "Berlin", "England": "London", "China": "Beijing"}
@@ -221,8 +231,8 @@ async def test_offline_default_gguf_answers_concurrent_questions(smollm2, quanti
 
 
 def test_captioner_batches_match_single_captions(tiny_vlm_dir):
-    vision = VisionProxyConfig(model="tiny", max_new_tokens=8)
-    engine = create_caption_engine(ModelConfig(name="tiny", local_path=str(tiny_vlm_dir)), vision)
+    captioning = CaptioningConfig(max_new_tokens=8)
+    engine = create_caption_engine(ModelConfig(name="tiny", local_path=str(tiny_vlm_dir), captioning=captioning))
     red, blue = Image.new("RGB", (64, 48), (255, 0, 0)), Image.new("RGB", (30, 60), (0, 0, 255))
     batch = engine.caption([red, blue], ["Describe.", "Describe this image, please."])
     assert len(batch) == 2 and all(batch)
@@ -246,7 +256,7 @@ def test_both_engines_apply_cpu_threads(tiny_llm_dir, tiny_vlm_dir, torch_thread
     params = EngineParams(batching="sequential", cpu_threads=threads)
     engines = (
         lambda: create_text_engine(ModelConfig(name="llm", local_path=str(tiny_llm_dir), params=params)),
-        lambda: create_caption_engine(ModelConfig(name="vlm", local_path=str(tiny_vlm_dir), params=params), None),
+        lambda: create_caption_engine(ModelConfig(name="vlm", local_path=str(tiny_vlm_dir), params=params)),
     )
     for create in engines:
         torch_threads.set_num_threads(want + 1)

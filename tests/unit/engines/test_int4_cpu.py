@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from deployments.config import EngineParams, ModelConfig, VisionProxyConfig
+from deployments.config import CaptioningConfig, EngineParams, ModelConfig
 from deployments.engines import create_caption_engine, int4_cpu
 from deployments.engines.loading import load_kwargs, quantization_kwargs, quantize_loaded
 from deployments.errors import ConfigError
@@ -141,9 +141,9 @@ def test_a_gpu_replica_leaves_the_model_as_loaded(tiny_llm_dir):
 
 
 def test_the_captioner_runs_on_int4(tiny_vlm_dir):
-    vision = VisionProxyConfig(model="tiny", max_new_tokens=6)
-    model = ModelConfig(name="tiny", local_path=str(tiny_vlm_dir), params=EngineParams(quantization="int4-cpu"))
-    engine = create_caption_engine(model, vision)
+    params, captioning = EngineParams(quantization="int4-cpu"), CaptioningConfig(max_new_tokens=6)
+    model = ModelConfig(name="tiny", local_path=str(tiny_vlm_dir), params=params, captioning=captioning)
+    engine = create_caption_engine(model)
     info = engine.describe()
     assert info["int4_layers"] > 0 and info["dtype"] == "bfloat16"
     red, blue = Image.new("RGB", (64, 48), (255, 0, 0)), Image.new("RGB", (30, 60), (0, 0, 255))

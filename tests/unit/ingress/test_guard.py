@@ -23,7 +23,7 @@ async def echo(request: Request) -> JSONResponse:
 def client(keys: list[str] = (), max_body_bytes: int = 1000) -> httpx.AsyncClient:
     app = Starlette(routes=[Route("/v1/echo", echo, methods=["GET", "POST"]), Route("/health", echo)])
     settings = GuardSettings(KeyRing(list(keys)), max_body_bytes)
-    guarded = RequestGuard(app, settings=lambda: settings)
+    guarded = RequestGuard(app, settings=settings)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded), base_url="http://test")
 
 

@@ -8,7 +8,8 @@ from pydantic import TypeAdapter
 
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError, InvalidRequestError
-from deployments.ingress.vision.collect import collect_images, count_images, rewrite
+from deployments.ingress.vision.collect import collect_images, count_images
+from deployments.ingress.vision.rewrite import rewrite
 from deployments.protocol import ChatMessage
 from tests.conftest import data_url, png_bytes
 

@@ -7,13 +7,13 @@ from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.protocol import GenerateChunk, GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 
-# The echo engine sends "user:", one word of this per piece, then an empty piece with finish_reason.
+# The fake engine echoes: it sends "user:", one word of this per piece, then an empty piece with finish_reason.
 QUESTION = "tell me a story about a fox that jumps over the dog"
 
 
 def decoder(stream_interval_ms: float) -> PrimaryDecoder:
     params = EngineParams(stream_interval_ms=stream_interval_ms, max_num_seqs=2)
-    model = ModelConfig(name="echo", engine="deployments.engines.fake:EchoEngine", params=params)
+    model = ModelConfig(name="echo", engine="fake", params=params)
     return PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
 
 

@@ -3,6 +3,7 @@ import time
 import pytest
 
 from deployments.config import Lifecycle
+from deployments.engines import Engine
 from deployments.errors import CaptionerUnavailable
 from deployments.replicas.lifecycle import EngineSlot
 
@@ -17,11 +18,11 @@ class Factory:
             raise MemoryError("CUDA out of memory (simulated)")
         factory = self
 
-        class Engine:
+        class Closing(Engine):
             def close(self):
                 factory.closed += 1
 
-        return Engine()
+        return Closing()
 
 
 def wait_for(predicate, timeout=10.0):

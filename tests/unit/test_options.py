@@ -1,12 +1,13 @@
-"""The decoder's placement: its Serve options and torch threads, by GPU or CPU."""
+"""Every deployment's Serve options, set by the builder (`deployments/options.py`): the decoder's
+placement and torch threads by GPU or CPU, and the queue and scaling bounds of each deployment."""
 
 import os
 
 import pytest
 
-from deployments.app import decoder_layout
-from deployments.config import AppArgs, ModelConfig
-from deployments.engines.loading import cpu_cores
+from deployments.config import AppArgs, DeploymentConfig, ModelConfig, cpu_cores
+from deployments.errors import ConfigError
+from deployments.options import INGRESS, captioner_options, decoder_layout, decoder_options
 
 
 def model(**params) -> ModelConfig:
@@ -53,3 +54,30 @@ def test_cores_are_those_this_process_may_run_on(monkeypatch):
     """A container's cpuset, not the host's core count (which os.cpu_count() gives)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6}, raising=False)
     assert cpu_cores() == 3
+
+
+def test_the_decoder_takes_two_batches_by_default_and_never_less_than_one():
+    options, _ = decoder_options(AppArgs(decoder_gpus=0), model(), 2)
+    assert (options["max_ongoing_requests"], options["max_queued_requests"]) == (24, 64)
+    assert options["health_check_period_s"] == 2 and options["num_replicas"] == 2
+    explicit = model().model_copy(update={"deployment": DeploymentConfig(max_ongoing_requests=12)})
+    assert decoder_options(AppArgs(decoder_gpus=0), explicit, 2)[0]["max_ongoing_requests"] == 12
+    below = model().model_copy(update={"deployment": DeploymentConfig(max_ongoing_requests=11)})
+    with pytest.raises(ConfigError, match=r"max_ongoing_requests \(11\) is below params\.max_num_seqs \(12\)"):
+        decoder_options(AppArgs(decoder_gpus=0), below, 2)
+
+
+def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
+    captioner = ModelConfig(name="cap", hf_id="org/cap", deployment=DeploymentConfig(max_queued_requests=8))
+    options = captioner_options(AppArgs(captioner_gpus=0.25), captioner)
+    assert options["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.25}
+    assert (options["max_ongoing_requests"], options["max_queued_requests"]) == (16, 8)
+    scaling = options["autoscaling_config"]
+    assert scaling["min_replicas"] == 1 and options["max_ongoing_requests"] >= scaling["target_ongoing_requests"]
+    assert captioner_options(AppArgs(), None)["ray_actor_options"]["num_gpus"] == 0
+
+
+def test_the_ingress_autoscales_on_connections_with_no_cpu_reserved():
+    scaling = INGRESS["autoscaling_config"]
+    assert INGRESS["max_ongoing_requests"] >= scaling["target_ongoing_requests"] and scaling["min_replicas"] >= 1
+    assert INGRESS["ray_actor_options"] == {"num_cpus": 0} and INGRESS["max_queued_requests"] > 0

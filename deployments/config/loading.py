@@ -1,0 +1,156 @@
+"""Loading models.yaml and resolving the builders' arguments into one `ServicePlan`.
+
+Everything is validated here, at build time, before any weight touches a device: unknown keys,
+duplicate names, a proxy vision mode without a captioner, a missing local file. Errors are
+`ConfigError`s whose message names the file and the field (``models.yaml: models[0].params.dtype:
+...``). Builder args (``serve_config.yaml`` ``args:`` or ``serve run ... key=value``) override the
+file's values and are validated by the same models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deployments.config.schema import (
+    AppArgs,
+    Capabilities,
+    EngineParams,
+    ImageInputConfig,
+    Lifecycle,
+    ModelConfig,
+    ModelsFile,
+    ProxyVisionConfig,
+    ServerConfig,
+)
+from deployments.errors import ConfigError, validation_param
+
+
+class ServicePlan(BaseModel):
+    """The resolved configuration the deployments are built from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    primary: ModelConfig
+    captioner: ModelConfig | None  # set when the primary's vision_mode is proxy
+    lifecycle: Lifecycle
+    captioner_app: str
+    images: ImageInputConfig
+    server: ServerConfig
+    proxy_vision: ProxyVisionConfig
+
+    @property
+    def vision(self) -> ProxyVisionConfig | None:
+        """The ingress's proxy-vision settings, when there is a captioner to use."""
+        return self.proxy_vision if self.captioner is not None else None
+
+
+def _format_validation(where: str, exc: ValidationError) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        param = validation_param(tuple(err["loc"]))
+        lines.append(f"{where}: {param or '<root>'}: {err['msg']}")
+    return ConfigError("\n".join(lines))
+
+
+def load_models_file(path: str | Path) -> ModelsFile:
+    """Read and validate models.yaml; local paths become absolute and must exist."""
+    path = Path(path).resolve()
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_models(raw, path)
+
+
+def parse_models(raw: Any, path: Path) -> ModelsFile:
+    try:
+        parsed = ModelsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise _format_validation(str(path), exc) from None
+    models = []
+    for i, m in enumerate(parsed.models):
+        if m.local_path is not None:
+            local = (path.parent / m.local_path).resolve()
+            if not local.exists():
+                raise ConfigError(f"{path}: models[{i}].local_path: {local} does not exist")
+            if m.weight_file and not (local / m.weight_file).is_file():
+                raise ConfigError(f"{path}: models[{i}].weight_file: {local / m.weight_file} not found")
+            m = m.model_copy(update={"local_path": str(local)})
+        models.append(m)
+    images = parsed.images
+    if images.file_root is not None:
+        root = (path.parent / images.file_root).resolve()
+        if not root.is_dir():
+            raise ConfigError(f"{path}: images.file_root: {root} is not a directory")
+        images = images.model_copy(update={"file_root": str(root)})
+    return parsed.model_copy(update={"models": models, "images": images})
+
+
+def _with_params(model: ModelConfig, overrides: EngineParams, where: str) -> ModelConfig:
+    """`model` with the fields set in `overrides` replacing its params' (validated together)."""
+    given = overrides.model_dump(exclude_unset=True)
+    if not given:
+        return model
+    try:
+        params = EngineParams.model_validate({**model.params.model_dump(exclude_unset=True), **given})
+    except ValidationError as exc:
+        raise _format_validation(where, exc) from None
+    return model.model_copy(update={"params": params})
+
+
+def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> ModelConfig:
+    """The primary with builder arg `vision_mode` applied; native vision is refused for now."""
+    caps = primary.capabilities
+    if app_args.vision_mode is not None:
+        try:
+            caps = Capabilities.model_validate({**caps.model_dump(), "vision_mode": app_args.vision_mode})
+        except ValidationError as exc:
+            raise _format_validation("builder args", exc) from None
+        primary = primary.model_copy(update={"capabilities": caps})
+    if caps.vision_mode == "native":
+        raise ConfigError(
+            f"{where}: {primary.name}.capabilities.vision_mode: native vision is not available yet; "
+            "use proxy (a captioner describes images for the text-only primary)"
+        )
+    return primary
+
+
+def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
+    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
+    try:
+        app_args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
+    except ValidationError as exc:
+        raise _format_validation("builder args", exc) from None
+    models = load_models_file(app_args.models_file)
+    where = str(Path(app_args.models_file).resolve())
+
+    primary = models.get(app_args.model) if app_args.model else models.models[0]
+    if primary is None:
+        raise ConfigError(f"builder args: model: no entry named {app_args.model!r} in {where}")
+    primary = _with_params(primary, app_args.decoder, "builder args: decoder")
+    primary = _with_vision_mode(primary, app_args, where)
+
+    captioner = None
+    caps = primary.capabilities
+    if caps.vision_mode == "proxy" and caps.captioner is not None:
+        captioner = models.get(caps.captioner) or ModelConfig(name=caps.captioner, hf_id=caps.captioner)
+        captioner = _with_params(captioner, app_args.captioner, "builder args: captioner")
+
+    proxy_vision = models.proxy_vision
+    if app_args.on_image_failure is not None:
+        proxy_vision = proxy_vision.model_copy(update={"on_failure": app_args.on_image_failure})
+    return ServicePlan(
+        primary=primary,
+        captioner=captioner,
+        lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
+        captioner_app=app_args.captioner_app,
+        images=models.images,
+        server=models.server,
+        proxy_vision=proxy_vision,
+    )

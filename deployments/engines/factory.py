@@ -1,0 +1,55 @@
+"""The engine a `ModelConfig` names: ``transformers`` (the real engines, imported only when chosen,
+so that choosing another never imports torch), ``fake`` (deterministic, shipped for tests and
+demos), or ``module:Class`` of your own engine, constructed with the `ModelConfig`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from deployments.config import ModelConfig
+from deployments.engines.base import CaptionEngine, TextEngine
+from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
+from deployments.errors import ConfigError
+
+E = TypeVar("E", TextEngine, CaptionEngine)
+
+
+def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig], E]:
+    """The class named `module:Class` by `model.engine`, checked to implement `base`."""
+    module_name, _, class_name = model.engine.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} is not a {base.__name__}")
+    return cls
+
+
+def create_text_engine(model: ModelConfig) -> TextEngine:
+    """The decoder engine named by `model.engine`; for transformers, continuous batching unless
+    `params.batching` is `sequential`."""
+    if model.engine == "fake":
+        return FakeTextEngine(model)
+    if model.engine != "transformers":
+        return _custom_engine(model, TextEngine)(model)  # type: ignore[type-abstract]
+    if model.params.batching == "sequential":
+        from deployments.engines.hf_text import SequentialTextEngine
+
+        return SequentialTextEngine(model)
+    from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+
+    return ContinuousBatchingTextEngine(model)
+
+
+def create_caption_engine(model: ModelConfig) -> CaptionEngine:
+    """The captioner engine named by `model.engine`."""
+    if model.engine == "fake":
+        return FakeCaptionEngine(model)
+    if model.engine != "transformers":
+        return _custom_engine(model, CaptionEngine)(model)  # type: ignore[type-abstract]
+    from deployments.engines.hf_vision import TransformersCaptionEngine
+
+    return TransformersCaptionEngine(model)

@@ -1,0 +1,118 @@
+"""The ingress's FastAPI app, built per replica by `build_api` from the objects that hold the
+request logic (`chat`, `health`) and the guard's settings: the routes stay thin, and no setting is
+looked up through Serve. Errors leave in OpenAI's shape, through the one mapper in `errors`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray.serve.context import _get_serve_request_context
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    ServiceError,
+    error_body,
+    to_openai_error,
+    validation_message,
+)
+from deployments.ingress.chat import ChatService
+from deployments.ingress.guard import GuardSettings, RequestGuard
+from deployments.ingress.health import HealthService
+from deployments.protocol import ChatCompletionRequest, ErrorResponse, ModelList
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    error.status: {"model": ErrorResponse, "description": error.__name__}
+    for error in (
+        InvalidRequestError,
+        AuthenticationError,
+        ModelNotFoundError,
+        RequestTimeoutError,
+        PayloadTooLargeError,
+        OverloadedError,
+    )
+}
+_CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "A chat.completion, or chunks when stream is true"},
+    **_ERRORS,
+}
+
+
+def request_id(request: Request) -> str:
+    """Serve's request id: in every Serve log line of the request and in the x-request-id header.
+    Serve keeps it in its request context (private API: the one place this package reads it)."""
+    rid = _get_serve_request_context().request_id or request.headers.get("x-request-id", "")
+    return rid or "unknown"
+
+
+def _openapi_without_422(api: FastAPI) -> None:
+    """FastAPI's schema without its 422: validation errors are 400s here, like OpenAI's."""
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is None:
+            schema = get_openapi(title=api.title, version=api.version, summary=api.summary, routes=api.routes)
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            api.openapi_schema = schema
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]
+
+
+def _error_handlers(api: FastAPI) -> None:
+    @api.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(list(exc.errors()))
+        return JSONResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Routing and body-parsing errors (404, 405, an unparsable body) in OpenAI's shape too."""
+        error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_body(str(exc.detail), error_type, code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @api.exception_handler(ServiceError)
+    @api.exception_handler(Exception)
+    async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
+        # For bugs (Exception), Starlette re-raises after this response, so Serve logs the traceback.
+        status, body, headers = to_openai_error(exc, request_id(request))
+        return JSONResponse(body, status_code=status, headers=headers)
+
+
+def build_api(chat: ChatService, status: HealthService, model_list: ModelList, guard: GuardSettings) -> FastAPI:
+    """The routes, named as before the factory existed so that the OpenAPI spec stays the same."""
+    api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
+    _openapi_without_422(api)
+    _error_handlers(api)
+    api.add_middleware(RequestGuard, settings=guard)  # API keys and the body cap, before any route
+
+    @api.get("/v1/models", responses={401: _ERRORS[401]})
+    async def models() -> ModelList:
+        return model_list
+
+    @api.get("/health", responses={503: {"description": "The decoder is not ready; the body says why"}})
+    async def health() -> JSONResponse:
+        body, code = await status.report()
+        return JSONResponse(body, status_code=code)
+
+    @api.post("/v1/chat/completions", responses=_CHAT_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        reply = await chat.create(body, request_id(request))
+        if reply.events is not None:
+            return StreamingResponse(reply.events, media_type="text/event-stream", headers=reply.headers)
+        return JSONResponse(reply.body, headers=reply.headers)
+
+    return api

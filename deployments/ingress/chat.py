@@ -1,0 +1,131 @@
+"""The chat completions endpoint's request logic, apart from its route (as vLLM keeps
+`serving_chat` apart from its `api_router`): a plain class that takes the decoder's handle and the
+captioner client, so that it runs, and is tested, without Ray and without HTTP.
+
+One request: the model is checked; with images, the captioner describes them and the chat is
+rewritten to text (proxy vision), or, when the captioner is down, the images are marked as
+undescribed (``degrade``, with the `X-Vision-Degraded` header) or the request is a 503
+(``reject``); the decoder's first chunk is awaited before anything is sent, so errors before the
+first byte keep their status. Everything runs before one deadline (`server.request_timeout_s`):
+a 408 before the first byte, an error event after; the generation is cancelled either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from deployments.config import ImageInputConfig
+from deployments.errors import CaptionerUnavailable, ModelNotFoundError, RequestTimeoutError, VisionDisabledError
+from deployments.ingress.sse import completion, sse_events
+from deployments.ingress.stream import DecoderStream
+from deployments.ingress.vision.collect import ImageInput, collect_images, count_images
+from deployments.ingress.vision.rewrite import UNDESCRIBED, rewrite
+from deployments.protocol import ChatCompletionRequest, ChatMessage, GenerateRequest, TextMessage
+
+logger = logging.getLogger("ray.serve")
+
+DEGRADED_HEADER = "X-Vision-Degraded"
+
+
+class Captioner(Protocol):
+    """The captioner as the ingress sees it (`vision.client.CaptionerClient`)."""
+
+    async def caption(self, images: list[ImageInput]) -> list[str]: ...
+
+
+@dataclass
+class ChatReply:
+    """What the route sends: a `chat.completion` body or server-sent events, with extra headers."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    body: dict | None = None
+    events: AsyncIterator[str] | None = None
+
+
+def generate_request(body: ChatCompletionRequest, messages: list[TextMessage]) -> GenerateRequest:
+    """What the decoder gets: the text-only chat and the request's own generation settings."""
+    return GenerateRequest(
+        messages=messages,
+        max_tokens=body.completion_limit,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        stop=body.stop_sequences,
+        seed=body.seed,
+    )
+
+
+class ChatService:
+    def __init__(
+        self,
+        decoder: Any,
+        captioner: Captioner | None,
+        *,
+        model_name: str,
+        request_timeout_s: float,
+        images: ImageInputConfig,
+        on_image_failure: Literal["degrade", "reject"] = "degrade",
+    ) -> None:
+        """`decoder`: a handle to the decoder deployment (or a fake with the same calls);
+        `captioner`: None when the model takes no images."""
+        self._decoder = decoder
+        self._captioner = captioner
+        self._model = model_name
+        self._timeout_s = request_timeout_s
+        self._images = images
+        self._on_image_failure = on_image_failure
+
+    async def create(self, body: ChatCompletionRequest, request_id: str) -> ChatReply:
+        if body.model != self._model:
+            raise ModelNotFoundError(
+                f"The model {body.model!r} does not exist. Available: {self._model!r}.", param="model"
+            )
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                messages, degraded = await self._text_messages(body.messages)
+        except TimeoutError:
+            if timeout.expired():
+                raise self._timed_out() from None
+            raise
+        chunks = self._decoder.options(stream=True).generate.remote(generate_request(body, messages))
+        stream = DecoderStream(chunks, deadline, self._timed_out)
+        first = await stream.next()  # errors before the first byte keep their status
+        headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}
+        cid = f"chatcmpl-{request_id}"
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            events = sse_events(first, stream, cid, self._model, include_usage=include_usage, request_id=request_id)
+            return ChatReply(headers, events=events)
+        return ChatReply(headers, body=await completion(first, stream, cid, self._model))
+
+    async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], str | None]:
+        """Proxy vision: captions in place of images. Returns the degradation reason, if any."""
+        if not count_images(messages):
+            return rewrite(messages, []), None
+        if self._captioner is None:
+            raise VisionDisabledError(
+                f"Model {self._model!r} does not accept images (vision is disabled).", param="messages"
+            )
+        images = await collect_images(messages, self._images)
+        try:
+            captions = await self._captioner.caption(images)
+        except CaptionerUnavailable as exc:
+            if self._on_image_failure == "reject":
+                raise
+            logger.warning("answering without image descriptions: %s", exc.message)
+            return rewrite(messages, [UNDESCRIBED.format(reason="captioner unavailable")] * len(images)), exc.message
+        return rewrite(messages, captions), None
+
+    def _timed_out(self) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s); "
+            "its generation was cancelled."
+        )

@@ -1,0 +1,37 @@
+"""Proxy vision's last step: a chat with images becomes a text-only chat for a text-only decoder.
+
+Each user message with `image_url` parts becomes one text message: its text parts and one
+``Image N: <caption>`` line per image, each at the image's position. N counts images across the
+whole conversation, so earlier turns keep their numbers. Other messages pass unchanged (list
+content is joined to text).
+"""
+
+from __future__ import annotations
+
+from deployments.ingress.vision.collect import count_images, text_of
+from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
+
+UNDESCRIBED = "[image could not be described: {reason}]"
+
+
+def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:
+    """Text-only messages, with `captions[k]` standing for the k-th image of the conversation."""
+    images = count_images(messages)
+    if images != len(captions):
+        raise ValueError(f"{len(captions)} captions for {images} images")
+    out = []
+    n = 0
+    for msg in messages:
+        role = "system" if msg.role == "developer" else msg.role
+        if isinstance(msg, UserMessage) and isinstance(msg.content, list):
+            lines = []
+            for part in msg.content:
+                if isinstance(part, ImagePart):
+                    lines.append(f"Image {n + 1}: {captions[n]}")
+                    n += 1
+                elif part.text:
+                    lines.append(part.text)
+            out.append(TextMessage(role="user", content="\n".join(lines)))
+        else:
+            out.append(TextMessage(role=role, content=text_of(msg.content)))
+    return out

@@ -1,0 +1,142 @@
+"""Helpers shared by the benchmark and load-test scripts (scripts/bench.py, scripts/loadtest.py):
+a server run in its own process group (ours through `serve run`, or the peer), the models.yaml it
+serves, distinct test images and percentiles."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import yaml
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], base_url: str, ready_path: str, env: dict[str, str]) -> None:
+        self.name, self.base_url, self.ready_path = name, base_url, ready_path
+        self.log = open(Path(tempfile.gettempdir()) / f"bench-{name}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_ready(self, predicate: Callable[[httpx.Response], bool], timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited; see {self.log.name}")
+            try:
+                if predicate(httpx.get(self.base_url + self.ready_path, timeout=5)):
+                    return
+            except (httpx.HTTPError, ValueError):  # not up yet, or not JSON yet
+                pass
+            time.sleep(2)
+        self.stop()
+        raise SystemExit(f"{self.name} not ready after {timeout_s}s; see {self.log.name}")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+        # Ray's proxy can outlive `serve run` by seconds, and the next server's proxy binds the same
+        # port beside it (SO_REUSEPORT): wait until nothing answers, or the next run talks to this one.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.base_url + self.ready_path, timeout=2)
+            except httpx.HTTPError:
+                return
+            time.sleep(1)
+        raise SystemExit(f"{self.name} still answers on {self.base_url} a minute after it was stopped")
+
+
+def start_ours(
+    models_file: Path, port: int, decoder_replicas: int = 0, quantization: str | None = None, name: str = "ours"
+) -> Server:
+    """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: that many decoder
+    replicas on a CPU-only machine, sharing its cores (`decoder_cpu_replicas`; 0: as shipped)."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = port
+    for app in config["applications"]:
+        app["args"] = {**app["args"], "models_file": str(models_file)}
+    if quantization:
+        config["applications"][0]["args"]["decoder.quantization"] = quantization
+    if decoder_replicas:
+        config["applications"][0]["args"]["decoder_cpu_replicas"] = decoder_replicas
+    path = models_file.parent / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    server = Server(
+        name,
+        [str(ROOT / ".venv/bin/serve"), "run", str(path)],
+        f"http://127.0.0.1:{port}",
+        "/health",
+        {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
+    )
+
+    def ready(response: httpx.Response) -> bool:
+        components = response.json().get("components", {})
+        return all(c.get("ready") for c in components.values()) and "captioner" in components
+
+    server.wait_ready(ready)
+    return server
+
+
+def start_peer(model_dir: Path, port: int, dtype: str) -> Server:
+    server = Server(
+        "peer",
+        [
+            *(str(ROOT / ".venv/bin/transformers"), "serve", str(model_dir), "--continuous-batching"),
+            *("--port", str(port), "--dtype", dtype),
+        ],
+        f"http://127.0.0.1:{port}",
+        "/health",
+        {"HF_HUB_OFFLINE": "1"},
+    )
+    server.wait_ready(lambda r: r.status_code == 200)
+    return server
+
+
+def image_url(seed: int) -> str:
+    img = Image.new("RGB", (96, 64), ((seed * 37) % 256, (seed * 91) % 256, (seed * 13) % 256))
+    img.putpixel((seed % 96, seed % 64), (255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def write_models(directory: Path, captioner: Path, max_batch_size: int) -> Path:
+    """The repository's models.yaml with its primary, and `captioner` in place of the shipped one
+    (with the shipped one's params and captioning, but `max_batch_size` and 32-token captions)."""
+    models = yaml.safe_load((ROOT / "models.yaml").read_text())
+    primary = models["models"][0]
+    primary["local_path"] = str((ROOT / primary["local_path"]).resolve())
+    shipped = next(m for m in models["models"] if m["name"] == primary["capabilities"]["captioner"])
+    primary["capabilities"]["captioner"] = "bench-captioner"
+    captioning = {**shipped.get("captioning", {}), "max_batch_size": max_batch_size, "max_new_tokens": 32}
+    bench_captioner = {
+        "name": "bench-captioner",
+        "local_path": str(captioner),
+        "params": shipped.get("params", {}),
+        "captioning": captioning,
+    }
+    models["models"] = [primary, bench_captioner]
+    path = directory / f"models-batch{max_batch_size}.yaml"
+    path.write_text(yaml.safe_dump(models))
+    return path

@@ -1,0 +1,82 @@
+"""Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
+streaming `generate` and its `status`) and the captioner client. No Ray is started."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from deployments.errors import CaptionerUnavailable
+from deployments.ingress.vision.collect import ImageInput
+from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
+
+
+class FakeStream:
+    """A streaming call's answer: `pieces` as chunks, each after `delay_s`, then the final chunk;
+    `error` is raised in place of the chunk numbered `fail_at`."""
+
+    def __init__(self, pieces: list[str], delay_s: float, error: BaseException | None, fail_at: int) -> None:
+        self._chunks = [GenerateChunk(text=p) for p in pieces]
+        self._chunks.append(GenerateChunk(finish_reason="stop", prompt_tokens=3, completion_tokens=len(pieces)))
+        self._delay_s, self._error, self._fail_at = delay_s, error, fail_at
+        self.sent = 0
+        self.cancelled = False
+
+    def __anext__(self) -> Any:
+        return self._next()
+
+    async def _next(self) -> GenerateChunk:
+        await asyncio.sleep(self._delay_s)
+        if self._error is not None and self.sent == self._fail_at:
+            raise self._error
+        if self.sent == len(self._chunks):
+            raise StopAsyncIteration
+        self.sent += 1
+        return self._chunks[self.sent - 1]
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeDecoder:
+    """`options(stream=True).generate.remote(request)` and `status.remote()`, as on a handle."""
+
+    app_name, deployment_name = "default", "PrimaryDecoder"
+
+    def __init__(
+        self, pieces: list[str] = ("Hello", " there"), delay_s: float = 0.0, error: BaseException | None = None
+    ) -> None:
+        self.pieces, self.delay_s, self.error = list(pieces), delay_s, error
+        self.fail_at = 0
+        self.requests: list[GenerateRequest] = []
+        self.streams: list[FakeStream] = []
+        self.generate = SimpleNamespace(remote=self._generate)
+        self.status = SimpleNamespace(remote=self._status)
+
+    def options(self, *, stream: bool) -> FakeDecoder:
+        assert stream
+        return self
+
+    def _generate(self, request: GenerateRequest) -> FakeStream:
+        self.requests.append(request)
+        self.streams.append(FakeStream(self.pieces, self.delay_s, self.error, self.fail_at))
+        return self.streams[-1]
+
+    async def _status(self) -> ComponentStatus:
+        return ComponentStatus(ready=True, model="echo")
+
+
+class FakeCaptioner:
+    """Captions each image by its message's text; or is down (`CaptionerUnavailable`)."""
+
+    def __init__(self, down: bool = False, delay_s: float = 0.0) -> None:
+        self.down, self.delay_s = down, delay_s
+        self.calls: list[list[ImageInput]] = []
+
+    async def caption(self, images: list[ImageInput]) -> list[str]:
+        self.calls.append(images)
+        await asyncio.sleep(self.delay_s)
+        if self.down:
+            raise CaptionerUnavailable("The vision captioner is unavailable: replica died")
+        return [f"a picture for {image.user_text!r}" for image in images]

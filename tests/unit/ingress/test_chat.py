@@ -1,0 +1,168 @@
+"""The chat request logic (`ChatService`) with a fake decoder handle and a fake captioner, no Ray
+and no HTTP: deadlines, the degrade/reject policy, SSE framing and the mapping of errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError
+
+from deployments.config import ImageInputConfig
+from deployments.errors import (
+    CaptionerUnavailable,
+    ModelNotFoundError,
+    OverloadedError,
+    RequestTimeoutError,
+    VisionDisabledError,
+    to_openai_error,
+)
+from deployments.ingress.chat import DEGRADED_HEADER, ChatReply, ChatService
+from deployments.protocol import ChatCompletionRequest
+from tests.conftest import data_url, png_bytes
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
+
+
+def service(decoder: FakeDecoder, captioner: FakeCaptioner | None = None, **kw) -> ChatService:
+    settings = {"model_name": "echo", "request_timeout_s": 5.0, "images": ImageInputConfig(), **kw}
+    return ChatService(decoder, captioner, **settings)
+
+
+def chat(content="hi", **fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": "echo", "messages": [{"role": "user", "content": content}], **fields}
+    )
+
+
+def with_image(text: str = "what is it?") -> list[dict]:
+    return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}]
+
+
+async def events(reply: ChatReply) -> list[str]:
+    assert reply.events is not None and reply.body is None
+    return [event async for event in reply.events]
+
+
+def payloads(sse: list[str]) -> list[dict]:
+    assert all(e.startswith("data: ") and e.endswith("\n\n") for e in sse)
+    assert sse[-1] == "data: [DONE]\n\n"
+    return [json.loads(e[len("data: ") :]) for e in sse[:-1]]
+
+
+async def test_a_completion_in_one_body():
+    decoder = FakeDecoder(["Hello", " there"])
+    reply = await service(decoder).create(chat("hi", max_completion_tokens=7, stop="x", temperature=0), "rid-1")
+    assert reply.headers == {} and reply.events is None and reply.body is not None
+    assert reply.body["id"] == "chatcmpl-rid-1" and reply.body["model"] == "echo"
+    assert reply.body["choices"][0]["message"] == {"role": "assistant", "content": "Hello there"}
+    assert reply.body["choices"][0]["finish_reason"] == "stop"
+    assert reply.body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    sent = decoder.requests[0]
+    assert (sent.max_tokens, sent.stop, sent.temperature) == (7, ["x"], 0)
+    assert [(m.role, m.content) for m in sent.messages] == [("user", "hi")]
+
+
+async def test_stream_events_role_first_one_finish_usage_last_then_done():
+    reply = await service(FakeDecoder(["Hello", " there"])).create(
+        chat(stream=True, stream_options={"include_usage": True}), "rid-2"
+    )
+    chunks = payloads(await events(reply))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "Hello there"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == [
+        "stop"
+    ]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 5
+    assert {c["id"] for c in chunks} == {"chatcmpl-rid-2"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+async def test_unknown_model_is_a_404_before_any_decoding():
+    decoder = FakeDecoder()
+    with pytest.raises(ModelNotFoundError) as err:
+        await service(decoder).create(chat(model="gpt-9"), "rid")
+    assert err.value.param == "model" and decoder.requests == []
+
+
+async def test_the_deadline_before_the_first_chunk_is_a_408_and_cancels_the_generation():
+    decoder = FakeDecoder(delay_s=1.0)
+    with pytest.raises(RequestTimeoutError) as err:
+        await service(decoder, request_timeout_s=0.1).create(chat(), "rid")
+    assert "0.1 s (server.request_timeout_s)" in err.value.message
+    assert decoder.streams[0].cancelled
+    assert to_openai_error(err.value, "rid")[0] == 408
+
+
+async def test_the_deadline_mid_stream_is_an_error_event_then_done():
+    decoder = FakeDecoder(["a", "b", "c"], delay_s=0.04)
+    reply = await service(decoder, request_timeout_s=0.1).create(chat(stream=True), "rid")
+    chunks = payloads(await events(reply))
+    assert chunks[-1]["error"]["code"] == "request_timeout"
+    assert decoder.streams[0].cancelled
+
+
+async def test_a_slow_captioner_counts_against_the_same_deadline():
+    decoder = FakeDecoder()
+    with pytest.raises(RequestTimeoutError):
+        await service(decoder, FakeCaptioner(delay_s=1.0), request_timeout_s=0.1).create(chat(with_image()), "rid")
+    assert decoder.requests == []
+
+
+async def test_captions_replace_images_in_the_decoders_prompt():
+    decoder, captioner = FakeDecoder(), FakeCaptioner()
+    reply = await service(decoder, captioner).create(chat(with_image("what is it?")), "rid")
+    assert DEGRADED_HEADER not in reply.headers
+    assert decoder.requests[0].messages[0].content == "what is it?\nImage 1: a picture for 'what is it?'"
+    assert len(captioner.calls) == 1 and captioner.calls[0][0].data == png_bytes()
+
+
+async def test_a_down_captioner_degrades_visibly_by_default():
+    decoder = FakeDecoder()
+    reply = await service(decoder, FakeCaptioner(down=True)).create(chat(with_image("see?")), "rid")
+    assert reply.headers == {DEGRADED_HEADER: "captioner-unavailable"}
+    prompt = decoder.requests[0].messages[0].content
+    assert prompt == "see?\nImage 1: [image could not be described: captioner unavailable]"
+
+
+async def test_a_down_captioner_is_a_503_under_the_reject_policy():
+    decoder = FakeDecoder()
+    with pytest.raises(CaptionerUnavailable) as err:
+        await service(decoder, FakeCaptioner(down=True), on_image_failure="reject").create(chat(with_image()), "r")
+    status, body, headers = to_openai_error(err.value, "r")
+    assert (status, body["error"]["code"], headers["Retry-After"].isdigit()) == (503, "captioner_unavailable", True)
+    assert decoder.requests == []
+    text = await service(decoder, FakeCaptioner(down=True), on_image_failure="reject").create(chat("x"), "r")
+    assert text.body is not None  # text requests do not need the captioner
+
+
+async def test_images_without_a_captioner_are_a_400():
+    with pytest.raises(VisionDisabledError) as err:
+        await service(FakeDecoder()).create(chat(with_image()), "rid")
+    assert to_openai_error(err.value, "rid")[0] == 400 and err.value.param == "messages"
+
+
+async def test_a_full_decoder_queue_before_the_first_byte_keeps_its_status():
+    decoder = FakeDecoder(error=BackPressureError(5, 4, retry_after_s=2.5))
+    with pytest.raises(OverloadedError) as err:
+        await service(decoder).create(chat(stream=True), "rid")
+    status, body, headers = to_openai_error(err.value, "rid")
+    assert (status, body["error"]["code"], headers["Retry-After"]) == (503, "overloaded", "3")
+
+
+async def test_a_replica_dying_mid_stream_is_an_error_event_then_done():
+    decoder = FakeDecoder(["a", "b"], error=ActorDiedError())
+    decoder.fail_at = 1
+    chunks = payloads(await events(await service(decoder).create(chat(stream=True), "rid")))
+    assert chunks[1]["choices"][0]["delta"]["content"] == "a"
+    assert chunks[-1]["error"]["type"] == "service_unavailable"
+
+
+async def test_a_client_that_goes_away_cancels_the_generation():
+    decoder = FakeDecoder(["a", "b", "c"])
+    reply = await service(decoder).create(chat(stream=True), "rid")
+    assert reply.events is not None
+    first = await anext(reply.events)
+    assert '"role": "assistant"' in first
+    await reply.events.aclose()  # type: ignore[attr-defined]
+    assert decoder.streams[0].cancelled

@@ -1,0 +1,31 @@
+"""The package tree shows where code runs: the ingress side (and the builder that runs beside it)
+never imports torch or transformers, and the ingress never imports the model replicas' code.
+Each check runs in a fresh interpreter, so that modules other tests imported cannot fool it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers")
+
+
+def imported_after(module: str) -> set[str]:
+    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("module", ["deployments.ingress.deployment", "deployments.app", "deployments.config"])
+def test_no_torch_or_transformers(module):
+    modules = imported_after(module)
+    assert module in modules
+    assert not {m for m in modules if m.split(".")[0] in HEAVY}
+
+
+def test_the_ingress_does_not_import_the_replicas_or_the_engines():
+    modules = imported_after("deployments.ingress.deployment")
+    assert not {m for m in modules if m.startswith(("deployments.replicas", "deployments.engines"))}
