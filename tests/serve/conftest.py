@@ -4,6 +4,7 @@ Replicas import only the installed package: fakes are the shipped `engine: fake`
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from ray import serve
 from deployments.app import build_app, build_captioner_app
 
 ROOT = Path(__file__).resolve().parents[2]
-PORT = 8731
+PORT = int(os.environ.get("MMSERVE_TEST_PORT", "8731"))  # another port where another suite runs beside
 BASE_URL = f"http://127.0.0.1:{PORT}"
 
 
