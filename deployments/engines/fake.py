@@ -7,7 +7,8 @@ torch, so a test (or a laptop) can run the whole service in seconds.
   token; `fake.fill_to_max_tokens` goes on with `` tick`` tokens up to the length limit (a long,
   slow generation for deadline and overload tests). Its live generations are on /health
   (`stats`: ``running``), so a test sees that a cancelled request stopped generating.
-- `FakeCaptionEngine` captions an image by its top-left pixel's colour.
+- `FakeCaptionEngine` captions an image by its top-left pixel's colour and repeats the prompt it
+  was asked with, so a test sees which request a caption was made for.
 """
 
 from __future__ import annotations
@@ -64,4 +65,7 @@ class FakeCaptionEngine(CaptionEngine):
 
     def caption(self, images: list[Image.Image], prompts: list[str]) -> list[str]:
         self.calls += 1
-        return [f"a picture whose corner is rgb{img.getpixel((0, 0))}" for img in images]
+        return [
+            f"a picture whose corner is rgb{img.getpixel((0, 0))} for: {prompt}"
+            for img, prompt in zip(images, prompts, strict=True)
+        ]

@@ -139,6 +139,31 @@ async def test_closing_the_stream_stops_generation(tiny_llm):
     assert text
 
 
+async def test_streams_dropped_under_load_free_their_slots_and_leak_no_tokens(tiny_llm):
+    """Eight requests at once on four slots, every other one closed by its client after its first
+    piece: the slots all come free, and each kept request answers exactly as it does alone, so no
+    token of a dropped sequence reached it."""
+    prompts = [f"item {i} is " * (i + 2) for i in range(8)]
+    kept = prompts[0::2]
+
+    async def dropped(prompt: str) -> None:
+        async with aclosing(tiny_llm.generate(ask(prompt, temperature=0, max_tokens=300))) as pieces:
+            async for _ in pieces:
+                return
+
+    async def kept_answer(prompt: str) -> str:
+        return (await complete(tiny_llm, ask(prompt, temperature=0, max_tokens=12)))[0]
+
+    together = await asyncio.gather(*(kept_answer(p) if p in kept else dropped(p) for p in prompts))
+    deadline = time.monotonic() + 30
+    while busy(tiny_llm) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert busy(tiny_llm) == 0
+    needs_batch_invariance(tiny_llm)
+    alone = [await kept_answer(p) for p in kept]
+    assert together[0::2] == alone
+
+
 async def test_seeded_sampling_with_penalties_is_reproducible_when_sequential(tiny_llm):
     request = ask("hi", temperature=0.9, top_p=0.9, top_k=20, seed=7, presence_penalty=1.0, max_tokens=6)
     if isinstance(tiny_llm, ContinuousBatchingTextEngine):
