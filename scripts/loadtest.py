@@ -613,8 +613,8 @@ def main() -> None:
         address = args.ray_address
         if server is not None and address is None:  # our own cluster: the one under `serve run`
             address = gcs_address(server.proc.pid)
-        connect_ray(port, address)
-        watch = ResourceWatch(server.proc.pid if server else None)
+        address = connect_ray(port, address)
+        watch = ResourceWatch(server.proc.pid if server else None, address)
         result = asyncio.run(run(args, watch, scorer))
     finally:
         import ray

@@ -33,21 +33,23 @@ def serve_processes(root_pid: int | None) -> dict[str, psutil.Process]:
     return found
 
 
-def object_store_mb() -> float | None:
-    """Plasma memory in use on the connected cluster, MiB (None when not connected)."""
-    import ray
-
-    if not ray.is_initialized():
+def object_store_mb(address: str | None) -> float | None:
+    """Plasma memory in use on the cluster at `address`, MiB (None without an address or an answer)."""
+    if address is None:
         return None
     from ray._private.internal_api import memory_summary
 
-    match = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(stats_only=True))
+    try:
+        match = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(address=address, stats_only=True))
+    except Exception:  # the cluster is busy restarting a replica: no figure this time
+        return None
     return float(match.group(1)) if match else None
 
 
 @dataclass
 class ResourceWatch:
     root_pid: int | None
+    ray_address: str | None
     t0: float = field(default_factory=time.monotonic)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
@@ -65,7 +67,7 @@ class ResourceWatch:
                 "rss_mb": rss,
                 "open_fds": fds,
                 "caption_cache": {k: cache.get(k) for k in ("entries", "bytes")},
-                "object_store_mb": object_store_mb(),
+                "object_store_mb": object_store_mb(self.ray_address),
             }
         )
 
