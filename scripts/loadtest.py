@@ -38,32 +38,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import io
 import itertools
 import json
-import logging
 import os
 import random
 import sys
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
-import psutil
 from PIL import Image
 
 # Clusters started by `serve run` use token auth; Ray reads this when it is first imported.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-from deployments.testing.answer_check import DEFAULT_TOL, AnswerScorer, Reference, classify
-from deployments.testing.bench import Server, image_url, pct, start_ours, write_models
-from deployments.testing.resource_watch import ResourceWatch
+from deployments.testing.answer_check import DEFAULT_TOL, AnswerScorer, Reference
+from deployments.testing.bench import Server, image_url, start_ours, write_models
+from deployments.testing.faults import TARGETS, Fault, connect_ray, gcs_address, inject
+from deployments.testing.load_report import Outcome, Spec, drift_rates, report, verdicts
+from deployments.testing.service_watch import ResourceWatch, health, slots_free_after_s, watch_health, watch_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,44 +93,6 @@ CALIBRATED = {f"text{k}": user(question) for k, question in enumerate(QUESTIONS)
 CALIBRATED |= {
     f"image{k}": user(f"Describe the picture. Hint: {' '.join(WORDS[: k + 1])}.", image_url(k)) for k in range(6)
 }
-TARGETS = {"decoder": ("default", "PrimaryDecoder"), "captioner": ("vision", "VisionCaptioner")}
-
-
-@dataclass
-class Spec:
-    key: str | None  # calibration key; None: a fresh image, not content-checked
-    image: bool
-    stream: bool
-    messages: list[dict[str, Any]]
-    drop: bool = False  # the client closes the stream after its first piece of content
-
-    @property
-    def kind(self) -> str:
-        return ("image" if self.image else "text") + ("/stream" if self.stream else "")
-
-
-@dataclass
-class Outcome:
-    spec: Spec
-    rid: str
-    start: float
-    end: float = 0.0
-    ttft: float | None = None
-    error: str | None = None
-    text: str = ""
-    prompt_tokens: int | None = None
-    id_ok: bool = True
-    degraded: bool = False
-    dropped: bool = False  # by this client, on purpose (Spec.drop)
-    inflight: int = 0  # requests of this run in flight when it was sent, itself included
-
-
-@dataclass
-class Fault:
-    target: str
-    at_s: float
-    killed: list[str] = field(default_factory=list)
-    error: str | None = None
 
 
 def fresh_image(seed: int) -> str:
@@ -230,216 +190,7 @@ async def send(client: httpx.AsyncClient, model: str, spec: Spec, rid: str, args
     return out
 
 
-def verdicts(
-    outcomes: list[Outcome], refs: dict[str, Reference], scorer: AnswerScorer | None, tol: float
-) -> dict[int, tuple[str, float | None]]:
-    """`classify` for each successful, complete, undegraded calibrated answer; `unchecked` otherwise."""
-    return {
-        id(o): (
-            ("unchecked", None)
-            if o.error or o.dropped or o.spec.key is None or o.degraded
-            else classify(o.spec.key, o.text, o.prompt_tokens, refs, scorer, tol)
-        )
-        for o in outcomes
-    }
-
-
-# ----------------------------------------------------------------------------- faults and health
-
-
-def connect_ray(port: int, address: str | None) -> str:
-    """Join the Ray cluster whose Serve listens on `port` (other clusters on this machine are left alone)."""
-    import ray
-    from ray._private.services import find_gcs_addresses
-
-    for candidate in [address] if address else sorted(find_gcs_addresses()) or ["auto"]:
-        ray.init(address=candidate, namespace="serve", log_to_driver=False, logging_level=logging.ERROR)
-        try:
-            controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-            if ray.get(controller.get_http_config.remote(), timeout=30).port == port:  # type: ignore[attr-defined]
-                return candidate
-        except Exception:  # no Serve there
-            pass
-        ray.shutdown()
-    raise SystemExit(f"no Ray cluster here runs Serve on port {port}; pass --ray-address")
-
-
-def gcs_address(pid: int) -> str | None:
-    """The GCS address of the Ray cluster a process started (its raylet and workers carry it)."""
-    for child in psutil.Process(pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            flags = [a.split("=", 1)[1] for a in child.cmdline() if a.startswith("--gcs-address=")]
-            if flags:
-                return flags[0]
-    return None
-
-
-def kill_replicas(app: str, deployment: str) -> list[str]:
-    import ray
-
-    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
-    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-    for actor in actors:
-        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-    return [a["name"] for a in actors]
-
-
-async def inject(faults: list[Fault], t0: float, finished: asyncio.Event) -> None:
-    for fault in faults:
-        try:
-            await asyncio.wait_for(finished.wait(), max(0.0, t0 + fault.at_s - time.monotonic()))
-            fault.error = "not injected: the load had ended"
-        except TimeoutError:
-            try:
-                fault.killed = await asyncio.to_thread(kill_replicas, *TARGETS[fault.target])
-            except Exception as exc:
-                fault.error = f"{type(exc).__name__}: {exc}"[:300]
-
-
-async def health(client: httpx.AsyncClient) -> dict[str, Any]:
-    try:
-        return (await client.get("/health", timeout=15)).json()
-    except (httpx.HTTPError, ValueError) as exc:
-        return {"status": f"unreachable: {type(exc).__name__}"}
-
-
-async def watch_health(client: httpx.AsyncClient, t0: float, finished: asyncio.Event, timeline: list[tuple]) -> None:
-    """/health once a second; records each change of its status (and which components are not ready)."""
-    last = None
-    while not finished.is_set():
-        data = await health(client)
-        down = sorted(k for k, c in data.get("components", {}).items() if not c.get("ready"))
-        state = data.get("status", "?") + (f" ({','.join(down)} not ready)" if down else "")
-        if state != last:
-            timeline.append((round(time.monotonic() - t0, 1), state))
-            last = state
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(finished.wait(), 1.0)
-
-
-async def watch_resources(
-    client: httpx.AsyncClient, watch: ResourceWatch, every_s: float, finished: asyncio.Event
-) -> None:
-    while True:
-        await asyncio.to_thread(watch.sample, await health(client))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(finished.wait(), every_s)
-            return
-
-
-async def slots_free_after_s(client: httpx.AsyncClient, within_s: float = 30.0) -> float | None:
-    """Seconds after the load until /health showed no running or waiting sequence five times in a row
-    (each answer comes from one decoder replica); None if it never did within `within_s`."""
-    start, streak = time.monotonic(), 0
-    while (elapsed := time.monotonic() - start) < within_s:
-        details = (await health(client)).get("components", {}).get("decoder", {}).get("details", {})
-        busy = details.get("running", 0) + details.get("waiting", 0)
-        streak = streak + 1 if busy == 0 and "busy" not in details else 0
-        if streak == 5:
-            return round(elapsed, 1)
-        await asyncio.sleep(0.2)
-    return None
-
-
-# ----------------------------------------------------------------------------- run and report
-
-
-def stats(values: list[float]) -> dict[str, Any]:
-    qs = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
-    return {"n": len(values), **({k: pct(values, q) for k, q in qs.items()} if values else {})}
-
-
-def recovery_s(timeline: list[tuple[float, str]], at: float) -> float | None:
-    """Seconds from a fault until /health said "ok" again, after having said something else."""
-    after = [(t, s) for t, s in timeline if t >= at]
-    down = next((i for i, (_, s) in enumerate(after) if s != "ok"), None)
-    return None if down is None else next((round(t - at, 1) for t, s in after[down:] if s == "ok"), None)
-
-
-def drift_rates(checked: list[tuple[int, str]]) -> dict[str, Any]:
-    """Drifted share of the checked answers per level (concurrency, or requests in flight)."""
-    levels = sorted({level for level, _ in checked})
-    rates = {}
-    for level in levels:
-        verdicts_at = [v for lv, v in checked if lv == level]
-        rates[str(level)] = {
-            "checked": len(verdicts_at),
-            "drift": round(verdicts_at.count("drift") / len(verdicts_at), 3),
-        }
-    return rates
-
-
-def isolation(outcomes: list[Outcome], judged: dict[int, tuple[str, float | None]], refs: dict) -> dict[str, Any]:
-    counts = Counter(v for v, _ in judged.values())
-    gaps = [g for v, g in judged.values() if v == "drift" and g is not None]
-
-    def example(o: Outcome) -> dict[str, Any]:
-        verdict, gap = judged[id(o)]
-        ref = refs[o.spec.key]
-        return {
-            "rid": o.rid,
-            "verdict": verdict,
-            "own_prompt_gap": gap,
-            "prompt_tokens": [o.prompt_tokens, ref.prompt_tokens],
-            "text": [o.text, ref.answer],
-        }
-
-    bad = [o for o in outcomes if judged[id(o)][0] in ("crossed", "unexplained")]
-    drifted = [o for o in outcomes if judged[id(o)][0] == "drift"]
-    buckets = [
-        (min(o.inflight, 16) // 4 * 4, judged[id(o)][0]) for o in outcomes if judged[id(o)][0] in ("ok", "drift")
-    ]
-    return {
-        **{k: counts[k] for k in ("ok", "drift", "crossed", "unexplained", "unchecked")},
-        "id_mismatches": sum(not o.id_ok for o in outcomes if not o.error),
-        "degraded_image_answers": sum(o.degraded for o in outcomes if not o.error),
-        "drift_max_own_prompt_gap": max(gaps, default=None),
-        "drift_by_inflight": drift_rates(buckets),
-        "examples": [example(o) for o in [*bad, *drifted][:3]],
-    }
-
-
-def report(
-    outcomes: list[Outcome], judged: dict, refs: dict, faults: list[Fault], timeline: list, args: argparse.Namespace
-) -> dict:
-    ok, failed = [o for o in outcomes if not o.error], [o for o in outcomes if o.error]
-
-    def explains(f: Fault, o: Outcome) -> bool:
-        in_window = 0 <= o.end - f.at_s <= args.fault_window_s
-        return bool(f.killed) and in_window and (f.target != "captioner" or o.spec.image)
-
-    unexplained = [o for o in failed if not any(explains(f, o) for f in faults)]
-    kinds = sorted({o.spec.kind for o in ok})
-    return {
-        "faults_survived": all(f.killed for f in faults) and not unexplained if faults else None,
-        "requests_sent": len(outcomes),
-        "succeeded": len(ok),
-        "dropped_by_client": sum(o.dropped for o in ok),
-        "failed": len(failed),
-        "success_rate": round(len(ok) / max(1, len(outcomes)), 4),
-        "failed_by_class": dict(Counter(o.error for o in failed).most_common()),
-        "unexplained_failures": len(unexplained),
-        "unexplained_by_class": dict(Counter(o.error for o in unexplained).most_common()),
-        "sent_by_kind": dict(Counter(o.spec.kind for o in outcomes)),
-        "checks": isolation(outcomes, judged, refs),
-        "latency_s": {
-            "all": stats([o.end - o.start for o in ok if not o.dropped]),
-            **{k: stats([o.end - o.start for o in ok if o.spec.kind == k and not o.dropped]) for k in kinds},
-        },
-        "ttft_s": stats([o.ttft for o in ok if o.ttft is not None]),
-        "faults": [
-            {
-                "target": f.target,
-                "at_s": f.at_s,
-                "killed": f.killed,
-                **({"error": f.error} if f.error else {}),
-                "failures_in_window": dict(Counter(o.error for o in failed if explains(f, o))),
-                "last_failure_after_s": max((round(o.end - f.at_s, 1) for o in failed if explains(f, o)), default=None),
-                "health_ok_again_after_s": recovery_s(timeline, f.at_s),
-            }
-            for f in faults
-        ],
-    }
+# ----------------------------------------------------------------------------- run
 
 
 async def calibrate(client: httpx.AsyncClient, model: str, run_id: str, args: argparse.Namespace) -> dict:
@@ -473,7 +224,58 @@ async def sweep(
     return results
 
 
-async def run(args: argparse.Namespace, watch: ResourceWatch | None, scorer: AnswerScorer | None) -> dict[str, Any]:
+@dataclass
+class Load:
+    outcomes: list[Outcome]
+    timeline: list[tuple[float, str]]  # /health's status changes
+    seconds: float
+    slots_free_after_s: float | None
+
+
+async def load(
+    client: httpx.AsyncClient,
+    model: str,
+    run_id: str,
+    faults: list[Fault],
+    watch: ResourceWatch,
+    args: argparse.Namespace,
+) -> Load:
+    """The load itself: `--concurrency` workers, with faults injected and /health and resources watched."""
+    finished, counter = asyncio.Event(), itertools.count()
+    timeline: list[tuple[float, str]] = []
+    outcomes: list[Outcome] = []
+    inflight = 0
+    t0 = watch.t0 = time.monotonic()
+
+    async def worker() -> None:
+        nonlocal inflight
+        while (i := next(counter)) < (args.requests or sys.maxsize):
+            if args.duration_s and time.monotonic() - t0 >= args.duration_s:
+                return
+            inflight += 1
+            sent_with = inflight
+            out = await send(client, model, make_spec(i, args), f"lt-{run_id}-{i}", args)
+            inflight -= 1
+            out.inflight = sent_with
+            outcomes.append(out)
+
+    background = [
+        asyncio.create_task(watch_health(client, t0, finished, timeline)),
+        asyncio.create_task(inject(faults, t0, finished)),
+        asyncio.create_task(watch_resources(client, watch, args.sample_s, finished)),
+    ]
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    seconds = time.monotonic() - t0
+    finished.set()
+    await asyncio.gather(*background)
+    slots_free = await slots_free_after_s(client)
+    watch.sample(await health(client))  # the last sample, at the end of the load
+    for o in outcomes:  # times from the start of the load
+        o.start, o.end = o.start - t0, o.end - t0
+    return Load(outcomes, timeline, seconds, slots_free)
+
+
+async def run(args: argparse.Namespace, watch: ResourceWatch, scorer: AnswerScorer | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=args.concurrency + 4)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=args.timeout_s, limits=limits) as client:
@@ -488,39 +290,8 @@ async def run(args: argparse.Namespace, watch: ResourceWatch | None, scorer: Ans
         }
         swept = await sweep(client, model, run_id, args.sweep, args) if args.sweep else []
         faults = sorted((Fault(t, float(s)) for t, s in (k.split("@") for k in args.kill)), key=lambda f: f.at_s)
-        finished, counter = asyncio.Event(), itertools.count()
-        timeline: list[tuple[float, str]] = []
-        outcomes: list[Outcome] = []
-        inflight = 0
-        t0 = time.monotonic()
-
-        async def worker() -> None:
-            nonlocal inflight
-            while (i := next(counter)) < (args.requests or sys.maxsize):
-                if args.duration_s and time.monotonic() - t0 >= args.duration_s:
-                    return
-                inflight += 1
-                sent_with = inflight
-                out = await send(client, model, make_spec(i, args), f"lt-{run_id}-{i}", args)
-                inflight -= 1
-                out.inflight = sent_with
-                outcomes.append(out)
-
-        background = [asyncio.create_task(watch_health(client, t0, finished, timeline))]
-        background += [asyncio.create_task(inject(faults, t0, finished))] if faults else []
-        if watch is not None:
-            watch.t0 = t0
-            background.append(asyncio.create_task(watch_resources(client, watch, args.sample_s, finished)))
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        wall = time.monotonic() - t0
-        finished.set()
-        await asyncio.gather(*background)
-        slots_free = await slots_free_after_s(client)
-        if watch is not None:
-            watch.sample(await health(client))  # the last sample, at the end of the load
-    for o in outcomes:  # times from the start of the load
-        o.start, o.end = o.start - t0, o.end - t0
-    judged = verdicts([o for _, o in swept] + outcomes, refs, scorer, args.gap_tol)
+        done = await load(client, model, run_id, faults, watch, args)
+    judged = verdicts([o for _, o in swept] + done.outcomes, refs, scorer, args.gap_tol)
     swept_checked = [(level, judged[id(o)][0]) for level, o in swept if judged[id(o)][0] != "unchecked"]
     result = {
         "url": args.url,
@@ -537,26 +308,26 @@ async def run(args: argparse.Namespace, watch: ResourceWatch | None, scorer: Ans
             **drift_rates(swept_checked),
             "bad": sum(v in ("crossed", "unexplained") for _, v in swept_checked),
         },
-        "load_seconds": round(wall, 1),
-        "requests_per_s": round(len(outcomes) / wall, 2),
-        **report(outcomes, judged, refs, faults, timeline, args),
-        "decoder_slots_free_after_s": slots_free,
-        "health_timeline": timeline,
+        "load_seconds": round(done.seconds, 1),
+        "requests_per_s": round(len(done.outcomes) / done.seconds, 2),
+        **report(done.outcomes, judged, refs, faults, done.timeline, args.fault_window_s),
+        "decoder_slots_free_after_s": done.slots_free_after_s,
+        "health_timeline": done.timeline,
+        "resources": {"growth": watch.growth(args.max_growth), "table": watch.table(), "samples": watch.samples},
     }
-    if watch is not None:
-        result["resources"] = {
-            "growth": watch.growth(args.max_growth),
-            "table": watch.table(),
-            "samples": watch.samples,
-        }
+    return {"verdict": "fail" if failed(result) else "pass", **result}
+
+
+def failed(result: dict[str, Any]) -> bool:
+    """Crossed or unexplained answers, id mismatches, unexplained failures, a busy decoder slot after
+    the load, or a replica whose memory grew."""
     checks = result["checks"]
-    bad = (
+    return bool(
         checks["crossed"] + checks["unexplained"] + checks["id_mismatches"] + result["unexplained_failures"]
         or result["drift_by_concurrency"]["bad"]
-        or slots_free is None
-        or any(g.get("ok") is False for g in result.get("resources", {}).get("growth", {}).values())
+        or result["decoder_slots_free_after_s"] is None
+        or any(g.get("ok") is False for g in result["resources"]["growth"].values())
     )
-    return {"verdict": "fail" if bad else "pass", **result}
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
-"""What a long load run does to the service's resources: sampled every so often, judged at the end.
+"""What the load test watches on the service while it runs: /health's status over time, the
+decoder's slots after the load, and its resources, sampled every so often and judged at the end.
 
-Each sample holds, for every Serve process (replicas, proxy, controller), its resident memory and
+Each resource sample holds, for every Serve process (replicas, proxy, controller), its resident memory and
 open file descriptors; the caption cache's entries and bytes (from /health); and the Ray object
 store's use. `growth` compares each replica's memory at its first sample from 5 minutes into its
 life with its last: a replica that grows more than `max_growth` is a leak. (A replica that a kill
@@ -9,11 +10,14 @@ replaced is judged from 5 minutes after it was first seen.)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import psutil
 
 SETTLE_S = 300.0  # memory is judged from 5 minutes in: loading, warm-up and first allocations are over
@@ -97,3 +101,48 @@ class ResourceWatch:
             extra = [str(fds), str(s["caption_cache"]["entries"]), str(s["object_store_mb"])]
             rows.append(f"| {s['t_s'] / 60:.0f} | " + " | ".join(cells + extra) + " |")
         return rows
+
+
+async def health(client: httpx.AsyncClient) -> dict[str, Any]:
+    try:
+        return (await client.get("/health", timeout=15)).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"status": f"unreachable: {type(exc).__name__}"}
+
+
+async def watch_health(client: httpx.AsyncClient, t0: float, finished: asyncio.Event, timeline: list[tuple]) -> None:
+    """/health once a second; records each change of its status (and which components are not ready)."""
+    last = None
+    while not finished.is_set():
+        data = await health(client)
+        down = sorted(k for k, c in data.get("components", {}).items() if not c.get("ready"))
+        state = data.get("status", "?") + (f" ({','.join(down)} not ready)" if down else "")
+        if state != last:
+            timeline.append((round(time.monotonic() - t0, 1), state))
+            last = state
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(finished.wait(), 1.0)
+
+
+async def watch_resources(
+    client: httpx.AsyncClient, watch: ResourceWatch, every_s: float, finished: asyncio.Event
+) -> None:
+    while True:
+        await asyncio.to_thread(watch.sample, await health(client))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(finished.wait(), every_s)
+            return
+
+
+async def slots_free_after_s(client: httpx.AsyncClient, within_s: float = 30.0) -> float | None:
+    """Seconds after the load until /health showed no running or waiting sequence five times in a row
+    (each answer comes from one decoder replica); None if it never did within `within_s`."""
+    start, streak = time.monotonic(), 0
+    while (elapsed := time.monotonic() - start) < within_s:
+        details = (await health(client)).get("components", {}).get("decoder", {}).get("details", {})
+        busy = details.get("running", 0) + details.get("waiting", 0)
+        streak = streak + 1 if busy == 0 and "busy" not in details else 0
+        if streak == 5:
+            return round(elapsed, 1)
+        await asyncio.sleep(0.2)
+    return None
