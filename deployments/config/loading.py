@@ -121,12 +121,20 @@ def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> Mo
     return primary
 
 
-def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
-    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
+def parse_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
+    """The builders' arguments, validated; `ConfigError` (``builder args: decoder.max_tokens: ...``)
+    when they are not valid."""
+    if isinstance(args, AppArgs):
+        return args
     try:
-        app_args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
+        return AppArgs.model_validate(args or {})
     except ValidationError as exc:
         raise _format_validation("builder args", exc) from None
+
+
+def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
+    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
+    app_args = parse_args(args)
     models = load_models_file(app_args.models_file)
     where = str(Path(app_args.models_file).resolve())
 

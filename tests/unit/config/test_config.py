@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deployments.app import build_app, build_captioner_app
 from deployments.config import AppArgs, EngineParams, load_models_file, resolve_plan
 from deployments.errors import ConfigError
 
@@ -212,3 +213,12 @@ def test_builder_overrides_are_typed_params_holding_only_what_was_given():
     args = AppArgs.model_validate({"decoder.max_tokens": "64", "captioner": {"dtype": "float16"}})
     assert isinstance(args.decoder, EngineParams) and args.decoder.max_tokens == 64
     assert args.decoder.model_fields_set == {"max_tokens"} and args.captioner.model_fields_set == {"dtype"}
+
+
+@pytest.mark.parametrize("builder", [build_app, build_captioner_app])
+def test_builders_report_bad_args_as_config_errors(builder, tmp_path):
+    with pytest.raises(ConfigError, match=r"^builder args: decoder\.max_tokens: ") as err:
+        builder({"models_file": str(proxy_file(tmp_path)), "decoder.max_tokens": 0})
+    assert "greater than 0" in str(err.value)
+    with pytest.raises(ConfigError, match=r"^builder args: captioner\.nonsense: "):
+        builder({"captioner.nonsense": 1})
