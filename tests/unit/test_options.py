@@ -5,10 +5,13 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
-from deployments.config import AppArgs, DeploymentConfig, ModelConfig, cpu_cores
+from deployments.config import AppArgs, DeploymentConfig, ModelConfig, cpu_cores, parse_models
 from deployments.errors import ConfigError
 from deployments.options import INGRESS, captioner_options, decoder_layout, decoder_options
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def model(**params) -> ModelConfig:
@@ -67,6 +70,18 @@ def test_the_decoder_takes_two_batches_by_default_and_never_less_than_one():
     with pytest.raises(ConfigError, match=r"max_ongoing_requests \(11\) is below params\.max_num_seqs \(12\)") as err:
         decoder_options(AppArgs(decoder_gpus=0, models_file="conf/models.yaml"), below, 2)
     assert str(err.value).startswith(f"{Path('conf/models.yaml').resolve()}: model 'llm': deployment.")
+
+
+def test_the_commented_gpu_profile_keeps_one_batch_per_decoder_replica():
+    """models.yaml's GPU profile (commented out) is valid, and its decoder takes 32 requests per
+    replica as the old serve_config.yaml gave it, not the default 2 x max_num_seqs = 64."""
+    path = ROOT / "models.yaml"
+    text = path.read_text()
+    lines = [line[2:] for line in text[text.index("# --- GPU profile") :].splitlines() if line.startswith("#")]
+    profile = parse_models(yaml.safe_load("\n".join(lines[lines.index("models:") :])), path)
+    primary = profile.models[0]
+    options, _ = decoder_options(AppArgs(decoder_gpus=0.5), primary, 16)
+    assert options["max_ongoing_requests"] == primary.params.max_num_seqs == 32
 
 
 def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
