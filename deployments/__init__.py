@@ -2,8 +2,9 @@
 
 Packages are named for where their code runs:
 
-- `ingress/` (the CPU router process): the FastAPI app, the chat and health logic, the request
-  guard, and the proxy-vision pipeline (`ingress/vision/`). It never imports torch.
+- `ingress/` (the CPU router process): the FastAPI app, the chat and health logic (and `ports`,
+  what they call on the decoder and the captioner), the request guard, and the proxy-vision
+  pipeline (`ingress/vision/`). It never imports torch.
 - `replicas/` (the model replica processes, GPU or CPU): the decoder and captioner deployments,
   the captioner's batcher, stop strings, and each engine's lifecycle (`EngineSlot`).
 - `engines/` (inside a replica): the engine ABCs, the factory, the transformers engines, a fake.

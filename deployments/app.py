@@ -17,7 +17,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from deployments.config import AppArgs, cpu_cores, resolve_plan
+from deployments.config import cpu_cores, parse_args, resolve_plan
 from deployments.ingress.deployment import Ingress, IngressConfig
 from deployments.options import INGRESS, captioner_options, decoder_options
 from deployments.replicas.captioner import VisionCaptioner
@@ -28,7 +28,7 @@ logger = logging.getLogger("ray.serve")
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Main application: the OpenAI ingress and the primary decoder."""
-    app_args = AppArgs.model_validate(args or {})
+    app_args = parse_args(args)
     plan = resolve_plan(app_args)
     options, primary = decoder_options(app_args, plan.primary, cpu_cores())
     logger.info(
@@ -52,6 +52,6 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
     """Captioner application. Without a proxy-vision captioner configured, it only reports so."""
-    app_args = AppArgs.model_validate(args or {})
+    app_args = parse_args(args)
     plan = resolve_plan(app_args)
     return VisionCaptioner.options(**captioner_options(app_args, plan.captioner)).bind(plan.captioner, plan.lifecycle)

@@ -8,7 +8,8 @@ override any option (Serve applies its ``deployments:`` entries over these).
 - PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a fixed set of CPU replicas
   sharing the cores); it takes up to twice `max_num_seqs` requests (one batch running, one
   waiting in the replica) and never fewer than `max_num_seqs`.
-- VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls.
+- VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls (with no
+  captioner configured, one CPU replica that only says so, behind the same queue bounds).
 
 Every queue is bounded: beyond `max_queued_requests`, callers get a 503 with Retry-After at once,
 and a crashed model replica is noticed (and replaced) within `HEALTH_CHECK_S`.
@@ -16,11 +17,12 @@ and a crashed model replica is noticed (and replaced) within `HEALTH_CHECK_S`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import ray
 
-from deployments.config import AppArgs, GpuShare, ModelConfig
+from deployments.config import AppArgs, DeploymentConfig, GpuShare, ModelConfig
 from deployments.errors import ConfigError
 
 SHARED_GPU = 0.5  # decoder and captioner packed on one card
@@ -78,10 +80,11 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
     return {"ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0}, "num_replicas": replicas}, model
 
 
-def _queue(model: ModelConfig, ongoing: int) -> dict[str, Any]:
+def _queue(deployment: DeploymentConfig, ongoing: int) -> dict[str, Any]:
+    """Bounded queues: a model's `deployment:` section, else `ongoing` and `QUEUED`."""
     return {
-        "max_ongoing_requests": model.deployment.max_ongoing_requests or ongoing,
-        "max_queued_requests": model.deployment.max_queued_requests or QUEUED,
+        "max_ongoing_requests": deployment.max_ongoing_requests or ongoing,
+        "max_queued_requests": deployment.max_queued_requests or QUEUED,
         "backpressure_config": BACKPRESSURE,
         "health_check_period_s": HEALTH_CHECK_S,
     }
@@ -91,22 +94,24 @@ def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[
     """All of the decoder's options (`decoder_layout` and its queue), and its placed model config.
     `ConfigError` when a replica would take fewer requests than one batch holds."""
     seqs = model.params.max_num_seqs
-    queue = _queue(model, 2 * seqs)
+    queue = _queue(model.deployment, 2 * seqs)
     if queue["max_ongoing_requests"] < seqs:
         raise ConfigError(
-            f"model {model.name!r}: deployment.max_ongoing_requests ({queue['max_ongoing_requests']}) is below "
-            f"params.max_num_seqs ({seqs}): a replica would never fill its batch; raise the first or lower the second"
+            f"{Path(app_args.models_file).resolve()}: model {model.name!r}: deployment.max_ongoing_requests "
+            f"({queue['max_ongoing_requests']}) is below params.max_num_seqs ({seqs}): a replica would never fill "
+            "its batch; raise the first or lower the second"
         )
     layout, placed = decoder_layout(app_args, model, cores)
     return {**queue, **layout}, placed
 
 
 def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str, Any]:
-    """The captioner's options; without a captioner configured, one replica that only says so."""
+    """The captioner's options; without a captioner configured, one replica that only says so,
+    behind the same bounded queue."""
     if model is None:
-        return {"ray_actor_options": {"num_cpus": 1, "num_gpus": 0.0}}
+        return {**_queue(DeploymentConfig(), CAPTIONER_ONGOING), "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.0}}
     return {
-        **_queue(model, CAPTIONER_ONGOING),
+        **_queue(model.deployment, CAPTIONER_ONGOING),
         "autoscaling_config": CAPTIONER_SCALING,
         "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus(app_args.captioner_gpus)},
     }

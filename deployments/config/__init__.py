@@ -1,7 +1,7 @@
 """Configuration: `schema` (the typed mirror of models.yaml and of the builders' arguments),
 `loading` (reading the file and resolving the arguments into a `ServicePlan`), `machine` (cores)."""
 
-from deployments.config.loading import ServicePlan, load_models_file, parse_models, resolve_plan
+from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
 from deployments.config.machine import cpu_cores
 from deployments.config.schema import (
     AppArgs,
@@ -38,6 +38,7 @@ __all__ = [
     "VisionMode",
     "cpu_cores",
     "load_models_file",
+    "parse_args",
     "parse_models",
     "resolve_plan",
 ]

@@ -1,8 +1,15 @@
 """Loading models.yaml and resolving the builders' arguments into one `ServicePlan`.
 
-Everything is validated here, at build time, before any weight touches a device: unknown keys,
-duplicate names, a proxy vision mode without a captioner, a missing local file. Errors are
-`ConfigError`s whose message names the file and the field (``models.yaml: models[0].params.dtype:
+Everything is validated at build time, before any weight touches a device. `schema`'s models check
+each field, section and entry, and duplicate names; this module checks what needs the file on disk,
+the builder args or the plan:
+
+- the file is YAML; `local_path`, `weight_file` and `images.file_root` exist (and become absolute);
+- a `captioning:` section is only on an entry that an entry names in `capabilities.captioner`;
+- builder args (`parse_args`) are valid, and their overrides are valid together with the file's params;
+- the primary named by builder arg `model` exists; native vision is refused for now.
+
+Errors are `ConfigError`s whose message names the file and the field (``models.yaml: models[0].params.dtype:
 ...``). Builder args (``serve_config.yaml`` ``args:`` or ``serve run ... key=value``) override the
 file's values and are validated by the same models.
 """
@@ -73,8 +80,11 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
         parsed = ModelsFile.model_validate(raw)
     except ValidationError as exc:
         raise _format_validation(str(path), exc) from None
+    captioners = {m.capabilities.captioner for m in parsed.models if m.capabilities.captioner is not None}
     models = []
     for i, m in enumerate(parsed.models):
+        if "captioning" in m.model_fields_set and m.name not in captioners:
+            raise ConfigError(_unused_captioning(path, i, m, parsed))
         if m.local_path is not None:
             local = (path.parent / m.local_path).resolve()
             if not local.exists():
@@ -90,6 +100,22 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
             raise ConfigError(f"{path}: images.file_root: {root} is not a directory")
         images = images.model_copy(update={"file_root": str(root)})
     return parsed.model_copy(update={"models": models, "images": images})
+
+
+def _unused_captioning(path: Path, i: int, model: ModelConfig, parsed: ModelsFile) -> str:
+    """Why a `captioning:` section on an entry that no entry names as its captioner is refused:
+    nothing would read it (e.g. the old vision_proxy settings moved into the primary's entry)."""
+    message = (
+        f"{path}: models[{i}].captioning: no entry names {model.name!r} in capabilities.captioner, so this "
+        "section would be ignored; captioning belongs on the captioner's own entry, the one named by "
+        "capabilities.captioner"
+    )
+    own = model.capabilities.captioner
+    if own is not None and parsed.get(own) is not None:
+        message += f": move it to the entry of {own!r}"
+    elif own is not None:
+        message += f": add an entry named {own!r} (with its hf_id or local_path) and move it there"
+    return message
 
 
 def _with_params(model: ModelConfig, overrides: EngineParams, where: str) -> ModelConfig:
@@ -121,12 +147,20 @@ def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> Mo
     return primary
 
 
-def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
-    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
+def parse_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
+    """The builders' arguments, validated; `ConfigError` (``builder args: decoder.max_tokens: ...``)
+    when they are not valid."""
+    if isinstance(args, AppArgs):
+        return args
     try:
-        app_args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
+        return AppArgs.model_validate(args or {})
     except ValidationError as exc:
         raise _format_validation("builder args", exc) from None
+
+
+def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
+    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
+    app_args = parse_args(args)
     models = load_models_file(app_args.models_file)
     where = str(Path(app_args.models_file).resolve())
 

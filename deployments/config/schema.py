@@ -1,7 +1,12 @@
 """Typed mirror of ``models.yaml`` and of the application builder's arguments.
 
-Every section forbids unknown keys and every field has a default and a description. Cross-file
-checks (duplicate names, local paths, the primary and its captioner) are in `loading`.
+Every section forbids unknown keys and every field has a default and a description. The checks of
+one field, section or entry are here (types and bounds; exactly one of hf_id and local_path; int4-cpu
+with a bfloat16 dtype; prompt_template fields; a captioner for proxy vision; the moved vision_proxy
+settings; `fake:` only with `engine: fake`), and so are duplicate model names (`ModelsFile._unique_names`).
+What needs the file on disk, the builder args or other entries (paths exist, the primary named by
+`model`, `captioning:` only on a captioner's entry) is checked in `loading`; a decoder's
+`max_ongoing_requests` against its `max_num_seqs`, in `deployments/options.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +15,16 @@ import ipaddress
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class _Strict(BaseModel):
@@ -269,6 +283,18 @@ class ModelConfig(_Strict):
     )
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options.")
     fake: FakeEngineConfig = Field(default_factory=FakeEngineConfig, description="Settings of engine: fake.")
+
+    @field_validator("fake")
+    @classmethod
+    def _fake_needs_fake_engine(cls, fake: FakeEngineConfig, info: ValidationInfo) -> FakeEngineConfig:
+        # Only a `fake:` section that was given is validated; the engine is validated before it.
+        engine = info.data.get("engine")
+        if engine is not None and engine != "fake":
+            raise ValueError(
+                f"this section applies only to engine: fake, and model {info.data.get('name')!r} has engine "
+                f"{engine!r}: remove it or set engine: fake"
+            )
+        return fake
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

@@ -16,25 +16,20 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 from deployments.config import ImageInputConfig
 from deployments.errors import CaptionerUnavailable, ModelNotFoundError, RequestTimeoutError, VisionDisabledError
+from deployments.ingress.ports import Captioner, DecoderHandle
 from deployments.ingress.sse import completion, sse_events
 from deployments.ingress.stream import DecoderStream
-from deployments.ingress.vision.collect import ImageInput, collect_images, count_images
+from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.rewrite import UNDESCRIBED, rewrite
 from deployments.protocol import ChatCompletionRequest, ChatMessage, GenerateRequest, TextMessage
 
 logger = logging.getLogger("ray.serve")
 
 DEGRADED_HEADER = "X-Vision-Degraded"
-
-
-class Captioner(Protocol):
-    """The captioner as the ingress sees it (`vision.client.CaptionerClient`)."""
-
-    async def caption(self, images: list[ImageInput]) -> list[str]: ...
 
 
 @dataclass
@@ -64,7 +59,7 @@ def generate_request(body: ChatCompletionRequest, messages: list[TextMessage]) -
 class ChatService:
     def __init__(
         self,
-        decoder: Any,
+        decoder: DecoderHandle,
         captioner: Captioner | None,
         *,
         model_name: str,

@@ -10,15 +10,15 @@ from typing import Any
 from ray.serve.exceptions import BackPressureError
 
 from deployments.errors import unwrap
+from deployments.ingress.ports import Captioner, DecoderHandle
 from deployments.ingress.serve_view import SERVING, deployment_status
-from deployments.ingress.vision.client import CaptionerClient
 from deployments.protocol import ComponentStatus
 
 DECODER_STATUS_TIMEOUT_S = 5.0
 
 
 class HealthService:
-    def __init__(self, decoder: Any, captioner: CaptionerClient | None, *, model_name: str) -> None:
+    def __init__(self, decoder: DecoderHandle, captioner: Captioner | None, *, model_name: str) -> None:
         """`decoder`: a handle to the decoder deployment; `captioner`: None without proxy vision."""
         self._decoder = decoder
         self._captioner = captioner

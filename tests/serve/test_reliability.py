@@ -1,10 +1,10 @@
 """Overload, deadlines and component faults with real Ray Serve.
 
-Deployed the way `serve run serve_config.yaml` deploys (a declarative config with per-deployment
-queue bounds), with the shipped fake decoder made slow (`engine: fake`, 20 ms per token, echoing
-the prompt then ticking up to max_tokens, its live generations on /health) so that requests are
-reliably in flight when a queue fills, a deadline passes or the decoder replica is killed. (The
-captioner killed under traffic: test_proxy_vision.)
+Deployed the way `serve run serve_config.yaml` deploys, from a declarative config that overrides
+the builder's queue bounds, with the shipped fake decoder made slow (`engine: fake`, 20 ms per
+token, echoing the prompt then ticking up to max_tokens, its live generations on /health) so that
+requests are reliably in flight when a queue fills, a deadline passes or the decoder replica is
+killed. (The captioner killed under traffic: test_proxy_vision.)
 """
 
 from __future__ import annotations

@@ -2,12 +2,16 @@
 placement and torch threads by GPU or CPU, and the queue and scaling bounds of each deployment."""
 
 import os
+from pathlib import Path
 
 import pytest
+import yaml
 
-from deployments.config import AppArgs, DeploymentConfig, ModelConfig, cpu_cores
+from deployments.config import AppArgs, DeploymentConfig, ModelConfig, cpu_cores, parse_models
 from deployments.errors import ConfigError
 from deployments.options import INGRESS, captioner_options, decoder_layout, decoder_options
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def model(**params) -> ModelConfig:
@@ -63,8 +67,21 @@ def test_the_decoder_takes_two_batches_by_default_and_never_less_than_one():
     explicit = model().model_copy(update={"deployment": DeploymentConfig(max_ongoing_requests=12)})
     assert decoder_options(AppArgs(decoder_gpus=0), explicit, 2)[0]["max_ongoing_requests"] == 12
     below = model().model_copy(update={"deployment": DeploymentConfig(max_ongoing_requests=11)})
-    with pytest.raises(ConfigError, match=r"max_ongoing_requests \(11\) is below params\.max_num_seqs \(12\)"):
-        decoder_options(AppArgs(decoder_gpus=0), below, 2)
+    with pytest.raises(ConfigError, match=r"max_ongoing_requests \(11\) is below params\.max_num_seqs \(12\)") as err:
+        decoder_options(AppArgs(decoder_gpus=0, models_file="conf/models.yaml"), below, 2)
+    assert str(err.value).startswith(f"{Path('conf/models.yaml').resolve()}: model 'llm': deployment.")
+
+
+def test_the_commented_gpu_profile_keeps_one_batch_per_decoder_replica():
+    """models.yaml's GPU profile (commented out) is valid, and its decoder takes 32 requests per
+    replica as the old serve_config.yaml gave it, not the default 2 x max_num_seqs = 64."""
+    path = ROOT / "models.yaml"
+    text = path.read_text()
+    lines = [line[2:] for line in text[text.index("# --- GPU profile") :].splitlines() if line.startswith("#")]
+    profile = parse_models(yaml.safe_load("\n".join(lines[lines.index("models:") :])), path)
+    primary = profile.models[0]
+    options, _ = decoder_options(AppArgs(decoder_gpus=0.5), primary, 16)
+    assert options["max_ongoing_requests"] == primary.params.max_num_seqs == 32
 
 
 def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
@@ -74,7 +91,15 @@ def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
     assert (options["max_ongoing_requests"], options["max_queued_requests"]) == (16, 8)
     scaling = options["autoscaling_config"]
     assert scaling["min_replicas"] == 1 and options["max_ongoing_requests"] >= scaling["target_ongoing_requests"]
-    assert captioner_options(AppArgs(), None)["ray_actor_options"]["num_gpus"] == 0
+
+
+def test_without_a_captioner_the_stub_replica_has_the_same_bounded_queue():
+    stub = captioner_options(AppArgs(), None)
+    assert stub["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.0} and "autoscaling_config" not in stub
+    configured = captioner_options(AppArgs(captioner_gpus=0), ModelConfig(name="cap", hf_id="org/cap"))
+    queue = ("max_ongoing_requests", "max_queued_requests", "backpressure_config", "health_check_period_s")
+    assert {k: stub[k] for k in queue} == {k: configured[k] for k in queue}
+    assert (stub["max_ongoing_requests"], stub["max_queued_requests"]) == (16, 64)
 
 
 def test_the_ingress_autoscales_on_connections_with_no_cpu_reserved():

@@ -1,6 +1,6 @@
 """Image input: turn an `image_url` into validated, encoded image bytes.
 
-`load_image` takes ``data:image/...;base64,`` URLs and, through `image_fetch.fetch_image` (SSRF
+`load_image` takes ``data:image/...;base64,`` URLs and, through `fetch.fetch_image` (SSRF
 guard, timeouts, byte cap), ``http(s)://`` and ``file://`` URLs; the sync `load_image_url` takes data
 URLs only. Limits come from `ImageInputConfig`. Bytes are checked here, in the CPU ingress, so that a
 bad image is a 400 before it costs a GPU replica anything, and travel to the captioner once, encoded.

@@ -178,7 +178,7 @@ def _check_target(url: URL, allow: _Allow, *, where: str, param: str) -> str:
 async def fetch_image(url: str, config: ImageInputConfig, *, param: str) -> bytes:
     """Bytes at an ``http://``, ``https://`` or ``file://`` URL, within `config`'s limits.
 
-    The bytes are not checked as an image here (see `images.check_image`). Raises `InvalidImageError`
+    The bytes are not checked as an image here (see `check.check_image`). Raises `InvalidImageError`
     naming `param` for any failure: a refused scheme, host or path, a timeout, a non-2xx status, too
     many redirects, a body over `max_image_bytes`.
     """

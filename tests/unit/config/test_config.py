@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deployments.app import build_app, build_captioner_app
 from deployments.config import AppArgs, EngineParams, load_models_file, resolve_plan
 from deployments.errors import ConfigError
 
@@ -212,3 +213,45 @@ def test_builder_overrides_are_typed_params_holding_only_what_was_given():
     args = AppArgs.model_validate({"decoder.max_tokens": "64", "captioner": {"dtype": "float16"}})
     assert isinstance(args.decoder, EngineParams) and args.decoder.max_tokens == 64
     assert args.decoder.model_fields_set == {"max_tokens"} and args.captioner.model_fields_set == {"dtype"}
+
+
+@pytest.mark.parametrize("builder", [build_app, build_captioner_app])
+def test_builders_report_bad_args_as_config_errors(builder, tmp_path):
+    with pytest.raises(ConfigError, match=r"^builder args: decoder\.max_tokens: ") as err:
+        builder({"models_file": str(proxy_file(tmp_path)), "decoder.max_tokens": 0})
+    assert "greater than 0" in str(err.value)
+    with pytest.raises(ConfigError, match=r"^builder args: captioner\.nonsense: "):
+        builder({"captioner.nonsense": 1})
+
+
+def test_captioning_on_an_entry_no_entry_names_as_captioner_is_refused(tmp_path):
+    """The old vision_proxy settings moved into the primary's own entry would be ignored."""
+    path = proxy_file(tmp_path, captioning={"prompt_template": "Describe: {user_text}"})
+    with pytest.raises(ConfigError) as err:
+        resolve_plan({"models_file": str(path)})
+    message = str(err.value)
+    assert message.startswith(f"{path}: models[0].captioning: no entry names 'llm' in capabilities.captioner")
+    assert "belongs on the captioner's own entry" in message and "move it to the entry of 'cap'" in message
+    hub = {"vision_mode": "proxy", "captioner": "org/vlm"}
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": hub, "captioning": {}}]})
+    with pytest.raises(ConfigError, match=r"models\[0\]\.captioning: .*: add an entry named 'org/vlm'"):
+        resolve_plan({"models_file": str(path)})
+
+
+def test_captioning_on_a_named_captioner_is_kept_whatever_the_primary(tmp_path):
+    data = yaml.safe_load(proxy_file(tmp_path).read_text())
+    data["models"][1]["captioning"] = {"max_new_tokens": 9}
+    path = write(tmp_path, data)
+    assert resolve_plan({"models_file": str(path), "vision_mode": "none"}).captioner is None
+    assert resolve_plan({"models_file": str(path), "model": "cap"}).primary.captioning.max_new_tokens == 9
+
+
+def test_a_fake_section_needs_engine_fake(tmp_path):
+    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "fake": {"token_delay_ms": 20}}]})
+    with pytest.raises(ConfigError) as err:
+        resolve_plan({"models_file": str(path)})
+    message = str(err.value)
+    assert message.startswith(f"{path}: models[0].fake: ")
+    assert "applies only to engine: fake" in message and "model 'a' has engine 'transformers'" in message
+    path = write(tmp_path, {"models": [{"name": "a", "engine": "fake", "fake": {"token_delay_ms": 20}}]})
+    assert resolve_plan({"models_file": str(path)}).primary.fake.token_delay_ms == 20

@@ -42,10 +42,10 @@ async def test_fills_to_max_tokens_slowly_and_counts_its_live_generations():
     assert time.monotonic() - started >= 0.1 and engine.stats()["running"] == 0
 
 
-def test_captions_by_the_top_left_pixel():
+def test_captions_by_the_top_left_pixel_and_repeats_the_prompt():
     engine = create_caption_engine(ModelConfig(name="cap", engine="fake"))
     images = [Image.new("RGB", (4, 4), (1, 2, 3)), Image.new("RGB", (2, 2), (9, 8, 7))]
     assert engine.caption(images, ["a", "b"]) == [
-        "a picture whose corner is rgb(1, 2, 3)",
-        "a picture whose corner is rgb(9, 8, 7)",
+        "a picture whose corner is rgb(1, 2, 3) for: a",
+        "a picture whose corner is rgb(9, 8, 7) for: b",
     ]

@@ -1,13 +1,16 @@
 """Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
-streaming `generate` and its `status`) and the captioner client. No Ray is started."""
+streaming `generate` and its `status`) and the captioner client. No Ray is started. They satisfy
+the Protocols of `deployments.ingress.ports` (`DecoderHandle`, `Captioner`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from deployments.errors import CaptionerUnavailable
+from deployments.ingress.vision.cache import CaptionCache
 from deployments.ingress.vision.collect import ImageInput
 from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
 
@@ -45,7 +48,7 @@ class FakeDecoder:
     app_name, deployment_name = "default", "PrimaryDecoder"
 
     def __init__(
-        self, pieces: list[str] = ("Hello", " there"), delay_s: float = 0.0, error: BaseException | None = None
+        self, pieces: Sequence[str] = ("Hello", " there"), delay_s: float = 0.0, error: BaseException | None = None
     ) -> None:
         self.pieces, self.delay_s, self.error = list(pieces), delay_s, error
         self.fail_at = 0
@@ -68,11 +71,18 @@ class FakeDecoder:
 
 
 class FakeCaptioner:
-    """Captions each image by its message's text; or is down (`CaptionerUnavailable`)."""
+    """Captions each image by its message's text; or is down (`CaptionerUnavailable`, and not ready
+    on `status()`). Its cache is a real one that nothing fills."""
 
     def __init__(self, down: bool = False, delay_s: float = 0.0) -> None:
         self.down, self.delay_s = down, delay_s
         self.calls: list[list[ImageInput]] = []
+        self.cache = CaptionCache(max_entries=16, max_bytes=2**20)
+
+    async def status(self) -> ComponentStatus:
+        if self.down:
+            return ComponentStatus(ready=False, reason="replica died")
+        return ComponentStatus(ready=True, model="cap")
 
     async def caption(self, images: list[ImageInput]) -> list[str]:
         self.calls.append(images)

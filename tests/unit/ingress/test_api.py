@@ -5,6 +5,7 @@ errors and an OpenAPI spec without FastAPI's 422."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import httpx
 from ray.serve.exceptions import BackPressureError
@@ -15,12 +16,12 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.protocol import ModelCard, ModelList
-from tests.unit.ingress.fakes import FakeDecoder
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 
 KEY = "sk-api-test-0123"
 
 
-def client(decoder: FakeDecoder, keys: list[str] = ()) -> httpx.AsyncClient:
+def client(decoder: FakeDecoder, keys: Sequence[str] = ()) -> httpx.AsyncClient:
     chat = ChatService(decoder, None, model_name="echo", request_timeout_s=5, images=ImageInputConfig())
     health = HealthService(decoder, None, model_name="echo")
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None))
@@ -42,6 +43,15 @@ async def test_routes_answer_in_openai_shapes():
         assert (await http.get("/v1/models")).json()["data"][0]["id"] == "echo"
         health = await http.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+async def test_health_reports_the_captioner_and_its_cache_and_degrades_without_it():
+    up = HealthService(FakeDecoder(), FakeCaptioner(), model_name="echo")
+    body, code = await up.report()
+    assert (code, body["status"]) == (200, "ok")
+    assert body["components"]["captioner"]["ready"] and "hits" in body["components"]["captioner"]["cache"]
+    body, code = await HealthService(FakeDecoder(), FakeCaptioner(down=True), model_name="echo").report()
+    assert (code, body["status"]) == (200, "degraded") and body["components"]["captioner"]["reason"] == "replica died"
 
 
 async def test_errors_are_openai_shaped_with_their_status():
