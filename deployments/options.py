@@ -8,8 +8,11 @@ override any option (Serve applies its ``deployments:`` entries over these).
 - PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a fixed set of CPU replicas
   sharing the cores); it takes up to twice `max_num_seqs` requests (one batch running, one
   waiting in the replica) and never fewer than `max_num_seqs`.
-- VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls (with no
-  captioner configured, one CPU replica that only says so, behind the same queue bounds).
+- VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls; without a GPU
+  share, one replica (a second on the same cores adds no throughput, and when decoder replicas
+  crash it can take the CPU their replacements need: measured, a 5-minute decoder outage in the
+  soak, docs/reliability.md). With no captioner configured, one CPU replica that only says so,
+  behind the same queue bounds.
 
 Every queue is bounded: beyond `max_queued_requests`, callers get a 503 with Retry-After at once,
 and a crashed model replica is noticed (and replaced) within `HEALTH_CHECK_S`.
@@ -110,8 +113,10 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
     behind the same bounded queue."""
     if model is None:
         return {**_queue(DeploymentConfig(), CAPTIONER_ONGOING), "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.0}}
+    share = gpus(app_args.captioner_gpus)
+    scaling = {"autoscaling_config": CAPTIONER_SCALING} if share else {"num_replicas": 1}
     return {
         **_queue(model.deployment, CAPTIONER_ONGOING),
-        "autoscaling_config": CAPTIONER_SCALING,
-        "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus(app_args.captioner_gpus)},
+        **scaling,
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": share},
     }

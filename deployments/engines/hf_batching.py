@@ -15,8 +15,10 @@ batched sampler; such requests get a 400 that says to use `batching: sequential`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import queue
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -189,3 +191,13 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                 self._manager.cancel_request(request_id)
                 with self._manager.output_router._lock:  # a cancelled request gets no final output
                     self._manager.output_router.result_handlers.pop(request_id, None)
+            self._drop_orphans()
+
+    def _drop_orphans(self) -> None:
+        """Outputs that a cancelled sequence produced after its handler was removed go to the manager's
+        shared queue, which this engine never reads: dropped here, or they pile up for the replica's
+        life (one or two per cancelled request, found by the soak in docs/reliability.md)."""
+        orphans = self._manager.output_router.output_queue
+        with contextlib.suppress(queue.Empty):
+            while True:
+                orphans.get_nowait()

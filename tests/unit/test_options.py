@@ -93,6 +93,16 @@ def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
     assert scaling["min_replicas"] == 1 and options["max_ongoing_requests"] >= scaling["target_ongoing_requests"]
 
 
+def test_a_cpu_captioner_is_one_replica_so_crashed_decoders_get_their_cpu_back():
+    """On CPU, Ray's CPUs are the cores the decoders share: a second captioner replica would add no
+    throughput, and after a decoder crash it could take the CPU the decoders' replacements need."""
+    options = captioner_options(AppArgs(captioner_gpus=0), ModelConfig(name="cap", hf_id="org/cap"))
+    assert options["num_replicas"] == 1 and "autoscaling_config" not in options
+    decoders, _ = decoder_layout(AppArgs(decoder_gpus=0), ModelConfig(name="d", hf_id="org/d"), cores=2)
+    cpus = decoders["num_replicas"] * decoders["ray_actor_options"]["num_cpus"]
+    assert cpus + options["ray_actor_options"]["num_cpus"] <= 2
+
+
 def test_without_a_captioner_the_stub_replica_has_the_same_bounded_queue():
     stub = captioner_options(AppArgs(), None)
     assert stub["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.0} and "autoscaling_config" not in stub
