@@ -47,3 +47,12 @@ def test_builders_accept_the_shared_args(config, monkeypatch, smollm2):
         assert module == app_module.__name__
         built = getattr(app_module, builder)(application.args)
         assert built is not None
+
+
+def test_every_application_bounds_the_cpu_kernel_caches(config):
+    """oneDNN caches one kernel per matmul shape, 1024 by default; under continuous batching nearly
+    every step is a new shape, and a decoder grew by hundreds of MB until the caches filled."""
+    for application in config.applications:
+        env = (application.runtime_env or {}).get("env_vars", {})
+        for cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+            assert 0 < int(env.get(cache, "0")) <= 64, (application.name, cache)
