@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Wait until the service answers, then print one line: its URL, model(s) and vision state.
+
+    mmserve ready: http://127.0.0.1:8000 | model: smollm2-135m-instruct | vision: degraded (...)
+
+scripts/run.sh starts it beside `serve run` with `--pid` (it gives up when that process is gone).
+Until then /health gives no answer, Ray's plain-text 404 (routes not deployed yet) or a JSON 503
+(decoder loading): only a JSON 200 means ready. Exit status 0 when ready, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_url(config: Path) -> str:
+    http = (yaml.safe_load(config.read_text()) or {}).get("http_options") or {}
+    host = http.get("host", "127.0.0.1")
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{http.get('port', 8000)}"
+
+
+def get_json(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, parsed JSON body); (0, None) when nothing answers or the body is not JSON."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except (OSError, ValueError):
+        return 0, None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return 0, None
+
+
+def alive(pid: int) -> bool:
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+    except OSError:
+        return False
+
+
+def ready_line(url: str, health: dict[str, Any]) -> str:
+    keys = [k for k in os.environ.get("MMSERVE_API_KEYS", "").split(",") if k.strip()]
+    status, models = get_json(f"{url}/v1/models", {"Authorization": f"Bearer {keys[0].strip()}"} if keys else None)
+    if status == 200:
+        model = ", ".join(m["id"] for m in models["data"])
+    else:
+        model = f"? (/v1/models answered {status}: set MMSERVE_API_KEYS to one of the keys)"
+    captioner = health["components"].get("captioner")
+    if captioner is None:
+        vision = "off"
+    elif captioner["ready"]:
+        vision = "ok"
+    else:
+        reason = " ".join(str(captioner.get("reason")).split())  # one line, however the loader wrote it
+        vision = f"degraded ({reason if len(reason) <= 160 else reason[:157] + '...'})"
+    return f"mmserve ready: {url} | model: {model} | vision: {vision}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument("--pid", type=int, help="give up when this process (serve run) has exited")
+    args = parser.parse_args()
+    url = base_url(args.config)
+    while args.pid is None or alive(args.pid):
+        status, health = get_json(f"{url}/health")
+        if status == 200 and isinstance(health, dict) and "components" in health:
+            print(ready_line(url, health), flush=True)
+            return 0
+        time.sleep(1)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""The README's commands, run as written, so that it cannot go stale: the service started the README's
+way (`./scripts/run.sh`, on serve_config.yaml's port), every other shell and Python block in order
+against it, then the README's stop command, after which nothing the service started may be running.
+
+A README block is marked by an HTML comment on the line before it:
+  <!-- readme-test: service -->         started in the background; its ready line is awaited
+  <!-- readme-test: stop -->            run last; the service and every process under it must be gone
+  <!-- readme-test: skip (reason) -->   not run (long-running, multi-node, this suite itself)
+Every other ```bash block runs in `bash -euo pipefail`, every ```python block in .venv's Python, from
+the repository root, in a new user's environment (no .venv on PATH, no Ray variables). Each must exit
+0 and print something that is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+BLOCK = re.compile(
+    r"^(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>bash|python)\n(?P<code>.*?)^```$", re.M | re.S
+)
+READY = re.compile(r"^mmserve ready: (?P<url>http://\S+) \| model: (?P<model>\S+) \| vision: (ok|off|degraded \(.+\))$")
+BLOCK_TIMEOUT_S = 180  # a hang guard, not a measurement
+READY_TIMEOUT_S = 300
+
+
+@dataclass
+class Block:
+    lang: str
+    code: str
+    mark: str  # "", "service", "stop" or "skip (reason)"
+
+
+def readme_blocks() -> list[Block]:
+    return [Block(m["lang"], m["code"], m["mark"] or "") for m in BLOCK.finditer(README.read_text())]
+
+
+def user_env() -> dict[str, str]:
+    """The environment of a new user's shell: this interpreter's venv neither active nor on PATH, no
+    Ray settings (the suite's own ray.init sets RAY_AUTH_MODE in this process)."""
+    venv_bins = {str(Path(sys.executable).parent), str(ROOT / ".venv" / "bin")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p not in venv_bins)
+    return env
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def run_block(block: Block, env: dict[str, str]) -> str:
+    if block.lang == "bash":
+        argv = ["bash", "-euo", "pipefail", "-c", block.code]
+    else:
+        argv = [str(ROOT / ".venv" / "bin" / "python"), "-c", block.code]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    shown = f"README block:\n{block.code}\nexit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert done.returncode == 0, shown
+    assert done.stdout.strip(), shown
+    try:
+        body = json.loads(done.stdout)
+    except ValueError:
+        body = None
+    assert not (isinstance(body, dict) and "error" in body), shown
+    return done.stdout
+
+
+class Service:
+    """The README's service command in the background, its output collected line by line."""
+
+    def __init__(self, block: Block, env: dict[str, str]) -> None:
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", block.code],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if READY.match(self.lines[-1]):
+                self._ready.set()
+        self._ready.set()  # the output ended: the service exited
+
+    def wait_ready(self) -> re.Match[str]:
+        self._ready.wait(READY_TIMEOUT_S)
+        ready = [m for m in map(READY.match, self.lines) if m]
+        assert ready, "no ready line; the service's last output:\n" + "\n".join(self.lines[-60:])
+        return ready[0]
+
+    def tree(self) -> list[psutil.Process]:
+        """The service and every process under it (serve run, Ray's processes, the replicas)."""
+        root = psutil.Process(self.proc.pid)
+        return [root, *root.children(recursive=True)]
+
+    def kill(self) -> None:
+        """Last resort after a failure: nothing of it may outlive the test."""
+        tree: list[psutil.Process] = []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = self.tree()
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def still_running(processes: list[psutil.Process]) -> list[str]:
+    left = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def test_readme_marks_are_known():
+    blocks = readme_blocks()
+    marks = [b.mark for b in blocks]
+    assert marks.count("service") == 1 and marks.count("stop") == 1, marks
+    for mark in marks:
+        assert mark in ("", "service", "stop") or re.fullmatch(r"skip \(.+\)", mark), mark
+    assert any(b.lang == "python" and not b.mark for b in blocks)
+
+
+@pytest.mark.timeout(900)
+def test_readme_commands_run_as_written():
+    blocks = readme_blocks()
+    [start] = [b for b in blocks if b.mark == "service"]
+    [stop] = [b for b in blocks if b.mark == "stop"]
+    port = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["http_options"]["port"]
+    assert not port_in_use(port), f"port {port} is taken: stop what serves there (scripts/stop.sh) first"
+
+    env = user_env()
+    service = Service(start, env)
+    try:
+        ready = service.wait_ready()
+        assert ready["url"] == f"http://127.0.0.1:{port}"
+        for block in blocks:
+            if not block.mark:
+                run_block(block, env)
+        processes = service.tree()
+        assert len(processes) > 3, [p.cmdline() for p in processes]  # serve run and Ray's processes
+        run_block(stop, env)
+        assert service.proc.wait(BLOCK_TIMEOUT_S) is not None
+        assert still_running(processes) == []
+        assert not port_in_use(port)
+        assert sum(bool(READY.match(line)) for line in service.lines) == 1
+    finally:
+        if service.proc.poll() is None:
+            service.kill()
