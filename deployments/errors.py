@@ -15,6 +15,7 @@ Hierarchy::
         ├── PayloadTooLargeError    413, code request_too_large
         └── UnavailableError        503 service_unavailable, with Retry-After
             ├── CaptionerUnavailable    the vision captioner cannot caption now
+            │   └── CaptionerTimeout        it did not answer within proxy_vision.timeout_s
             ├── DecoderUnavailable      the primary decoder cannot generate now
             └── OverloadedError         a deployment's queue is full (Serve's max_queued_requests)
 
@@ -113,6 +114,11 @@ class UnavailableError(ServiceError):
 
 class CaptionerUnavailable(UnavailableError):
     code = "captioner_unavailable"
+
+
+class CaptionerTimeout(CaptionerUnavailable):
+    """Same status and code as its parent (a 503 under `on_failure: reject`); its own class so that a
+    degraded response can say the captioner was slow rather than down."""
 
 
 class DecoderUnavailable(UnavailableError):

@@ -104,6 +104,46 @@ class ChatCompletionRequest(_Request):
 
 FinishReason = Literal["stop", "length"]
 
+UnseenReason = Literal["captioner_unavailable", "captioner_timeout"]
+DEGRADED_FINGERPRINT = "mmserve-vision-degraded"
+
+
+class UnseenImage(BaseModel):
+    """One image the decoder was told about but that no caption describes."""
+
+    index: int = Field(description="Position among the request's images, 0-based, in conversation order.")
+    reason: UnseenReason = Field(
+        description="captioner_unavailable: it failed to load, died, or failed recently; "
+        "captioner_timeout: it did not answer within proxy_vision.timeout_s."
+    )
+    message: str = Field(description="What the ingress knows of the cause, in words.")
+
+
+class VisionReport(BaseModel):
+    """Which images of the request the decoder did not see, and why."""
+
+    degraded: Literal[True] = True
+    unseen_images: list[UnseenImage] = Field(min_length=1)
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class _VisionFields(BaseModel):
+    """What a response says when an image was not seen; both fields are absent when every image was.
+
+    `vision` is a top-level extension field because the official openai client keeps unknown
+    top-level fields (`completion.vision`, `completion.model_extra`); on a stream it is on the first
+    chunk. LangChain's ChatOpenAI drops unknown fields at every level, but keeps
+    `system_fingerprint` in the message's `response_metadata` (on a stream, from the chunk with
+    the finish reason): OpenAI defines it as the backend configuration that produced the answer,
+    and an answer produced without the captioner comes from a different one, so it is
+    `DEGRADED_FINGERPRINT` then, on every chunk, as OpenAI sends it."""
+
+    system_fingerprint: str | None = Field(None, exclude_if=_absent)
+    vision: VisionReport | None = Field(None, exclude_if=_absent)
+
 
 class Usage(BaseModel):
     prompt_tokens: int
@@ -123,7 +163,7 @@ class Choice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletion(BaseModel):
+class ChatCompletion(_VisionFields):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -144,7 +184,7 @@ class ChunkChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_VisionFields):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int

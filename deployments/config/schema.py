@@ -133,13 +133,25 @@ class CaptioningConfig(_Strict):
 
 class ProxyVisionConfig(_Strict):
     """How the ingress uses the captioner (the file-level ``proxy_vision:`` section): deadlines, the
-    failure policy and the caption cache."""
+    failure policy, what a degraded answer says, and the caption cache.
+
+    A degraded answer always says so to programs (the `vision` field, `system_fingerprint`, the
+    `X-Vision-Degraded` header) and tells the decoder (`rewrite.unseen_marker`); `degraded_notice`
+    is for people behind clients that show only the text, and for decoders too small to follow
+    the prompt's instruction."""
 
     timeout_s: float = Field(60.0, gt=0, description="Deadline of one captioning call.")
     on_failure: Literal["degrade", "reject"] = Field(
         "degrade",
-        description="When the captioner is down: degrade = answer with a marker per image and an "
-        "X-Vision-Degraded header; reject = 503.",
+        description="When the captioner is down: degrade = answer, telling the decoder the image was not seen, "
+        "with a `vision` field in the body and an X-Vision-Degraded header; reject = 503.",
+    )
+    degraded_notice: str | None = Field(
+        None,
+        min_length=1,
+        description="Text put, as it is, before the answer of a degraded request: before the content of a "
+        "completion, and as the first content delta of a stream. Not generated, so not counted in usage's "
+        "completion_tokens. null: none (the answer is the decoder's alone).",
     )
     retry_after_s: float = Field(10.0, gt=0, description="After a captioner failure, how long image requests skip it.")
     cache_entries: int = Field(

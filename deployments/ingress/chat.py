@@ -3,11 +3,13 @@
 captioner client, so that it runs, and is tested, without Ray and without HTTP.
 
 One request: the model is checked; with images, the captioner describes them and the chat is
-rewritten to text (proxy vision), or, when the captioner is down, the images are marked as
-undescribed (``degrade``, with the `X-Vision-Degraded` header) or the request is a 503
-(``reject``); the decoder's first chunk is awaited before anything is sent, so errors before the
-first byte keep their status. Everything runs before one deadline (`server.request_timeout_s`):
-a 408 before the first byte, an error event after; the generation is cancelled either way.
+rewritten to text (proxy vision), or, when the captioner is down, the request is a 503 (``reject``)
+or is answered without them (``degrade``): the decoder is told that the images were not seen, and
+the response says which and why (`vision` field, `system_fingerprint`, `X-Vision-Degraded` header,
+and `proxy_vision.degraded_notice` before the text when set). The decoder's first chunk is awaited
+before anything is sent, so errors before the first byte keep their status. Everything runs before
+one deadline (`server.request_timeout_s`): a 408 before the first byte, an error event after; the
+generation is cancelled either way.
 """
 
 from __future__ import annotations
@@ -16,16 +18,29 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
 
-from deployments.config import ImageInputConfig
-from deployments.errors import CaptionerUnavailable, ModelNotFoundError, RequestTimeoutError, VisionDisabledError
+from deployments.config import ImageInputConfig, ProxyVisionConfig
+from deployments.errors import (
+    CaptionerTimeout,
+    CaptionerUnavailable,
+    ModelNotFoundError,
+    RequestTimeoutError,
+    VisionDisabledError,
+)
 from deployments.ingress.ports import Captioner, DecoderHandle
-from deployments.ingress.sse import completion, sse_events
+from deployments.ingress.sse import Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
 from deployments.ingress.vision.collect import collect_images, count_images
-from deployments.ingress.vision.rewrite import UNDESCRIBED, rewrite
-from deployments.protocol import ChatCompletionRequest, ChatMessage, GenerateRequest, TextMessage
+from deployments.ingress.vision.rewrite import rewrite, unseen_marker
+from deployments.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    GenerateRequest,
+    TextMessage,
+    UnseenImage,
+    UnseenReason,
+    VisionReport,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -65,16 +80,16 @@ class ChatService:
         model_name: str,
         request_timeout_s: float,
         images: ImageInputConfig,
-        on_image_failure: Literal["degrade", "reject"] = "degrade",
+        vision: ProxyVisionConfig | None = None,
     ) -> None:
         """`decoder`: a handle to the decoder deployment (or a fake with the same calls);
-        `captioner`: None when the model takes no images."""
+        `captioner`: None when the model takes no images; `vision`: the failure policy and notice."""
         self._decoder = decoder
         self._captioner = captioner
         self._model = model_name
         self._timeout_s = request_timeout_s
         self._images = images
-        self._on_image_failure = on_image_failure
+        self._vision = vision or ProxyVisionConfig()
 
     async def create(self, body: ChatCompletionRequest, request_id: str) -> ChatReply:
         if body.model != self._model:
@@ -97,12 +112,15 @@ class ChatService:
         cid = f"chatcmpl-{request_id}"
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = sse_events(first, stream, cid, self._model, include_usage=include_usage, request_id=request_id)
+            events = sse_events(
+                first, stream, cid, self._model, degraded, include_usage=include_usage, request_id=request_id
+            )
             return ChatReply(headers, events=events)
-        return ChatReply(headers, body=await completion(first, stream, cid, self._model))
+        return ChatReply(headers, body=await completion(first, stream, cid, self._model, degraded))
 
-    async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], str | None]:
-        """Proxy vision: captions in place of images. Returns the degradation reason, if any."""
+    async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], Degraded | None]:
+        """Proxy vision: captions in place of images; with the policy ``degrade``, a marker in place of
+        each image the captioner could not describe, and what the response must say about them."""
         if not count_images(messages):
             return rewrite(messages, []), None
         if self._captioner is None:
@@ -113,10 +131,13 @@ class ChatService:
         try:
             captions = await self._captioner.caption(images)
         except CaptionerUnavailable as exc:
-            if self._on_image_failure == "reject":
+            if self._vision.on_failure == "reject":
                 raise
             logger.warning("answering without image descriptions: %s", exc.message)
-            return rewrite(messages, [UNDESCRIBED.format(reason="captioner unavailable")] * len(images)), exc.message
+            reason: UnseenReason = "captioner_timeout" if isinstance(exc, CaptionerTimeout) else "captioner_unavailable"
+            unseen = [UnseenImage(index=i, reason=reason, message=exc.message) for i in range(len(images))]
+            degraded = Degraded(VisionReport(unseen_images=unseen), self._vision.degraded_notice)
+            return rewrite(messages, [unseen_marker(reason)] * len(images)), degraded
         return rewrite(messages, captions), None
 
     def _timed_out(self) -> RequestTimeoutError:

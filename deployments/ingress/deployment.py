@@ -47,7 +47,7 @@ class Ingress:
             model_name=config.model_name,
             request_timeout_s=config.server.request_timeout_s,
             images=config.images,
-            on_image_failure=config.vision.on_failure if config.vision else "degrade",
+            vision=config.vision,
         )
         self._health = HealthService(decoder, captioner, model_name=config.model_name)
         self._models = ModelList(data=[ModelCard(id=config.model_name, created=int(time.time()))])

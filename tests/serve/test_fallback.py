@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from deployments.ingress.vision.rewrite import unseen_marker
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import (
     app_status,
@@ -58,7 +59,8 @@ def test_image_request_degrades_visibly(service, http):
     assert response.status_code == 200
     assert response.headers["x-vision-degraded"] == "captioner-unavailable"
     prompt = response.json()["choices"][0]["message"]["content"]
-    assert prompt == "user: see?\nImage 1: [image could not be described: captioner unavailable]"
+    assert prompt == f"user: see?\nImage 1: {unseen_marker('captioner_unavailable')}"
+    assert response.json()["vision"]["unseen_images"][0]["reason"] == "captioner_unavailable"
 
 
 def test_streaming_image_request_degrades_too(service, http):
@@ -69,7 +71,10 @@ def test_streaming_image_request_degrades_too(service, http):
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-    assert "could not be described" in "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert unseen_marker("captioner_unavailable") in "".join(
+        c["choices"][0]["delta"].get("content", "") for c in chunks
+    )
+    assert chunks[0]["vision"]["degraded"] is True
 
 
 def test_health_says_why(service, weights_dir, http):
@@ -119,5 +124,6 @@ def test_recovers_without_restart(service, weights_dir, tiny_vlm_dir, http):
     )
     response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()), text="now?"))
     prompt = response.json()["choices"][0]["message"]["content"]
-    assert prompt.startswith("user: now?\nImage 1: ") and "could not be described" not in prompt
+    assert prompt.startswith("user: now?\nImage 1: ") and "could not be seen" not in prompt
+    assert "vision" not in response.json()
     assert http.get("/health").json()["status"] == "ok"

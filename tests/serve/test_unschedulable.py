@@ -22,10 +22,13 @@ def test_main_running_while_captioner_cannot_be_scheduled(service):
 
 
 def test_image_request_degrades_after_the_deadline(service, http):
+    reasons = []
     for _ in range(2):  # the second one is answered from the failure memory
         response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes())))
         assert response.status_code == 200
         assert response.headers["x-vision-degraded"] == "captioner-unavailable"
+        reasons.append(response.json()["vision"]["unseen_images"][0]["reason"])
+    assert reasons == ["captioner_timeout", "captioner_unavailable"]
 
 
 def test_health_quotes_serve(service, http):

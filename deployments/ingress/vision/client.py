@@ -23,7 +23,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponse
 
 from deployments.config import ModelConfig, ProxyVisionConfig
-from deployments.errors import CaptionerUnavailable, from_serve, unwrap
+from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serve, unwrap
 from deployments.ingress.serve_view import FAILED, app_state, deployment_status
 from deployments.ingress.vision.cache import CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
@@ -50,12 +50,12 @@ class CaptionerClient:
     def _handle(self):
         return serve.get_deployment_handle(DEPLOYMENT, app_name=self._app)
 
-    def _mark_down(self, reason: str) -> CaptionerUnavailable:
+    def _mark_down(self, reason: str, error: type[CaptionerUnavailable] = CaptionerUnavailable) -> CaptionerUnavailable:
         if self.reason != reason:
             logger.warning("captioner unavailable, degrading image requests: %s", reason)
         self.reason = reason
         self._down_until = time.monotonic() + self._vision.retry_after_s
-        return CaptionerUnavailable(f"The vision captioner is unavailable: {reason}")
+        return error(f"The vision captioner is unavailable: {reason}")
 
     def _mark_up(self) -> None:
         if self.reason is not None:
@@ -63,7 +63,8 @@ class CaptionerClient:
         self.reason, self._down_until = None, 0.0
 
     async def caption(self, images: list[ImageInput]) -> list[str]:
-        """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed)."""
+        """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed;
+        `CaptionerTimeout` when this call waited out `timeout_s`)."""
         prompts = [self._captioning.prompt(im.user_text) for im in images]
         keys = [cache_key(im.digest, self._name, prompt) for im, prompt in zip(images, prompts, strict=True)]
 
@@ -81,7 +82,7 @@ class CaptionerClient:
             captions = await self._watch(self._handle().caption.remote(request))
         except TimeoutError:
             reason = f"no answer within {self._vision.timeout_s:g}s ({await self._app_state()})"
-            raise self._mark_down(reason) from None
+            raise self._mark_down(reason, CaptionerTimeout) from None
         except Exception as exc:
             cause = unwrap(exc)
             if isinstance(cause, BackPressureError):  # busy, not broken: no degradation, the client retries

@@ -3,15 +3,29 @@
 Each user message with `image_url` parts becomes one text message: its text parts and one
 ``Image N: <caption>`` line per image, each at the image's position. N counts images across the
 whole conversation, so earlier turns keep their numbers. Other messages pass unchanged (list
-content is joined to text).
+content is joined to text). An image that could not be captioned gets `unseen_marker` in place of
+its caption: an instruction (do not describe it; say it was not seen) rather than the bare fact that
+the former "[image could not be described: ...]" stated.
 """
 
 from __future__ import annotations
 
 from deployments.ingress.vision.collect import count_images, text_of
-from deployments.protocol import ChatMessage, ImagePart, TextMessage, UserMessage
+from deployments.protocol import ChatMessage, ImagePart, TextMessage, UnseenReason, UserMessage
 
-UNDESCRIBED = "[image could not be described: {reason}]"
+_WHY: dict[UnseenReason, str] = {
+    "captioner_unavailable": "the vision model is unavailable",
+    "captioner_timeout": "the vision model did not answer in time",
+}
+
+
+def unseen_marker(reason: UnseenReason) -> str:
+    """What the decoder reads in place of an image nobody described: that there was an image, that
+    it was not seen and why, and what to do about it (not describe it; say so)."""
+    return (
+        f"[The user attached an image here, but it could not be seen ({_WHY[reason]}). "
+        "Do not describe it or guess what it shows; tell the user you cannot see it.]"
+    )
 
 
 def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessage]:

@@ -33,6 +33,8 @@ def test_repository_models_yaml_is_valid():
     plan = resolve_plan({"models_file": str(ROOT / "models.yaml")})
     assert plan.primary.weight_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert plan.captioner is not None and plan.captioner.hf_id
+    # No captioner offline and a decoder too small to follow the prompt: say it in the text too.
+    assert plan.vision is not None and plan.vision.degraded_notice
 
 
 def test_local_path_is_resolved_relative_to_the_file(tmp_path):
@@ -202,11 +204,15 @@ def test_the_captioner_entry_carries_its_own_settings(tmp_path):
     path = proxy_file(tmp_path)
     data = yaml.safe_load(path.read_text())
     data["models"][1]["captioning"] = {"prompt_template": "Say: {user_text}", "max_new_tokens": 9}
-    data["proxy_vision"] = {"timeout_s": 3, "on_failure": "reject"}
+    data["proxy_vision"] = {"timeout_s": 3, "on_failure": "reject", "degraded_notice": "[No image.] "}
     plan = resolve_plan({"models_file": str(write(tmp_path, data))})
     assert plan.captioner is not None and plan.captioner.captioning.prompt("hi") == "Say: hi"
     assert plan.captioner.captioning.max_new_tokens == 9
     assert plan.vision is not None and (plan.vision.timeout_s, plan.vision.on_failure) == (3, "reject")
+    assert plan.vision.degraded_notice == "[No image.] "
+    data["proxy_vision"] = {"degraded_notice": ""}
+    with pytest.raises(ConfigError, match=r"proxy_vision\.degraded_notice"):
+        load_models_file(write(tmp_path, data))
 
 
 def test_builder_overrides_are_typed_params_holding_only_what_was_given():

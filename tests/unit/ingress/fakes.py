@@ -71,11 +71,13 @@ class FakeDecoder:
 
 
 class FakeCaptioner:
-    """Captions each image by its message's text; or is down (`CaptionerUnavailable`, and not ready
-    on `status()`). Its cache is a real one that nothing fills."""
+    """Captions each image by its message's text; or is down (raises `error`, a `CaptionerUnavailable`,
+    and is not ready on `status()`). Its cache is a real one that nothing fills."""
 
-    def __init__(self, down: bool = False, delay_s: float = 0.0) -> None:
-        self.down, self.delay_s = down, delay_s
+    def __init__(
+        self, down: bool = False, delay_s: float = 0.0, error: type[CaptionerUnavailable] = CaptionerUnavailable
+    ) -> None:
+        self.down, self.delay_s, self.error = down, delay_s, error
         self.calls: list[list[ImageInput]] = []
         self.cache = CaptionCache(max_entries=16, max_bytes=2**20)
 
@@ -88,5 +90,5 @@ class FakeCaptioner:
         self.calls.append(images)
         await asyncio.sleep(self.delay_s)
         if self.down:
-            raise CaptionerUnavailable("The vision captioner is unavailable: replica died")
+            raise self.error("The vision captioner is unavailable: replica died")
         return [f"a picture for {image.user_text!r}" for image in images]

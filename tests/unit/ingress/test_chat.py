@@ -1,5 +1,6 @@
 """The chat request logic (`ChatService`) with a fake decoder handle and a fake captioner, no Ray
-and no HTTP: deadlines, the degrade/reject policy, SSE framing and the mapping of errors."""
+and no HTTP: deadlines, the degrade/reject policy and what a degraded answer says, SSE framing and
+the mapping of errors."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 
-from deployments.config import ImageInputConfig
+from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import (
+    CaptionerTimeout,
     CaptionerUnavailable,
     ModelNotFoundError,
     OverloadedError,
@@ -19,7 +21,8 @@ from deployments.errors import (
     to_openai_error,
 )
 from deployments.ingress.chat import DEGRADED_HEADER, ChatReply, ChatService
-from deployments.protocol import ChatCompletionRequest
+from deployments.ingress.vision.rewrite import unseen_marker
+from deployments.protocol import DEGRADED_FINGERPRINT, ChatCompletionRequest
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 
@@ -35,8 +38,13 @@ def chat(content="hi", **fields) -> ChatCompletionRequest:
     )
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}
+NOTICE = "[Image not seen.] "
+UNSEEN = {"index": 0, "reason": "captioner_unavailable", "message": "The vision captioner is unavailable: replica died"}
+
+
 def with_image(text: str = "what is it?") -> list[dict]:
-    return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}]
+    return [{"type": "text", "text": text}, IMAGE]
 
 
 async def events(reply: ChatReply) -> list[str]:
@@ -111,8 +119,11 @@ async def test_a_slow_captioner_counts_against_the_same_deadline():
 
 async def test_captions_replace_images_in_the_decoders_prompt():
     decoder, captioner = FakeDecoder(), FakeCaptioner()
-    reply = await service(decoder, captioner).create(chat(with_image("what is it?")), "rid")
-    assert DEGRADED_HEADER not in reply.headers
+    notice = ProxyVisionConfig(degraded_notice=NOTICE)
+    reply = await service(decoder, captioner, vision=notice).create(chat(with_image("what is it?")), "rid")
+    assert DEGRADED_HEADER not in reply.headers and reply.body is not None
+    assert "vision" not in reply.body and "system_fingerprint" not in reply.body  # every image was seen
+    assert reply.body["choices"][0]["message"]["content"] == "Hello there"
     assert decoder.requests[0].messages[0].content == "what is it?\nImage 1: a picture for 'what is it?'"
     assert len(captioner.calls) == 1 and captioner.calls[0][0].data == png_bytes()
 
@@ -122,17 +133,64 @@ async def test_a_down_captioner_degrades_visibly_by_default():
     reply = await service(decoder, FakeCaptioner(down=True)).create(chat(with_image("see?")), "rid")
     assert reply.headers == {DEGRADED_HEADER: "captioner-unavailable"}
     prompt = decoder.requests[0].messages[0].content
-    assert prompt == "see?\nImage 1: [image could not be described: captioner unavailable]"
+    assert prompt == f"see?\nImage 1: {unseen_marker('captioner_unavailable')}"
+    assert reply.body is not None
+    assert reply.body["vision"] == {"degraded": True, "unseen_images": [UNSEEN]}
+    assert reply.body["system_fingerprint"] == DEGRADED_FINGERPRINT
+    assert reply.body["choices"][0]["message"]["content"] == "Hello there"  # no notice unless configured
+
+
+async def test_every_unseen_image_is_listed_by_its_position_in_the_request():
+    decoder = FakeDecoder()
+    messages = [
+        {"role": "user", "content": [IMAGE, IMAGE]},
+        {"role": "assistant", "content": "two squares"},
+        {"role": "user", "content": with_image("and this one?")},
+    ]
+    request = ChatCompletionRequest.model_validate({"model": "echo", "messages": messages})
+    reply = await service(decoder, FakeCaptioner(down=True, error=CaptionerTimeout)).create(request, "rid")
+    assert reply.body is not None
+    unseen = reply.body["vision"]["unseen_images"]
+    assert [(u["index"], u["reason"]) for u in unseen] == [(i, "captioner_timeout") for i in range(3)]
+    assert decoder.requests[0].messages[2].content.endswith(f"Image 3: {unseen_marker('captioner_timeout')}")
+
+
+async def test_a_degraded_stream_reports_on_its_first_chunk_only():
+    reply = await service(FakeDecoder(), FakeCaptioner(down=True)).create(
+        chat(with_image(), stream=True, stream_options={"include_usage": True}), "rid"
+    )
+    assert reply.headers == {DEGRADED_HEADER: "captioner-unavailable"}
+    chunks = payloads(await events(reply))
+    assert chunks[0]["vision"] == {"degraded": True, "unseen_images": [UNSEEN]}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert not any("vision" in c for c in chunks[1:])
+    assert {c["system_fingerprint"] for c in chunks} == {DEGRADED_FINGERPRINT}  # LangChain reads the last ones
+
+
+async def test_the_notice_goes_before_the_answer_and_is_not_counted_as_generated():
+    vision = ProxyVisionConfig(degraded_notice=NOTICE)
+    down = service(FakeDecoder(["Hello", " there"]), FakeCaptioner(down=True), vision=vision)
+    body = (await down.create(chat(with_image()), "rid")).body
+    assert body is not None and body["choices"][0]["message"]["content"] == NOTICE + "Hello there"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chunks = payloads(await events(await down.create(chat(with_image(), stream=True), "rid")))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": NOTICE}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == NOTICE + "Hello there"
+    text = (await down.create(chat("no image here"), "rid")).body
+    assert text is not None and text["choices"][0]["message"]["content"] == "Hello there"
+    assert "vision" not in text and "system_fingerprint" not in text
 
 
 async def test_a_down_captioner_is_a_503_under_the_reject_policy():
     decoder = FakeDecoder()
-    with pytest.raises(CaptionerUnavailable) as err:
-        await service(decoder, FakeCaptioner(down=True), on_image_failure="reject").create(chat(with_image()), "r")
-    status, body, headers = to_openai_error(err.value, "r")
-    assert (status, body["error"]["code"], headers["Retry-After"].isdigit()) == (503, "captioner_unavailable", True)
+    strict = ProxyVisionConfig(on_failure="reject", degraded_notice=NOTICE)
+    for error in (CaptionerUnavailable, CaptionerTimeout):
+        with pytest.raises(CaptionerUnavailable) as err:
+            await service(decoder, FakeCaptioner(down=True, error=error), vision=strict).create(chat(with_image()), "r")
+        status, body, headers = to_openai_error(err.value, "r")
+        assert (status, body["error"]["code"], headers["Retry-After"].isdigit()) == (503, "captioner_unavailable", True)
     assert decoder.requests == []
-    text = await service(decoder, FakeCaptioner(down=True), on_image_failure="reject").create(chat("x"), "r")
+    text = await service(decoder, FakeCaptioner(down=True), vision=strict).create(chat("x"), "r")
     assert text.body is not None  # text requests do not need the captioner
 
 

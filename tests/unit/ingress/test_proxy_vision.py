@@ -9,7 +9,7 @@ from pydantic import TypeAdapter
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError, InvalidRequestError
 from deployments.ingress.vision.collect import collect_images, count_images
-from deployments.ingress.vision.rewrite import rewrite
+from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.protocol import ChatMessage
 from tests.conftest import data_url, png_bytes
 
@@ -46,6 +46,18 @@ def test_messages_without_images_pass_unchanged():
     messages = chat({"role": "user", "content": "plain"}, {"role": "user", "content": [{"type": "text", "text": "p"}]})
     assert count_images(messages) == 0
     assert [m.content for m in rewrite(messages, [])] == ["plain", "p"]
+
+
+def test_an_unseen_image_tells_the_decoder_plainly_not_to_describe_it():
+    out = rewrite(
+        chat({"role": "user", "content": [{"type": "text", "text": "what?"}, img()]}),
+        [unseen_marker("captioner_unavailable")],
+    )
+    assert out[0].content == (
+        "what?\nImage 1: [The user attached an image here, but it could not be seen (the vision model is "
+        "unavailable). Do not describe it or guess what it shows; tell the user you cannot see it.]"
+    )
+    assert "(the vision model did not answer in time)" in unseen_marker("captioner_timeout")
 
 
 def test_caption_count_must_match():
