@@ -25,7 +25,7 @@ if [ -n "$pid" ] && alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q 
     echo "stop.sh: killing Ray processes of scripts/run.sh still running 30 s after it:" $left >&2
     kill -KILL $left 2>/dev/null || true
   fi
-  echo "stop.sh: stopped scripts/run.sh (pid $pid) and its ${#ray_pids[@]} Ray processes"
+  echo "stop.sh: stopped scripts/run.sh (pid $pid) and the ${#ray_pids[@]} processes under it"
   stopped=1
 fi
 rm -f .mmserve.pid

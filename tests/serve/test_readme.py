@@ -34,7 +34,7 @@ README = ROOT / "README.md"
 BLOCK = re.compile(
     r"^(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>bash|python)\n(?P<code>.*?)^```$", re.M | re.S
 )
-READY = re.compile(r"^mmserve ready: (?P<url>http://\S+) \| model: (?P<model>\S+) \| vision: (ok|off|degraded \(.+\))$")
+READY = re.compile(r"^mmserve ready: (?P<url>http://\S+) \| model: \S+ \| vision: (ok|off|degraded \(.+\))$")
 BLOCK_TIMEOUT_S = 180  # a hang guard, not a measurement
 READY_TIMEOUT_S = 300
 
@@ -169,7 +169,7 @@ def test_readme_commands_run_as_written():
         processes = service.tree()
         assert len(processes) > 3, [p.cmdline() for p in processes]  # serve run and Ray's processes
         run_block(stop, env)
-        assert service.proc.wait(BLOCK_TIMEOUT_S) is not None
+        service.proc.wait(BLOCK_TIMEOUT_S)  # run.sh itself has exited
         assert still_running(processes) == []
         assert not port_in_use(port)
         assert sum(bool(READY.match(line)) for line in service.lines) == 1
