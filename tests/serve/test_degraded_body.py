@@ -48,7 +48,7 @@ def assert_unseen(vision: dict) -> None:
     assert "unavailable" in image["message"]
 
 
-def test_openai_client_keeps_the_vision_field(service, openai_client):
+def test_openai_client_keeps_the_vision_field_only_when_an_image_was_not_seen(service, openai_client):
     completion = openai_client.chat.completions.create(
         model="echo", messages=[{"role": "user", "content": PARTS}], temperature=0
     )
@@ -58,6 +58,9 @@ def test_openai_client_keeps_the_vision_field(service, openai_client):
     content = completion.choices[0].message.content
     assert content is not None and content.startswith(NOTICE)
     assert "could not be seen" in content  # the echo decoder answers with its prompt: the marker reached it
+    text = openai_client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    assert "vision" not in (text.model_extra or {}) and text.system_fingerprint is None  # nothing unseen
+    assert text.choices[0].message.content == "user: hi"
 
 
 def test_openai_client_streamed_keeps_it_on_the_first_chunk(service, openai_client):
@@ -70,12 +73,6 @@ def test_openai_client_streamed_keeps_it_on_the_first_chunk(service, openai_clie
     assert not any("vision" in (chunk.model_extra or {}) for chunk in chunks[1:])
     assert {chunk.system_fingerprint for chunk in chunks} == {DEGRADED_FINGERPRINT}
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).startswith(NOTICE)
-
-
-def test_text_answers_carry_neither(service, openai_client):
-    completion = openai_client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
-    assert "vision" not in (completion.model_extra or {}) and completion.system_fingerprint is None
-    assert completion.choices[0].message.content == "user: hi"
 
 
 def test_langchain_invoke_says_the_image_was_not_seen(service):
