@@ -1,0 +1,211 @@
+"""The service's own metrics, recorded with `ray.serve.metrics` so that Ray's metrics export on
+every node carries them (the endpoint the Ray dashboard's Prometheus scrapes) with Serve's
+`application`, `deployment` and `replica` tags, plus `model`.
+
+Every metric is declared once in `SPECS`: the recorders below create them, the Grafana dashboard
+(`monitoring.dashboard`) and its test read the names from here. Names follow vLLM's where the
+meaning is the same (`vllm:time_to_first_token_seconds` is `mmserve_time_to_first_token_seconds`),
+with the unit in the name; Ray adds the `ray_` prefix on export and `_total` to counters.
+
+Recording is per request and per second, never per token: a request costs about 15 metric calls
+of ~6 us each (docs/benchmarks.md), and the gauges are set by the engine slot's 1 s tick.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ray.serve import metrics
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+PREFIX = "mmserve_"
+
+# Seconds, from a GPU's milliseconds to a CPU's minutes.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # without PREFIX
+    kind: Kind
+    description: str
+    tags: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def full_name(self) -> str:
+        return PREFIX + self.name
+
+    @property
+    def exported(self) -> str:
+        """The name in Prometheus' text format (Ray's prefix; `_total` on counters)."""
+        return f"ray_{self.full_name}" + ("_total" if self.kind == "counter" else "")
+
+
+def _spec(name: str, kind: Kind, description: str, *tags: str, buckets: tuple[float, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, description, tags, buckets)
+
+
+DECODER = (
+    _spec(
+        "time_to_first_token_seconds",
+        "histogram",
+        "Decoder: arrival at the replica to the first token.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec(
+        "time_per_output_token_seconds",
+        "histogram",
+        "Decoder: mean time between a request's output tokens after the first.",
+        buckets=TOKEN_BUCKETS,
+    ),
+    _spec(
+        "e2e_request_latency_seconds",
+        "histogram",
+        "Decoder: arrival at the replica to the last token.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec(
+        "request_queue_time_seconds",
+        "histogram",
+        "Decoder: time waiting for one of the replica's max_num_seqs slots.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec("prompt_tokens", "counter", "Decoder: prompt tokens prefilled (cancelled requests included)."),
+    _spec("generation_tokens", "counter", "Decoder: tokens generated (cancelled requests included)."),
+    _spec(
+        "request_success", "counter", "Decoder: requests finished, by finish reason (stop, length).", "finished_reason"
+    ),
+    _spec("requests_cancelled", "counter", "Decoder: requests closed before they finished (client gone, deadline)."),
+    _spec("num_requests_running", "gauge", "Decoder: sequences in the running batch."),
+    _spec("num_requests_waiting", "gauge", "Decoder: requests waiting for a slot or for KV-cache pages."),
+    _spec("kv_cache_usage_perc", "gauge", "Decoder: KV-cache pages in use / pages in total (0 to 1)."),
+)
+CAPTIONER = (
+    _spec(
+        "caption_latency_seconds",
+        "histogram",
+        "Captioner: one request's images, arrival to captions.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec("caption_batch_size", "histogram", "Captioner: images per forward pass.", buckets=BATCH_BUCKETS),
+    _spec("images_captioned", "counter", "Captioner: images captioned."),
+    _spec("caption_failures", "counter", "Captioner: failed caption requests, by kind (unavailable, error).", "kind"),
+)
+ENGINE = (
+    _spec(
+        "engine_loaded",
+        "gauge",
+        "1 when the replica's model is loaded and serving, else 0 (loading, failed, unloaded).",
+        "role",
+    ),
+)
+INGRESS = (
+    _spec("http_requests", "counter", "Ingress: HTTP requests answered, by route and status code.", "route", "status"),
+    _spec(
+        "requests_rejected",
+        "counter",
+        "Ingress: requests answered with an error, by status and reason (the error's code or type).",
+        "status",
+        "reason",
+    ),
+    _spec(
+        "requests_degraded",
+        "counter",
+        "Ingress: image requests answered without image descriptions, by reason.",
+        "reason",
+    ),
+    _spec(
+        "caption_cache_hits",
+        "counter",
+        "Ingress: images whose caption came from the cache (or an identical image in flight).",
+    ),
+    _spec("caption_cache_misses", "counter", "Ingress: images sent to the captioner."),
+    _spec("caption_cache_entries", "gauge", "Ingress: captions held by this replica's cache."),
+    _spec("caption_cache_bytes", "gauge", "Ingress: bytes held by this replica's caption cache."),
+    _spec("image_bytes", "counter", "Ingress: bytes of images received (accepted images)."),
+    _spec("image_pixels", "counter", "Ingress: pixels of images received (accepted images)."),
+    _spec(
+        "image_fetch_latency_seconds",
+        "histogram",
+        "Ingress: time to fetch an http(s) or file image URL.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec("image_fetch_failures", "counter", "Ingress: image URLs that could not be fetched, by scheme.", "scheme"),
+)
+SPECS: tuple[MetricSpec, ...] = DECODER + CAPTIONER + ENGINE + INGRESS
+
+Metric = metrics.Counter | metrics.Gauge | metrics.Histogram
+
+
+def _create(spec: MetricSpec, model: str) -> Metric:
+    tags = ("model", *spec.tags)
+    metric: Metric
+    if spec.kind == "counter":
+        metric = metrics.Counter(spec.full_name, description=spec.description, tag_keys=tags)
+    elif spec.kind == "gauge":
+        metric = metrics.Gauge(spec.full_name, description=spec.description, tag_keys=tags)
+    else:
+        metric = metrics.Histogram(
+            spec.full_name, description=spec.description, boundaries=list(spec.buckets), tag_keys=tags
+        )
+    metric.set_default_tags({"model": model})
+    return metric
+
+
+class Recorder:
+    """The metrics of `specs` for one model, by short name: `recorder["prompt_tokens"].inc(n)`."""
+
+    def __init__(self, specs: tuple[MetricSpec, ...], model: str) -> None:
+        self._metrics = {spec.name: _create(spec, model) for spec in specs}
+
+    def __getitem__(self, name: str) -> Metric:
+        return self._metrics[name]
+
+    def inc(self, name: str, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
+        if value:
+            self._metrics[name].inc(value, tags=dict(tags) if tags else None)  # type: ignore[union-attr]
+
+    def observe(self, name: str, value: float) -> None:
+        self._metrics[name].observe(value)  # type: ignore[union-attr]
+
+    def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
+        self._metrics[name].set(value, tags=dict(tags) if tags else None)  # type: ignore[union-attr]
+
+
+class DecoderRequestTimer:
+    """One request's timeline in the decoder replica; records its histograms and counters once."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.arrived = time.monotonic()
+        self._first: float | None = None
+        self.prompt_tokens = self.completion_tokens = 0
+
+    def admitted(self) -> None:
+        self._recorder.observe("request_queue_time_seconds", time.monotonic() - self.arrived)
+
+    def piece(self, prompt_tokens: int, completion_tokens: int) -> None:
+        if self._first is None:
+            self._first = time.monotonic()
+            self._recorder.observe("time_to_first_token_seconds", self._first - self.arrived)
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
+
+    def finished(self, reason: str | None) -> None:
+        """`reason` None: closed before its end (cancelled)."""
+        now = time.monotonic()
+        self._recorder.inc("prompt_tokens", self.prompt_tokens)
+        self._recorder.inc("generation_tokens", self.completion_tokens)
+        if reason is None:
+            self._recorder.inc("requests_cancelled")
+            return
+        self._recorder.inc("request_success", tags={"finished_reason": reason})
+        self._recorder.observe("e2e_request_latency_seconds", now - self.arrived)
+        if self._first is not None and self.completion_tokens > 1:
+            self._recorder.observe("time_per_output_token_seconds", (now - self._first) / (self.completion_tokens - 1))
