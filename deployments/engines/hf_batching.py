@@ -131,7 +131,11 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         if processor is None:
             return {"running": 0, "waiting": 0}
         scheduler = processor.scheduler
-        return {"running": len(scheduler.active_requests), "waiting": len(scheduler.waiting_requests)}
+        return {
+            "running": len(scheduler.active_requests),
+            "waiting": len(scheduler.waiting_requests),
+            "kv_cache_usage": round(_kv_cache_usage(processor.cache), 4),
+        }
 
     def _knobs(self, request: GenerateRequest, sampling: Sampling) -> dict[str, Any]:
         """Per-request sampling arguments of the manager; rejects what the batched sampler cannot do."""
@@ -201,3 +205,14 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         with contextlib.suppress(queue.Empty):
             while True:
                 orphans.get_nowait()
+
+
+def _kv_cache_usage(cache: Any) -> float:
+    """KV-cache pages in use / pages in total. The paged cache hands out sectors of pages to its
+    allocators and keeps the free pages of each; a used page is in an allocated sector and not free."""
+    pool = cache.pool
+    free_pages = sum(
+        pool.count_free_blocks(i) / per_sector for i, per_sector in enumerate(pool.blocks_per_sector) if per_sector
+    )
+    used = pool.num_sectors - pool.num_free_sectors - free_pages
+    return max(0.0, min(1.0, used / pool.num_sectors)) if pool.num_sectors else 0.0

@@ -11,7 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray.serve.context import _get_serve_request_context
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from deployments.errors import (
     AuthenticationError,
@@ -28,6 +30,8 @@ from deployments.errors import (
 from deployments.ingress.chat import ChatService
 from deployments.ingress.guard import GuardSettings, RequestGuard
 from deployments.ingress.health import HealthService
+from deployments.monitoring.access_log import AccessLog, record_of
+from deployments.monitoring.metrics import Recorder
 from deployments.protocol import ChatCompletionRequest, ErrorResponse, ModelList
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -47,10 +51,10 @@ _CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def request_id(request: Request) -> str:
+def request_id(scope: Scope) -> str:
     """Serve's request id: in every Serve log line of the request and in the x-request-id header.
     Serve keeps it in its request context (private API: the one place this package reads it)."""
-    rid = _get_serve_request_context().request_id or request.headers.get("x-request-id", "")
+    rid = _get_serve_request_context().request_id or Headers(scope=scope).get("x-request-id", "")
     return rid or "unknown"
 
 
@@ -75,6 +79,8 @@ def _error_handlers(api: FastAPI) -> None:
     @api.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(list(exc.errors()))
+        if isinstance(exc.body, dict) and isinstance(exc.body.get("model"), str):
+            record_of(request.state).model = exc.body["model"][:200]  # for the access line
         return JSONResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
 
     @api.exception_handler(StarletteHTTPException)
@@ -88,16 +94,20 @@ def _error_handlers(api: FastAPI) -> None:
     @api.exception_handler(Exception)
     async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
         # For bugs (Exception), Starlette re-raises after this response, so Serve logs the traceback.
-        status, body, headers = to_openai_error(exc, request_id(request))
+        status, body, headers = to_openai_error(exc, request_id(request.scope))
         return JSONResponse(body, status_code=status, headers=headers)
 
 
-def build_api(chat: ChatService, status: HealthService, model_list: ModelList, guard: GuardSettings) -> FastAPI:
+def build_api(
+    chat: ChatService, status: HealthService, model_list: ModelList, guard: GuardSettings, metrics: Recorder
+) -> FastAPI:
     """The routes, named as before the factory existed so that the OpenAPI spec stays the same."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
     api.add_middleware(RequestGuard, settings=guard)  # API keys and the body cap, before any route
+    # Outermost (added last): its line and metrics cover the guard's rejections too.
+    api.add_middleware(AccessLog, metrics=metrics, request_id=request_id, routes=api.router.routes)
 
     @api.get("/v1/models", responses={401: _ERRORS[401]})
     async def models() -> ModelList:
@@ -110,7 +120,7 @@ def build_api(chat: ChatService, status: HealthService, model_list: ModelList, g
 
     @api.post("/v1/chat/completions", responses=_CHAT_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        reply = await chat.create(body, request_id(request))
+        reply = await chat.create(body, record_of(request.state))
         if reply.events is not None:
             return StreamingResponse(reply.events, media_type="text/event-stream", headers=reply.headers)
         return JSONResponse(reply.body, headers=reply.headers)

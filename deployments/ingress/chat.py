@@ -30,8 +30,10 @@ from deployments.errors import (
 from deployments.ingress.ports import Captioner, DecoderHandle
 from deployments.ingress.sse import Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
+from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
+from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -91,7 +93,9 @@ class ChatService:
         self._images = images
         self._vision = vision or ProxyVisionConfig()
 
-    async def create(self, body: ChatCompletionRequest, request_id: str) -> ChatReply:
+    async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> ChatReply:
+        """`record`: what this request's access-log line and metrics say, filled in as it goes."""
+        record.model = body.model
         if body.model != self._model:
             raise ModelNotFoundError(
                 f"The model {body.model!r} does not exist. Available: {self._model!r}.", param="model"
@@ -100,25 +104,25 @@ class ChatService:
         timeout = asyncio.timeout_at(deadline)
         try:
             async with timeout:
-                messages, degraded = await self._text_messages(body.messages)
+                messages, degraded = await self._text_messages(body.messages, record)
         except TimeoutError:
             if timeout.expired():
                 raise self._timed_out() from None
             raise
         chunks = self._decoder.options(stream=True).generate.remote(generate_request(body, messages))
-        stream = DecoderStream(chunks, deadline, self._timed_out)
+        stream = DecoderStream(chunks, deadline, self._timed_out, record)
         first = await stream.next()  # errors before the first byte keep their status
         headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}
-        cid = f"chatcmpl-{request_id}"
+        cid = f"chatcmpl-{record.request_id}"
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = sse_events(
-                first, stream, cid, self._model, degraded, include_usage=include_usage, request_id=request_id
-            )
+            events = sse_events(first, stream, cid, self._model, degraded, include_usage=include_usage, record=record)
             return ChatReply(headers, events=events)
         return ChatReply(headers, body=await completion(first, stream, cid, self._model, degraded))
 
-    async def _text_messages(self, messages: list[ChatMessage]) -> tuple[list[TextMessage], Degraded | None]:
+    async def _text_messages(
+        self, messages: list[ChatMessage], record: RequestRecord
+    ) -> tuple[list[TextMessage], Degraded | None]:
         """Proxy vision: captions in place of images; with the policy ``degrade``, a marker in place of
         each image the captioner could not describe, and what the response must say about them."""
         if not count_images(messages):
@@ -127,17 +131,21 @@ class ChatService:
             raise VisionDisabledError(
                 f"Model {self._model!r} does not accept images (vision is disabled).", param="messages"
             )
-        images = await collect_images(messages, self._images)
+        images = await collect_images(messages, self._images, record.images)
+        cache = CacheStats()
         try:
-            captions = await self._captioner.caption(images)
+            captions = await self._captioner.caption(images, cache)
         except CaptionerUnavailable as exc:
             if self._vision.on_failure == "reject":
                 raise
             logger.warning("answering without image descriptions: %s", exc.message)
             reason: UnseenReason = "captioner_timeout" if isinstance(exc, CaptionerTimeout) else "captioner_unavailable"
+            record.degraded = reason
             unseen = [UnseenImage(index=i, reason=reason, message=exc.message) for i in range(len(images))]
             degraded = Degraded(VisionReport(unseen_images=unseen), self._vision.degraded_notice)
             return rewrite(messages, [unseen_marker(reason)] * len(images)), degraded
+        finally:
+            record.cache_hits, record.cache_misses = cache.hits, cache.misses
         return rewrite(messages, captions), None
 
     def _timed_out(self) -> RequestTimeoutError:

@@ -20,6 +20,7 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.vision.client import CaptionerClient
+from deployments.monitoring.metrics import INGRESS, Recorder
 from deployments.protocol import ModelCard, ModelList
 
 logger = logging.getLogger("ray.serve")
@@ -38,9 +39,10 @@ class IngressConfig(BaseModel):
 @serve.ingress()
 class Ingress:
     def __init__(self, config: IngressConfig, decoder: DeploymentHandle) -> None:
+        self._metrics = Recorder(INGRESS, config.model_name)
         captioner = None
         if config.captioner is not None and config.vision is not None:
-            captioner = CaptionerClient(config.captioner_app, config.captioner, config.vision)
+            captioner = CaptionerClient(config.captioner_app, config.captioner, config.vision, self._metrics)
         self._chat = ChatService(
             decoder,
             captioner,
@@ -61,4 +63,4 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._chat, self._health, self._models, self._guard)
+        return build_api(self._chat, self._health, self._models, self._guard, self._metrics)

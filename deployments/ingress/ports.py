@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from deployments.ingress.vision.cache import CaptionCache
+from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
 from deployments.protocol import ComponentStatus
 
@@ -45,6 +45,6 @@ class Captioner(Protocol):
     @property
     def cache(self) -> CaptionCache: ...
 
-    async def caption(self, images: list[ImageInput]) -> list[str]: ...
+    async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]: ...
 
     async def status(self) -> ComponentStatus: ...

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from deployments.errors import to_openai_error
 from deployments.ingress.stream import DecoderStream
+from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import (
     DEGRADED_FINGERPRINT,
     ChatCompletion,
@@ -111,7 +112,7 @@ async def sse_events(
     degraded: Degraded | None = None,
     *,
     include_usage: bool,
-    request_id: str,
+    record: RequestRecord,
 ) -> AsyncIterator[str]:
     """The answer as server-sent events; a client that goes away cancels the generation."""
     event = _Events(cid, model, degraded)
@@ -129,9 +130,10 @@ async def sse_events(
             chunk = await stream.next()
         done = True
     except Exception as exc:  # after the first byte: one error event, then [DONE]
-        status, body, _ = to_openai_error(exc, request_id)
+        status, body, _ = to_openai_error(exc, record.request_id)
+        record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
         if status >= 500:
-            logger.exception("stream %s failed", request_id, exc_info=exc)
+            logger.exception("stream %s failed", record.request_id, exc_info=exc)
         yield f"data: {json.dumps(body)}\n\n"
         done = True
     finally:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from deployments.errors import DecoderUnavailable, from_serve
+from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import GenerateChunk
 
 
@@ -20,18 +21,26 @@ class ChunkStream(Protocol):
 
 class DecoderStream:
     """`next()` is the decoder's next chunk; past the deadline the generation is cancelled and
-    `timed_out()` raised. Serve's errors (a full queue, a dead replica) become ours."""
+    `timed_out()` raised. Serve's errors (a full queue, a dead replica) become ours. The request's
+    `record` gets the time of the first chunk and the token counts of the last."""
 
-    def __init__(self, chunks: ChunkStream, deadline: float, timed_out: Callable[[], Exception]) -> None:
+    def __init__(
+        self,
+        chunks: ChunkStream,
+        deadline: float,
+        timed_out: Callable[[], Exception],
+        record: RequestRecord | None = None,
+    ) -> None:
         self._chunks = chunks
         self._deadline = deadline
         self._timed_out = timed_out
+        self._record = record or RequestRecord()
 
     async def next(self) -> GenerateChunk:
         timeout = asyncio.timeout_at(self._deadline)
         try:
             async with timeout:
-                return await self._chunks.__anext__()
+                chunk: GenerateChunk = await self._chunks.__anext__()
         except StopAsyncIteration:
             raise DecoderUnavailable("The decoder ended the stream without a final chunk.") from None
         except TimeoutError:
@@ -41,6 +50,10 @@ class DecoderStream:
             raise self._timed_out() from None
         except Exception as exc:  # a full queue, a dead replica: ours to name
             raise from_serve(exc) from None
+        self._record.first_token()
+        if chunk.finish_reason is not None:
+            self._record.prompt_tokens, self._record.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        return chunk
 
     def cancel(self) -> None:
         """Free the decoder's slot now (the client went away)."""

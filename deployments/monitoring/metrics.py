@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ray.serve import metrics
 
@@ -141,12 +141,10 @@ INGRESS = (
 )
 SPECS: tuple[MetricSpec, ...] = DECODER + CAPTIONER + ENGINE + INGRESS
 
-Metric = metrics.Counter | metrics.Gauge | metrics.Histogram
 
-
-def _create(spec: MetricSpec, model: str) -> Metric:
-    tags = ("model", *spec.tags)
-    metric: Metric
+def _create(spec: MetricSpec, model: str) -> Any:
+    tags: Any = ("model", *spec.tags)  # Ray's annotation says tuple[str], its code takes any tuple
+    metric: Any
     if spec.kind == "counter":
         metric = metrics.Counter(spec.full_name, description=spec.description, tag_keys=tags)
     elif spec.kind == "gauge":
@@ -160,23 +158,20 @@ def _create(spec: MetricSpec, model: str) -> Metric:
 
 
 class Recorder:
-    """The metrics of `specs` for one model, by short name: `recorder["prompt_tokens"].inc(n)`."""
+    """The metrics of `specs` for one model, recorded by short name: `inc("prompt_tokens", n)`."""
 
     def __init__(self, specs: tuple[MetricSpec, ...], model: str) -> None:
-        self._metrics = {spec.name: _create(spec, model) for spec in specs}
-
-    def __getitem__(self, name: str) -> Metric:
-        return self._metrics[name]
+        self._metrics: dict[str, Any] = {spec.name: _create(spec, model) for spec in specs}
 
     def inc(self, name: str, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
         if value:
-            self._metrics[name].inc(value, tags=dict(tags) if tags else None)  # type: ignore[union-attr]
+            self._metrics[name].inc(value, tags=dict(tags) if tags else None)
 
     def observe(self, name: str, value: float) -> None:
-        self._metrics[name].observe(value)  # type: ignore[union-attr]
+        self._metrics[name].observe(value)
 
     def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
-        self._metrics[name].set(value, tags=dict(tags) if tags else None)  # type: ignore[union-attr]
+        self._metrics[name].set(value, tags=dict(tags) if tags else None)
 
 
 class DecoderRequestTimer:
@@ -198,12 +193,14 @@ class DecoderRequestTimer:
         self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
 
     def finished(self, reason: str | None) -> None:
-        """`reason` None: closed before its end (cancelled)."""
+        """`reason`: the finish reason; None when closed before its end (cancelled); "error" when it failed
+        (counted by the ingress as a rejection or an error)."""
         now = time.monotonic()
         self._recorder.inc("prompt_tokens", self.prompt_tokens)
         self._recorder.inc("generation_tokens", self.completion_tokens)
         if reason is None:
             self._recorder.inc("requests_cancelled")
+        if reason in (None, "error"):
             return
         self._recorder.inc("request_success", tags={"finished_reason": reason})
         self._recorder.observe("e2e_request_latency_seconds", now - self.arrived)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 
 from PIL import Image
 from ray import serve
@@ -21,6 +22,7 @@ from ray import serve
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import CaptionEngine, create_caption_engine
 from deployments.errors import CaptionerUnavailable
+from deployments.monitoring.metrics import CAPTIONER, ENGINE, Recorder
 from deployments.protocol import CaptionRequest, ComponentStatus
 from deployments.replicas.batcher import Batcher
 from deployments.replicas.lifecycle import EngineSlot
@@ -41,6 +43,7 @@ def decode_rgb(data: bytes) -> Image.Image:
 class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle) -> None:
         self._slot: EngineSlot[CaptionEngine] | None = None
+        self._metrics = Recorder(CAPTIONER + ENGINE, model.name if model else "none")
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
         captioning = model.captioning if model else None
         size, wait_s = (captioning.max_batch_size, captioning.batch_wait_timeout_s) if captioning else (1, 0.0)
@@ -52,6 +55,7 @@ class VisionCaptioner:
                 lambda: create_caption_engine(model),
                 unavailable=CaptionerUnavailable,
                 lifecycle=lifecycle,
+                sample=self._sample,
             )
             self._slot.load()
             self._slot.start()
@@ -60,7 +64,16 @@ class VisionCaptioner:
         if self._slot is None:
             raise CaptionerUnavailable(NOT_CONFIGURED)
         items = zip(request.images, request.prompts, strict=True)
-        return list(await asyncio.gather(*(self._batcher.submit(item) for item in items)))
+        started = time.monotonic()
+        try:
+            captions = list(await asyncio.gather(*(self._batcher.submit(item) for item in items)))
+        except Exception as exc:
+            kind = "unavailable" if isinstance(exc, CaptionerUnavailable) else "error"
+            self._metrics.inc("caption_failures", tags={"kind": kind})
+            raise
+        self._metrics.observe("caption_latency_seconds", time.monotonic() - started)
+        self._metrics.inc("images_captioned", len(captions))
+        return captions
 
     async def _caption_batch(self, items: list[tuple[bytes, str]]) -> list[str]:
         assert self._slot is not None
@@ -68,6 +81,7 @@ class VisionCaptioner:
             images = await asyncio.to_thread(lambda: [decode_rgb(data) for data, _ in items])
             captions = await asyncio.to_thread(engine.caption, images, [prompt for _, prompt in items])
         self.batches = [*self.batches[-99:], len(items)]
+        self._metrics.observe("caption_batch_size", len(items))
         return captions
 
     def status(self) -> ComponentStatus:
@@ -76,6 +90,10 @@ class VisionCaptioner:
         status = self._slot.status()
         status.details["last_batch_sizes"] = self.batches[-10:]
         return status
+
+    def _sample(self) -> None:
+        assert self._slot is not None
+        self._metrics.set("engine_loaded", float(self._slot.state == "ready"), tags={"role": "captioner"})
 
     def check_health(self) -> None:
         """Never raises for a degraded engine: Serve would restart the replica in a loop."""

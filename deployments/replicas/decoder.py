@@ -13,6 +13,7 @@ from ray import serve
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
 from deployments.errors import DecoderUnavailable
+from deployments.monitoring.metrics import DECODER, ENGINE, DecoderRequestTimer, Recorder
 from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
@@ -21,12 +22,15 @@ from deployments.replicas.stopping import StopMatcher
 @serve.deployment  # its options are the builder's (deployments/options.py)
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
+        self._metrics = Recorder(DECODER + ENGINE, model.name)
+        self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._slot: EngineSlot[TextEngine] = EngineSlot(
             "decoder",
             model.name,
             lambda: create_text_engine(model),
             unavailable=DecoderUnavailable,
             lifecycle=lifecycle,
+            sample=self._sample,
         )
         # Without its decoder the service has nothing to serve: fail the deployment loudly.
         if not self._slot.load():
@@ -36,10 +40,33 @@ class PrimaryDecoder:
         self._interval_s = model.params.stream_interval_ms / 1000
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        async with self._seqs, self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
+        timer = DecoderRequestTimer(self._metrics)
+        outcome: str | None = None  # the finish reason, "error", or None: closed early (cancelled)
+        try:
+            self._queued += 1
+            try:
+                await self._seqs.acquire()
+            finally:
+                self._queued -= 1
+            try:
+                timer.admitted()
+                async for chunk in self._stream(request, timer):
+                    outcome = chunk.finish_reason
+                    yield chunk
+            finally:
+                self._seqs.release()
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            timer.finished(outcome)
+
+    async def _stream(self, request: GenerateRequest, timer: DecoderRequestTimer) -> AsyncIterator[GenerateChunk]:
+        async with self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             stop = StopMatcher(request.stop)
             pending, send_at = "", 0.0  # text held back until `send_at` (stream_interval_ms)
             async for piece in pieces:
+                timer.piece(piece.prompt_tokens, piece.completion_tokens)
                 text = pending + stop.feed(piece.text)
                 if piece.finish_reason is not None:
                     text += stop.flush()
@@ -57,6 +84,15 @@ class PrimaryDecoder:
                     completion_tokens=piece.completion_tokens,
                 )
                 return  # closes the engine's stream: a stop string cancels the sequence at once
+
+    def _sample(self) -> None:
+        """Gauges, once a second (the engine slot's tick)."""
+        engine = self._slot.engine
+        stats = engine.stats() if engine is not None else {}
+        self._metrics.set("engine_loaded", float(self._slot.state == "ready"), tags={"role": "decoder"})
+        self._metrics.set("num_requests_running", stats.get("running", 0))
+        self._metrics.set("num_requests_waiting", stats.get("waiting", 0) + self._queued)
+        self._metrics.set("kv_cache_usage_perc", stats.get("kv_cache_usage", 0.0))
 
     def status(self) -> ComponentStatus:
         return self._slot.status()

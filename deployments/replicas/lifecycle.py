@@ -39,8 +39,11 @@ class EngineSlot(Generic[E]):
         *,
         unavailable: type[UnavailableError],
         lifecycle: Lifecycle,
+        sample: Callable[[], None] | None = None,
     ) -> None:
+        """`sample`: called on every tick of the background thread (the replica's gauges)."""
         self.role, self.name = role, name
+        self._sample = sample
         self._factory = factory
         self._unavailable = unavailable
         self._idle_unload_s = lifecycle.idle_unload_secs
@@ -87,6 +90,11 @@ class EngineSlot(Generic[E]):
 
     def _maintain(self, tick_s: float) -> None:
         while not self._stop.wait(tick_s):
+            if self._sample is not None:
+                try:
+                    self._sample()
+                except Exception:  # a gauge must never stop the retries and unloads below
+                    logger.exception("%s %r: sampling its metrics failed", self.role, self.name)
             now = time.monotonic()
             if self.state == "failed" and now >= self._next_retry:
                 self.load()

@@ -68,10 +68,14 @@ class CaptionCache:
             self.bytes -= self._size(old_key, old_caption)
 
     async def get_or_compute(
-        self, keys: Sequence[str], compute: Callable[[list[int]], Awaitable[list[str]]]
+        self,
+        keys: Sequence[str],
+        compute: Callable[[list[int]], Awaitable[list[str]]],
+        stats: CacheStats | None = None,
     ) -> list[str]:
         """Captions for `keys`: cached ones at once, in-flight ones awaited, and the rest from one
         `compute(indices)` call that receives the position of the first occurrence of each missing key.
+        `stats` (the caller's own) gets this call's hits and misses, as the cache's `stats` does.
 
         `compute` runs as its own task: a caller that goes away does not cancel a caption that other
         requests wait for (and that the cache will keep)."""
@@ -89,8 +93,9 @@ class CaptionCache:
             else:
                 mine[key] = i
                 pending[key] = self._inflight[key] = loop.create_future()
-        self.stats.hits += len(keys) - len(mine)
-        self.stats.misses += len(mine)
+        for counts in (self.stats, stats or CacheStats()):
+            counts.hits += len(keys) - len(mine)
+            counts.misses += len(mine)
         if mine:
             task = loop.create_task(self._compute(mine, compute))
             self._tasks.add(task)

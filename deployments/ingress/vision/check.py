@@ -13,6 +13,7 @@ import base64
 import binascii
 import io
 import re
+import time
 import warnings
 
 from PIL import Image
@@ -20,6 +21,7 @@ from PIL import Image
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
 from deployments.ingress.vision.fetch import fetch_image
+from deployments.monitoring.access_log import ImageStats
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "WEBP", "GIF"}
 DEFAULT_IMAGE_INPUT = ImageInputConfig()
@@ -27,23 +29,37 @@ DEFAULT_IMAGE_INPUT = ImageInputConfig()
 _DATA_URL = re.compile(r"^data:image/(?P<subtype>[a-zA-Z0-9.+-]+);base64,(?P<payload>.*)$", re.DOTALL)
 
 
-async def load_image(url: str, config: ImageInputConfig, *, param: str) -> bytes:
+async def load_image(url: str, config: ImageInputConfig, *, param: str, stats: ImageStats | None = None) -> bytes:
     """Validated image bytes from a ``data:``, ``http(s)://`` or ``file://`` URL.
 
     Raises `InvalidImageError` (400) naming `param` for anything wrong: scheme, a refused host or
     path, a failed or oversized download, bytes that are not a supported image. CPU work (base64,
-    header parsing) runs off the event loop.
+    header parsing) runs off the event loop. `stats` gets the image's size and each fetch's time.
     """
+    stats = stats or ImageStats()
     if url.startswith("data:"):
-        return await asyncio.to_thread(load_image_url, url, param=param, config=config)
-    data = await fetch_image(url, config, param=param)
-    await asyncio.to_thread(check_image, data, param=param, config=config)
+        data, pixels = await asyncio.to_thread(_load_data_url, url, param, config)
+    else:
+        started = time.monotonic()
+        try:
+            data = await fetch_image(url, config, param=param)
+        except InvalidImageError:
+            stats.fetched(url.split(":", 1)[0].lower() if ":" in url else "none", time.monotonic() - started, ok=False)
+            raise
+        stats.fetched(url.split(":", 1)[0].lower(), time.monotonic() - started, ok=True)
+        pixels = await asyncio.to_thread(check_image, data, param=param, config=config)
+    stats.accepted(data, pixels)
     return data
 
 
 def load_image_url(url: str, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> bytes:
     """Validated image bytes from a data URL, within `config`'s limits; `InvalidImageError` (400)
     naming `param` otherwise. Sync, data URLs only: remote and file URLs need `load_image`."""
+    return _load_data_url(url, param, config)[0]
+
+
+def _load_data_url(url: str, param: str, config: ImageInputConfig) -> tuple[bytes, int]:
+    """`(bytes, pixels)` of a data URL's image, as `load_image_url` checks it."""
     if not url.startswith("data:"):
         scheme = url.split(":", 1)[0] if ":" in url else "(none)"
         raise InvalidImageError(
@@ -63,14 +79,13 @@ def load_image_url(url: str, *, param: str, config: ImageInputConfig = DEFAULT_I
         raise InvalidImageError("Image data URL is not valid base64.", param=param) from None
     if len(data) > cap:
         raise InvalidImageError(f"Image is larger than {cap} bytes.", param=param)
-    check_image(data, param=param, config=config)
-    return data
+    return data, check_image(data, param=param, config=config)
 
 
-def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> None:
+def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> int:
     """A known format and a bounded pixel count, read from the header before any decoding; then a
     full decode, so that a corrupt or truncated image is this request's 400 and never fails a
-    captioner batch shared with other requests."""
+    captioner batch shared with other requests. Returns the pixel count."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -83,6 +98,7 @@ def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_I
                         f"Image has {width}x{height} pixels; the limit is {config.max_image_pixels}.", param=param
                     )
                 img.load()  # within the limits: decode it all here, so a truncated file never reaches a batch
+                return width * height
     except InvalidImageError:
         raise
     except Exception:

@@ -25,8 +25,9 @@ from ray.serve.handle import DeploymentResponse
 from deployments.config import ModelConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serve, unwrap
 from deployments.ingress.serve_view import FAILED, app_state, deployment_status
-from deployments.ingress.vision.cache import CaptionCache, cache_key
+from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
+from deployments.monitoring.metrics import Recorder
 from deployments.protocol import CaptionRequest, ComponentStatus
 
 logger = logging.getLogger("ray.serve")
@@ -37,8 +38,12 @@ WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
 
 
 class CaptionerClient:
-    def __init__(self, app: str, captioner: ModelConfig, vision: ProxyVisionConfig) -> None:
+    def __init__(
+        self, app: str, captioner: ModelConfig, vision: ProxyVisionConfig, metrics: Recorder | None = None
+    ) -> None:
+        """`metrics`: the ingress's, for the cache's size gauges."""
         self._app = app
+        self._metrics = metrics
         self._name = captioner.name
         self._captioning = captioner.captioning
         self._vision = vision
@@ -62,9 +67,9 @@ class CaptionerClient:
             logger.info("captioner is back")
         self.reason, self._down_until = None, 0.0
 
-    async def caption(self, images: list[ImageInput]) -> list[str]:
+    async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]:
         """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed;
-        `CaptionerTimeout` when this call waited out `timeout_s`)."""
+        `CaptionerTimeout` when this call waited out `timeout_s`). `stats` gets this call's cache hits."""
         prompts = [self._captioning.prompt(im.user_text) for im in images]
         keys = [cache_key(im.digest, self._name, prompt) for im, prompt in zip(images, prompts, strict=True)]
 
@@ -73,7 +78,12 @@ class CaptionerClient:
                 CaptionRequest(images=[images[i].data for i in indices], prompts=[prompts[i] for i in indices])
             )
 
-        return await self.cache.get_or_compute(keys, missing)
+        try:
+            return await self.cache.get_or_compute(keys, missing, stats)
+        finally:
+            if self._metrics is not None:
+                self._metrics.set("caption_cache_entries", len(self.cache))
+                self._metrics.set("caption_cache_bytes", self.cache.bytes)
 
     async def _call(self, request: CaptionRequest) -> list[str]:
         if time.monotonic() < self._down_until:

@@ -12,6 +12,7 @@ from deployments.config import ImageInputConfig
 from deployments.errors import InvalidRequestError
 from deployments.ingress.vision.cache import image_digest
 from deployments.ingress.vision.check import load_image
+from deployments.monitoring.access_log import ImageStats
 from deployments.protocol import ChatMessage, ImagePart, UserMessage
 
 
@@ -62,13 +63,16 @@ def check_image_counts(messages: list[ChatMessage], config: ImageInputConfig) ->
             )
 
 
-async def collect_images(messages: list[ChatMessage], config: ImageInputConfig) -> list[ImageInput]:
+async def collect_images(
+    messages: list[ChatMessage], config: ImageInputConfig, stats: ImageStats | None = None
+) -> list[ImageInput]:
     """All images of the conversation, counted against the limits, then loaded (fetched concurrently),
-    validated and hashed, in order."""
+    validated and hashed, in order. `stats` gets their sizes and fetch times."""
     check_image_counts(messages, config)
 
     async def one(i: int, j: int, msg: UserMessage, part: ImagePart) -> ImageInput:
-        data = await load_image(part.image_url.url, config, param=f"messages[{i}].content[{j}].image_url")
+        param = f"messages[{i}].content[{j}].image_url"
+        data = await load_image(part.image_url.url, config, param=param, stats=stats)
         return ImageInput(data, text_of(msg.content), await asyncio.to_thread(image_digest, data))
 
     return list(await asyncio.gather(*(one(*found) for found in _image_parts(messages))))

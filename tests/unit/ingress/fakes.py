@@ -1,17 +1,19 @@
 """Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
 streaming `generate` and its `status`) and the captioner client. No Ray is started. They satisfy
-the Protocols of `deployments.ingress.ports` (`DecoderHandle`, `Captioner`)."""
+the Protocols of `deployments.ingress.ports` (`DecoderHandle`, `Captioner`); `FakeMetrics` keeps
+what would have been recorded."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from deployments.errors import CaptionerUnavailable
-from deployments.ingress.vision.cache import CaptionCache
+from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
+from deployments.monitoring.metrics import Recorder
 from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
 
 
@@ -71,8 +73,9 @@ class FakeDecoder:
 
 
 class FakeCaptioner:
-    """Captions each image by its message's text; or is down (raises `error`, a `CaptionerUnavailable`,
-    and is not ready on `status()`). Its cache is a real one that nothing fills."""
+    """Captions each image by its message's text, through a real caption cache as the real client does
+    (`calls` are the images that missed it); or is down (raises `error`, a `CaptionerUnavailable`, and
+    is not ready on `status()`)."""
 
     def __init__(
         self, down: bool = False, delay_s: float = 0.0, error: type[CaptionerUnavailable] = CaptionerUnavailable
@@ -86,9 +89,36 @@ class FakeCaptioner:
             return ComponentStatus(ready=False, reason="replica died")
         return ComponentStatus(ready=True, model="cap")
 
-    async def caption(self, images: list[ImageInput]) -> list[str]:
-        self.calls.append(images)
-        await asyncio.sleep(self.delay_s)
-        if self.down:
-            raise self.error("The vision captioner is unavailable: replica died")
-        return [f"a picture for {image.user_text!r}" for image in images]
+    async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]:
+        async def missing(indices: list[int]) -> list[str]:
+            self.calls.append([images[i] for i in indices])
+            await asyncio.sleep(self.delay_s)
+            if self.down:
+                raise self.error("The vision captioner is unavailable: replica died")
+            return [f"a picture for {images[i].user_text!r}" for i in indices]
+
+        keys = [f"{image.digest}:{image.user_text}" for image in images]
+        return await self.cache.get_or_compute(keys, missing, stats)
+
+
+class FakeMetrics(Recorder):
+    """A `Recorder` that keeps what it was given instead of sending it to Ray: `counts[(name, tags)]`
+    adds up `inc`, `observed[name]` lists `observe`, `gauges[name]` is the last `set`."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.observed: dict[str, list[float]] = {}
+        self.gauges: dict[str, float] = {}
+
+    def inc(self, name: str, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
+        key = (name, tuple(sorted((tags or {}).items())))
+        self.counts[key] = self.counts.get(key, 0.0) + value
+
+    def observe(self, name: str, value: float) -> None:
+        self.observed.setdefault(name, []).append(value)
+
+    def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
+        self.gauges[name] = value
+
+    def count(self, name: str, **tags: str) -> float:
+        return self.counts.get((name, tuple(sorted(tags.items()))), 0.0)

@@ -16,16 +16,22 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.protocol import ModelCard, ModelList
-from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, FakeMetrics
 
 KEY = "sk-api-test-0123"
 
 
-def client(decoder: FakeDecoder, keys: Sequence[str] = ()) -> httpx.AsyncClient:
-    chat = ChatService(decoder, None, model_name="echo", request_timeout_s=5, images=ImageInputConfig())
-    health = HealthService(decoder, None, model_name="echo")
+def client(
+    decoder: FakeDecoder,
+    keys: Sequence[str] = (),
+    captioner: FakeCaptioner | None = None,
+    metrics: FakeMetrics | None = None,
+) -> httpx.AsyncClient:
+    chat = ChatService(decoder, captioner, model_name="echo", request_timeout_s=5, images=ImageInputConfig())
+    health = HealthService(decoder, captioner, model_name="echo")
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None))
-    api = build_api(chat, health, ModelList(data=[ModelCard(id="echo", created=1)]), guard)
+    models = ModelList(data=[ModelCard(id="echo", created=1)])
+    api = build_api(chat, health, models, guard, metrics or FakeMetrics())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 
 

@@ -22,9 +22,14 @@ from deployments.errors import (
 )
 from deployments.ingress.chat import DEGRADED_HEADER, ChatReply, ChatService
 from deployments.ingress.vision.rewrite import unseen_marker
+from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import DEGRADED_FINGERPRINT, ChatCompletionRequest
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
+
+
+def record(request_id: str = "rid") -> RequestRecord:
+    return RequestRecord(request_id=request_id)
 
 
 def service(decoder: FakeDecoder, captioner: FakeCaptioner | None = None, **kw) -> ChatService:
@@ -60,7 +65,7 @@ def payloads(sse: list[str]) -> list[dict]:
 
 async def test_a_completion_in_one_body():
     decoder = FakeDecoder(["Hello", " there"])
-    reply = await service(decoder).create(chat("hi", max_completion_tokens=7, stop="x", temperature=0), "rid-1")
+    reply = await service(decoder).create(chat("hi", max_completion_tokens=7, stop="x", temperature=0), record("rid-1"))
     assert reply.headers == {} and reply.events is None and reply.body is not None
     assert reply.body["id"] == "chatcmpl-rid-1" and reply.body["model"] == "echo"
     assert reply.body["choices"][0]["message"] == {"role": "assistant", "content": "Hello there"}
@@ -73,7 +78,7 @@ async def test_a_completion_in_one_body():
 
 async def test_stream_events_role_first_one_finish_usage_last_then_done():
     reply = await service(FakeDecoder(["Hello", " there"])).create(
-        chat(stream=True, stream_options={"include_usage": True}), "rid-2"
+        chat(stream=True, stream_options={"include_usage": True}), record("rid-2")
     )
     chunks = payloads(await events(reply))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -89,22 +94,22 @@ async def test_stream_events_role_first_one_finish_usage_last_then_done():
 async def test_unknown_model_is_a_404_before_any_decoding():
     decoder = FakeDecoder()
     with pytest.raises(ModelNotFoundError) as err:
-        await service(decoder).create(chat(model="gpt-9"), "rid")
+        await service(decoder).create(chat(model="gpt-9"), record())
     assert err.value.param == "model" and decoder.requests == []
 
 
 async def test_the_deadline_before_the_first_chunk_is_a_408_and_cancels_the_generation():
     decoder = FakeDecoder(delay_s=1.0)
     with pytest.raises(RequestTimeoutError) as err:
-        await service(decoder, request_timeout_s=0.1).create(chat(), "rid")
+        await service(decoder, request_timeout_s=0.1).create(chat(), record())
     assert "0.1 s (server.request_timeout_s)" in err.value.message
     assert decoder.streams[0].cancelled
-    assert to_openai_error(err.value, "rid")[0] == 408
+    assert to_openai_error(err.value, record())[0] == 408
 
 
 async def test_the_deadline_mid_stream_is_an_error_event_then_done():
     decoder = FakeDecoder(["a", "b", "c"], delay_s=0.04)
-    reply = await service(decoder, request_timeout_s=0.1).create(chat(stream=True), "rid")
+    reply = await service(decoder, request_timeout_s=0.1).create(chat(stream=True), record())
     chunks = payloads(await events(reply))
     assert chunks[-1]["error"]["code"] == "request_timeout"
     assert decoder.streams[0].cancelled
@@ -113,14 +118,14 @@ async def test_the_deadline_mid_stream_is_an_error_event_then_done():
 async def test_a_slow_captioner_counts_against_the_same_deadline():
     decoder = FakeDecoder()
     with pytest.raises(RequestTimeoutError):
-        await service(decoder, FakeCaptioner(delay_s=1.0), request_timeout_s=0.1).create(chat(with_image()), "rid")
+        await service(decoder, FakeCaptioner(delay_s=1.0), request_timeout_s=0.1).create(chat(with_image()), record())
     assert decoder.requests == []
 
 
 async def test_captions_replace_images_in_the_decoders_prompt():
     decoder, captioner = FakeDecoder(), FakeCaptioner()
     notice = ProxyVisionConfig(degraded_notice=NOTICE)
-    reply = await service(decoder, captioner, vision=notice).create(chat(with_image("what is it?")), "rid")
+    reply = await service(decoder, captioner, vision=notice).create(chat(with_image("what is it?")), record())
     assert DEGRADED_HEADER not in reply.headers and reply.body is not None
     assert "vision" not in reply.body and "system_fingerprint" not in reply.body  # every image was seen
     assert reply.body["choices"][0]["message"]["content"] == "Hello there"
@@ -130,7 +135,7 @@ async def test_captions_replace_images_in_the_decoders_prompt():
 
 async def test_a_down_captioner_degrades_visibly_by_default():
     decoder = FakeDecoder()
-    reply = await service(decoder, FakeCaptioner(down=True)).create(chat(with_image("see?")), "rid")
+    reply = await service(decoder, FakeCaptioner(down=True)).create(chat(with_image("see?")), record())
     assert reply.headers == {DEGRADED_HEADER: "captioner-unavailable"}
     prompt = decoder.requests[0].messages[0].content
     assert prompt == f"see?\nImage 1: {unseen_marker('captioner_unavailable')}"
@@ -148,7 +153,7 @@ async def test_every_unseen_image_is_listed_by_its_position_in_the_request():
         {"role": "user", "content": with_image("and this one?")},
     ]
     request = ChatCompletionRequest.model_validate({"model": "echo", "messages": messages})
-    reply = await service(decoder, FakeCaptioner(down=True, error=CaptionerTimeout)).create(request, "rid")
+    reply = await service(decoder, FakeCaptioner(down=True, error=CaptionerTimeout)).create(request, record())
     assert reply.body is not None
     unseen = reply.body["vision"]["unseen_images"]
     assert [(u["index"], u["reason"]) for u in unseen] == [(i, "captioner_timeout") for i in range(3)]
@@ -157,7 +162,7 @@ async def test_every_unseen_image_is_listed_by_its_position_in_the_request():
 
 async def test_a_degraded_stream_reports_on_its_first_chunk_only():
     reply = await service(FakeDecoder(), FakeCaptioner(down=True)).create(
-        chat(with_image(), stream=True, stream_options={"include_usage": True}), "rid"
+        chat(with_image(), stream=True, stream_options={"include_usage": True}), record()
     )
     assert reply.headers == {DEGRADED_HEADER: "captioner-unavailable"}
     chunks = payloads(await events(reply))
@@ -170,13 +175,13 @@ async def test_a_degraded_stream_reports_on_its_first_chunk_only():
 async def test_the_notice_goes_before_the_answer_and_is_not_counted_as_generated():
     vision = ProxyVisionConfig(degraded_notice=NOTICE)
     down = service(FakeDecoder(["Hello", " there"]), FakeCaptioner(down=True), vision=vision)
-    body = (await down.create(chat(with_image()), "rid")).body
+    body = (await down.create(chat(with_image()), record())).body
     assert body is not None and body["choices"][0]["message"]["content"] == NOTICE + "Hello there"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    chunks = payloads(await events(await down.create(chat(with_image(), stream=True), "rid")))
+    chunks = payloads(await events(await down.create(chat(with_image(), stream=True), record())))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": NOTICE}
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == NOTICE + "Hello there"
-    text = (await down.create(chat("no image here"), "rid")).body
+    text = (await down.create(chat("no image here"), record())).body
     assert text is not None and text["choices"][0]["message"]["content"] == "Hello there"
     assert "vision" not in text and "system_fingerprint" not in text
 
@@ -186,39 +191,41 @@ async def test_a_down_captioner_is_a_503_under_the_reject_policy():
     strict = ProxyVisionConfig(on_failure="reject", degraded_notice=NOTICE)
     for error in (CaptionerUnavailable, CaptionerTimeout):
         with pytest.raises(CaptionerUnavailable) as err:
-            await service(decoder, FakeCaptioner(down=True, error=error), vision=strict).create(chat(with_image()), "r")
-        status, body, headers = to_openai_error(err.value, "r")
+            await service(decoder, FakeCaptioner(down=True, error=error), vision=strict).create(
+                chat(with_image()), record()
+            )
+        status, body, headers = to_openai_error(err.value, record())
         assert (status, body["error"]["code"], headers["Retry-After"].isdigit()) == (503, "captioner_unavailable", True)
     assert decoder.requests == []
-    text = await service(decoder, FakeCaptioner(down=True), vision=strict).create(chat("x"), "r")
+    text = await service(decoder, FakeCaptioner(down=True), vision=strict).create(chat("x"), record())
     assert text.body is not None  # text requests do not need the captioner
 
 
 async def test_images_without_a_captioner_are_a_400():
     with pytest.raises(VisionDisabledError) as err:
-        await service(FakeDecoder()).create(chat(with_image()), "rid")
-    assert to_openai_error(err.value, "rid")[0] == 400 and err.value.param == "messages"
+        await service(FakeDecoder()).create(chat(with_image()), record())
+    assert to_openai_error(err.value, record())[0] == 400 and err.value.param == "messages"
 
 
 async def test_a_full_decoder_queue_before_the_first_byte_keeps_its_status():
     decoder = FakeDecoder(error=BackPressureError(5, 4, retry_after_s=2.5))
     with pytest.raises(OverloadedError) as err:
-        await service(decoder).create(chat(stream=True), "rid")
-    status, body, headers = to_openai_error(err.value, "rid")
+        await service(decoder).create(chat(stream=True), record())
+    status, body, headers = to_openai_error(err.value, record())
     assert (status, body["error"]["code"], headers["Retry-After"]) == (503, "overloaded", "3")
 
 
 async def test_a_replica_dying_mid_stream_is_an_error_event_then_done():
     decoder = FakeDecoder(["a", "b"], error=ActorDiedError())
     decoder.fail_at = 1
-    chunks = payloads(await events(await service(decoder).create(chat(stream=True), "rid")))
+    chunks = payloads(await events(await service(decoder).create(chat(stream=True), record())))
     assert chunks[1]["choices"][0]["delta"]["content"] == "a"
     assert chunks[-1]["error"]["type"] == "service_unavailable"
 
 
 async def test_a_client_that_goes_away_cancels_the_generation():
     decoder = FakeDecoder(["a", "b", "c"])
-    reply = await service(decoder).create(chat(stream=True), "rid")
+    reply = await service(decoder).create(chat(stream=True), record())
     assert reply.events is not None
     first = await anext(reply.events)
     assert '"role": "assistant"' in first

@@ -1,0 +1,173 @@
+"""One access-log line per request, and the ingress's request metrics, from one place.
+
+`AccessLog` is a pure ASGI middleware (streamed responses pass through untouched) around every
+route, the API-key guard included. It puts a `RequestRecord` in the request's state, which the
+request logic fills (model, images, caption-cache hits, degradation, tokens, time to first token),
+and when the response's last byte has gone (or the client has gone) it writes the line and records
+`mmserve_http_requests`, `mmserve_requests_rejected` and the image and cache counters.
+
+The line is readable text with the fields as ``key=value``; with `logging_config.encoding: JSON`
+in serve_config.yaml the same fields are JSON keys (Serve's ``ray_serve_extra_fields``), next to
+Serve's own ``request_id`` and ``route``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from deployments.monitoring.metrics import Recorder
+
+logger = logging.getLogger("ray.serve")
+
+STATE_KEY = "record"
+
+
+@dataclass
+class ImageStats:
+    """The images of one request: how many were accepted, their bytes and pixels, and each URL fetch."""
+
+    count: int = 0
+    nbytes: int = 0
+    pixels: int = 0
+    fetches: list[tuple[str, float, bool]] = field(default_factory=list)  # (scheme, seconds, fetched)
+
+    def accepted(self, data: bytes, pixels: int) -> None:
+        self.count += 1
+        self.nbytes += len(data)
+        self.pixels += pixels
+
+    def fetched(self, scheme: str, seconds: float, ok: bool) -> None:
+        self.fetches.append((scheme, seconds, ok))
+
+
+@dataclass
+class RequestRecord:
+    """What one request's access-log line and metrics say; the request logic fills what it knows."""
+
+    request_id: str = "unknown"
+    method: str = ""
+    path: str = ""
+    started: float = field(default_factory=time.monotonic)
+    model: str | None = None
+    status: int = 0
+    error: str | None = None  # the OpenAI error's code (or type), also for an error event in a stream
+    error_status: int | None = None  # the error's status when the HTTP status had already gone out as 200
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_s: float | None = None
+    images: ImageStats = field(default_factory=ImageStats)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    degraded: str | None = None
+
+    def first_token(self) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = time.monotonic() - self.started
+
+    def fields(self, duration_s: float) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
+            "duration_s": round(duration_s, 4),
+            "images": self.images.count,
+            "cache_hits": self.cache_hits,
+            "degraded": self.degraded,
+            "error": self.error,
+        }
+
+
+def record_of(state: Any) -> RequestRecord:
+    """The request's record (Starlette's `request.state`); a detached one outside `AccessLog`."""
+    record = getattr(state, STATE_KEY, None)
+    return record if isinstance(record, RequestRecord) else RequestRecord()
+
+
+def _error_of(body: bytes) -> str | None:
+    try:
+        error = json.loads(body)["error"]
+        return str(error.get("code") or error.get("type"))
+    except Exception:
+        return None
+
+
+class AccessLog:
+    def __init__(
+        self, app: ASGIApp, *, metrics: Recorder, request_id: Callable[[Scope], str], routes: list[BaseRoute]
+    ) -> None:
+        """`request_id(scope)`: the id Serve logs the request under; `routes`: the app's, for the
+        `route` label of requests that never reached one (a 401 from the guard)."""
+        self.app = app
+        self._metrics = metrics
+        self._request_id = request_id
+        self._routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RequestRecord(request_id=self._request_id(scope), method=scope["method"], path=scope["path"])
+        scope.setdefault("state", {})[STATE_KEY] = record
+        error_body = b""
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal error_body
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            elif message["type"] == "http.response.body" and record.status >= 400 and len(error_body) < 65536:
+                error_body += message.get("body", b"")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            if record.status >= 400 and record.error is None:
+                record.error = _error_of(error_body)
+            self.finish(record, scope)
+
+    def _route_of(self, scope: Scope) -> str:
+        """The route's path pattern (label values stay bounded), or "unmatched" for a path no route has."""
+        route = scope.get("route")
+        if route is None:
+            route = next((r for r in self._routes if r.matches(scope)[0] != Match.NONE), None)
+        return getattr(route, "path", None) or "unmatched"
+
+    def finish(self, record: RequestRecord, scope: Scope) -> None:
+        fields = record.fields(time.monotonic() - record.started)
+        text = " ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items())
+        logger.info("access %s", text, extra={"ray_serve_extra_fields": _without_serve_keys(fields)})
+        route = self._route_of(scope)
+        m = self._metrics
+        m.inc("http_requests", tags={"route": route, "status": str(record.status or 499)})
+        if record.error is not None:
+            status = record.error_status or record.status
+            m.inc("requests_rejected", tags={"status": str(status), "reason": record.error})
+        if record.degraded is not None:
+            m.inc("requests_degraded", tags={"reason": record.degraded})
+        m.inc("caption_cache_hits", record.cache_hits)
+        m.inc("caption_cache_misses", record.cache_misses)
+        m.inc("image_bytes", record.images.nbytes)
+        m.inc("image_pixels", record.images.pixels)
+        for scheme, seconds, ok in record.images.fetches:
+            if ok:
+                m.observe("image_fetch_latency_seconds", seconds)
+            else:
+                m.inc("image_fetch_failures", tags={"scheme": scheme})
+
+
+def _without_serve_keys(fields: dict[str, Any]) -> dict[str, Any]:
+    """Serve's JSON lines already carry `request_id` (the same id) and refuse duplicate keys."""
+    return {k: v for k, v in fields.items() if k != "request_id"}
