@@ -129,7 +129,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
     def stats(self) -> dict[str, Any]:
         processor = self._manager.batch_processor
         if processor is None:
-            return {"running": 0, "waiting": 0}
+            return {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
         scheduler = processor.scheduler
         return {
             "running": len(scheduler.active_requests),

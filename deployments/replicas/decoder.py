@@ -50,9 +50,10 @@ class PrimaryDecoder:
                 self._queued -= 1
             try:
                 timer.admitted()
-                async for chunk in self._stream(request, timer):
-                    outcome = chunk.finish_reason
-                    yield chunk
+                async with aclosing(self._stream(request, timer)) as chunks:  # closed at once: frees the sequence
+                    async for chunk in chunks:
+                        outcome = chunk.finish_reason
+                        yield chunk
             finally:
                 self._seqs.release()
         except Exception:

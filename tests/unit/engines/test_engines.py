@@ -178,6 +178,21 @@ async def test_dropped_streams_leave_no_output_behind(tiny_llm):
     assert tiny_llm._manager.output_router.output_queue.qsize() == 0
 
 
+async def test_kv_cache_usage_counts_the_pages_of_running_sequences(tiny_llm):
+    if not isinstance(tiny_llm, ContinuousBatchingTextEngine):
+        pytest.skip("continuous batching only")
+    assert tiny_llm.stats()["kv_cache_usage"] == 0
+    async with aclosing(tiny_llm.generate(ask("count to a thousand " * 20, temperature=0, max_tokens=300))) as pieces:
+        async for _ in pieces:
+            in_use = tiny_llm.stats()["kv_cache_usage"]
+            break
+    assert 0 < in_use <= 1
+    deadline = time.monotonic() + 30
+    while busy(tiny_llm) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert tiny_llm.stats()["kv_cache_usage"] == 0
+
+
 async def test_seeded_sampling_with_penalties_is_reproducible_when_sequential(tiny_llm):
     request = ask("hi", temperature=0.9, top_p=0.9, top_k=20, seed=7, presence_penalty=1.0, max_tokens=6)
     if isinstance(tiny_llm, ContinuousBatchingTextEngine):

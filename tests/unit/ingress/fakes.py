@@ -1,19 +1,17 @@
 """Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
 streaming `generate` and its `status`) and the captioner client. No Ray is started. They satisfy
-the Protocols of `deployments.ingress.ports` (`DecoderHandle`, `Captioner`); `FakeMetrics` keeps
-what would have been recorded."""
+the Protocols of `deployments.ingress.ports` (`DecoderHandle`, `Captioner`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from deployments.errors import CaptionerUnavailable
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
-from deployments.monitoring.metrics import Recorder
 from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
 
 
@@ -99,26 +97,3 @@ class FakeCaptioner:
 
         keys = [f"{image.digest}:{image.user_text}" for image in images]
         return await self.cache.get_or_compute(keys, missing, stats)
-
-
-class FakeMetrics(Recorder):
-    """A `Recorder` that keeps what it was given instead of sending it to Ray: `counts[(name, tags)]`
-    adds up `inc`, `observed[name]` lists `observe`, `gauges[name]` is the last `set`."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self.observed: dict[str, list[float]] = {}
-        self.gauges: dict[str, float] = {}
-
-    def inc(self, name: str, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
-        key = (name, tuple(sorted((tags or {}).items())))
-        self.counts[key] = self.counts.get(key, 0.0) + value
-
-    def observe(self, name: str, value: float) -> None:
-        self.observed.setdefault(name, []).append(value)
-
-    def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
-        self.gauges[name] = value
-
-    def count(self, name: str, **tags: str) -> float:
-        return self.counts.get((name, tuple(sorted(tags.items()))), 0.0)

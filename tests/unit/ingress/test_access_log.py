@@ -10,7 +10,8 @@ import pytest
 
 from deployments.monitoring.access_log import RequestRecord
 from tests.conftest import data_url, png_bytes
-from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, FakeMetrics
+from tests.unit.fake_metrics import FakeMetrics
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 from tests.unit.ingress.test_api import BODY, KEY, client
 
 CHAT = "/v1/chat/completions"

@@ -16,7 +16,8 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.protocol import ModelCard, ModelList
-from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, FakeMetrics
+from tests.unit.fake_metrics import FakeMetrics
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 
 KEY = "sk-api-test-0123"
 

@@ -1,11 +1,14 @@
 """The decoder deployment's own streaming layer (stop strings, stream_interval_ms), on a fake engine
 and without Ray: the deployment class is constructed directly."""
 
+from contextlib import aclosing
+
 import pytest
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.protocol import GenerateChunk, GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
+from tests.unit.fake_metrics import FakeMetrics
 
 # The fake engine echoes: it sends "user:", one word of this per piece, then an empty piece with finish_reason.
 QUESTION = "tell me a story about a fox that jumps over the dog"
@@ -52,3 +55,24 @@ async def test_the_length_limit_ends_a_coalesced_stream_with_its_reason():
     sent = await chunks(10_000, max_tokens=4)
     assert "".join(c.text for c in sent) == "user: tell me a"
     assert sent[-1].finish_reason == "length" and sent[-1].completion_tokens == 4
+
+
+async def test_each_request_is_recorded_once_finished_or_cancelled():
+    replica = decoder(0)
+    replica._metrics = metrics = FakeMetrics()
+    ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)])
+    sent = [chunk async for chunk in replica.generate(ask)]
+    async with aclosing(replica.generate(ask)) as stream:
+        async for _ in stream:
+            break  # the client goes away after the first chunk
+    assert metrics.count("request_success", finished_reason="stop") == 1
+    assert metrics.count("requests_cancelled") == 1
+    assert metrics.count("prompt_tokens") == sent[-1].prompt_tokens * 2  # both were prefilled
+    assert metrics.count("generation_tokens") == sent[-1].completion_tokens + 1
+    assert [len(metrics.observed[h]) for h in ("request_queue_time_seconds", "time_to_first_token_seconds")] == [2, 2]
+    assert [len(metrics.observed[h]) for h in ("e2e_request_latency_seconds", "time_per_output_token_seconds")] == [
+        1,
+        1,
+    ]
+    replica._sample()
+    assert metrics.gauges["engine_loaded"] == 1 and metrics.gauges["num_requests_running"] == 0
