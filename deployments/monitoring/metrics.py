@@ -96,7 +96,9 @@ CAPTIONER = (
     ),
     _spec("caption_batch_size", "histogram", "Captioner: images per forward pass.", buckets=BATCH_BUCKETS),
     _spec("images_captioned", "counter", "Captioner: images captioned."),
-    _spec("caption_failures", "counter", "Captioner: failed caption requests, by kind (unavailable, error).", "kind"),
+    _spec(
+        "caption_failures", "counter", "Captioner: failed caption requests, by kind (unavailable, oom, error).", "kind"
+    ),
 )
 ENGINE = (
     _spec(

@@ -39,6 +39,13 @@ def decode_rgb(data: bytes) -> Image.Image:
         return img.convert("RGB")
 
 
+def failure_kind(exc: Exception) -> str:
+    """The `kind` tag of a failed caption request: the engine is not loaded, out of memory, or another error."""
+    if isinstance(exc, CaptionerUnavailable):
+        return "unavailable"
+    return "oom" if "OutOfMemory" in type(exc).__name__ else "error"
+
+
 @serve.deployment  # its options are the builder's (deployments/options.py)
 class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle) -> None:
@@ -61,15 +68,14 @@ class VisionCaptioner:
             self._slot.start()
 
     async def caption(self, request: CaptionRequest) -> list[str]:
-        if self._slot is None:
-            raise CaptionerUnavailable(NOT_CONFIGURED)
-        items = zip(request.images, request.prompts, strict=True)
         started = time.monotonic()
         try:
+            if self._slot is None:
+                raise CaptionerUnavailable(NOT_CONFIGURED)
+            items = zip(request.images, request.prompts, strict=True)
             captions = list(await asyncio.gather(*(self._batcher.submit(item) for item in items)))
         except Exception as exc:
-            kind = "unavailable" if isinstance(exc, CaptionerUnavailable) else "error"
-            self._metrics.inc("caption_failures", tags={"kind": kind})
+            self._metrics.inc("caption_failures", tags={"kind": failure_kind(exc)})
             raise
         self._metrics.observe("caption_latency_seconds", time.monotonic() - started)
         self._metrics.inc("images_captioned", len(captions))
