@@ -31,6 +31,7 @@ from transformers.generation.streamers import BaseStreamer
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
+from deployments.engines.progress import LoadProgress
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol import GenerateRequest
 
@@ -125,13 +126,15 @@ class TransformersTextEngine(TextEngine):
 
     def __init__(self, model: ModelConfig, **load: Any) -> None:
         self.params = model.params
+        progress = LoadProgress("decoder", model)
         self.device, shared, kwargs = load_kwargs(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(model.source, **shared)
+        self.tokenizer = progress.pretrained("tokenizer", AutoTokenizer.from_pretrained, model.source, **shared)
         if not self.tokenizer.chat_template:
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
-        lm = AutoModelForCausalLM.from_pretrained(model.source, **kwargs, **load)
+        lm = progress.pretrained("model", AutoModelForCausalLM.from_pretrained, model.source, **kwargs, **load)
         self.model = place(lm, self.device, kwargs).eval()
-        self.int4_layers = quantize_loaded(self.model, self.params, self.device)
+        progress.loaded(self.model, kwargs)
+        self.int4_layers = quantize_loaded(self.model, self.params, self.device, progress)
         own_len = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
         gen: Any = self.model.generation_config
@@ -142,6 +145,7 @@ class TransformersTextEngine(TextEngine):
         }
         self.source = model.weight_file or model.source
         self.cpu_threads = set_cpu_threads(self.params, self.device)
+        progress.done(self.model)
 
     def describe(self) -> dict[str, Any]:
         return {

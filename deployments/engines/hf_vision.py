@@ -12,6 +12,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
+from deployments.engines.progress import LoadProgress
 
 
 class TransformersCaptionEngine(CaptionEngine):
@@ -19,17 +20,20 @@ class TransformersCaptionEngine(CaptionEngine):
 
     def __init__(self, model: ModelConfig) -> None:
         self.max_new_tokens = model.captioning.max_new_tokens
+        progress = LoadProgress("captioner", model)
         self.device, shared, kwargs = load_kwargs(model)
-        self.processor = AutoProcessor.from_pretrained(model.source, **shared)
+        self.processor = progress.pretrained("processor", AutoProcessor.from_pretrained, model.source, **shared)
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.padding_side = "left"  # batched generation appends after the prompt
-        vlm = AutoModelForImageTextToText.from_pretrained(model.source, **kwargs)
+        vlm = progress.pretrained("model", AutoModelForImageTextToText.from_pretrained, model.source, **kwargs)
         self.model = place(vlm, self.device, kwargs).eval()
+        progress.loaded(self.model, kwargs)
         self.source = model.source
         self.params = model.params
-        self.int4_layers = quantize_loaded(self.model, self.params, self.device)
+        self.int4_layers = quantize_loaded(self.model, self.params, self.device, progress)
         self.cpu_threads = set_cpu_threads(self.params, self.device)
+        progress.done(self.model)
 
     def describe(self) -> dict[str, Any]:
         return {

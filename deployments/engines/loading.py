@@ -12,6 +12,7 @@ import torch
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines import int4_cpu
+from deployments.engines.progress import LoadProgress
 from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")
@@ -109,16 +110,17 @@ def place(module: Any, device: str, kwargs: dict[str, Any]) -> Any:
     return module.to(device)
 
 
-def quantize_loaded(module: Any, params: EngineParams, device: str) -> int:
-    """Post-load quantization (`int4-cpu`, CPU replicas only); returns how many layers it replaced."""
+def quantize_loaded(module: Any, params: EngineParams, device: str, progress: LoadProgress | None = None) -> int:
+    """Post-load quantization (`int4-cpu`, CPU replicas only); returns how many layers it replaced.
+    With `progress`, it is the load's logged `quantize` step."""
     if params.quantization != "int4-cpu":
         return 0
     if device != "cpu":  # one models.yaml serves CPU and GPU machines (`decoder_gpus: auto`)
         logger.warning("int4-cpu applies to CPU replicas; on %s the weights stay %s", device, module.dtype)
         return 0
-    replaced = int4_cpu.quantize(module)
-    logger.info("int4-cpu: %d linear layers at 4 bits", replaced)
-    return replaced
+    if progress is None:
+        return int4_cpu.quantize(module)
+    return progress.quantize(module, "int4-cpu", lambda: int4_cpu.quantize(module))
 
 
 def set_cpu_threads(params: EngineParams, device: str) -> int | None:
