@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
 from ray import serve
@@ -62,7 +62,9 @@ class PrimaryDecoder:
         finally:
             timer.finished(outcome)
 
-    async def _stream(self, request: GenerateRequest, timer: DecoderRequestTimer) -> AsyncIterator[GenerateChunk]:
+    async def _stream(
+        self, request: GenerateRequest, timer: DecoderRequestTimer
+    ) -> AsyncGenerator[GenerateChunk, None]:
         async with self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             stop = StopMatcher(request.stop)
             pending, send_at = "", 0.0  # text held back until `send_at` (stream_interval_ms)
