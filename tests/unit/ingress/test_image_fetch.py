@@ -15,6 +15,7 @@ from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
 from deployments.ingress.vision.check import load_image, load_image_url
 from deployments.ingress.vision.fetch import address_category, fetch_image
+from deployments.monitoring.access_log import ImageStats
 from tests.conftest import data_url, png_bytes
 
 PNG = png_bytes()
@@ -301,3 +302,19 @@ def test_allow_hosts_entries_are_validated():
     for bad in ("http://x", "10.0.0.0/33", ""):
         with pytest.raises(ValueError, match="neither a host name"):
             ImageInputConfig(allow_hosts=[bad])
+
+
+async def test_image_stats_record_sizes_and_each_fetch(server, tmp_path):
+    """What the access log and the ingress metrics get: accepted images' bytes and pixels, and each
+    URL fetch with its scheme, time and outcome (data URLs are not fetches)."""
+    (tmp_path / "a.png").write_bytes(png_bytes())
+    stats = ImageStats()
+    config = local(file_root=str(tmp_path))
+    await load_image(data_url(png_bytes()), config, param="p", stats=stats)
+    await load_image(f"file://{tmp_path}/a.png", config, param="p", stats=stats)
+    await load_image(f"{base(server)}/x.png", config, param="p", stats=stats)
+    with pytest.raises(InvalidImageError):
+        await load_image(f"file://{tmp_path}/missing.png", config, param="p", stats=stats)
+    assert (stats.count, stats.nbytes, stats.pixels) == (3, 3 * len(png_bytes()), 3 * 48 * 32)
+    assert [(scheme, ok) for scheme, _, ok in stats.fetches] == [("file", True), ("http", True), ("file", False)]
+    assert all(seconds >= 0 for _, seconds, _ in stats.fetches)
