@@ -221,17 +221,57 @@ class ErrorResponse(BaseModel):
 # --------------------------------------------------------------------------- between deployments
 
 
-class TextMessage(BaseModel):
-    """A chat message after proxy vision: text only, ready for a chat template."""
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text, as OpenAI sends them.")
 
-    role: Literal["system", "user", "assistant"]
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class TextMessage(BaseModel):
+    """A chat message after proxy vision: text only, ready for a chat template. An assistant message
+    may carry the tool calls it made; a `tool` message answers the call `tool_call_id`."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class GrammarSpec(BaseModel):
+    """Constrained decoding: output that is a JSON object (`json_object`), or JSON valid against
+    `json_schema` (the schema as JSON text)."""
+
+    kind: Literal["json_object", "json_schema"]
+    json_schema: str | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """One generated token: its text, UTF-8 bytes and log-probability, and the most likely tokens at
+    its position (sorted, most likely first)."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class GenerateRequest(BaseModel):
-    """Ingress -> PrimaryDecoder. Unset sampling fields take the model's configured defaults."""
+    """Ingress -> PrimaryDecoder. Unset sampling fields take the model's configured defaults.
 
-    messages: list[TextMessage]
+    A chat is `messages` (rendered by the model's chat template, with `tools` when given); a legacy
+    completion is `prompt`, text or token ids used as they are, with no template."""
+
+    messages: list[TextMessage] = Field(default_factory=list)
+    prompt: str | list[int] | None = None
+    tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -240,15 +280,24 @@ class GenerateRequest(BaseModel):
     presence_penalty: float | None = None
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
+    n: int = Field(1, ge=1, description="Independent sequences; the decoder replica runs each as its own.")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="None: no logprobs; k: each token's logprob and the k most likely tokens."
+    )
+    logit_bias: dict[int, float] | None = None
+    grammar: GrammarSpec | None = None
 
 
 class GenerateChunk(BaseModel):
-    """PrimaryDecoder -> Ingress, streamed. The last chunk has `finish_reason` set."""
+    """PrimaryDecoder -> Ingress, streamed. The last chunk of each sequence (`index`, 0 to n-1) has
+    `finish_reason` set; `logprobs` covers the tokens whose text this chunk carries."""
 
+    index: int = 0
     text: str = ""
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 class CaptionRequest(BaseModel):

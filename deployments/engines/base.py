@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from PIL import Image
 
-from deployments.protocol import GenerateRequest
+from deployments.protocol import GenerateRequest, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class EngineOutput:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     finish_reason: Literal["stop", "length"] | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token generated since the last piece, when asked for
 
 
 class Engine(ABC):  # noqa: B024 - every hook has a default
