@@ -1,0 +1,320 @@
+"""The Grafana dashboard over `metrics.SPECS`, declared the way Ray declares its own default
+dashboards (`ray/dashboard/modules/metrics/dashboards/serve_llm_dashboard_panels.py`): Ray's
+`Panel`/`Target`/`Row`/`DashboardConfig`, rendered by Ray's dashboard factory onto
+`mmserve_grafana_dashboard_base.json` (the template variables `$application`, `$deployment`,
+`$model` and `$interval`, modelled on Ray's Serve LLM base).
+
+Every query takes its metric name from a `MetricSpec` (`spec.exported`), so a renamed or removed
+metric fails here or in tests/unit/test_dashboard.py instead of leaving an empty panel.
+`scripts/grafana_dashboard.py` writes the JSON (docs/monitoring/) and installs it beside Ray's
+dashboards; docs/monitoring.md shows the whole setup.
+
+Like Ray's dashboards, this one honours `RAY_GRAFANA_MMSERVE_DASHBOARD_UID`,
+`RAY_GRAFANA_MMSERVE_DASHBOARD_GLOBAL_FILTERS` and `RAY_GRAFANA_MMSERVE_LOG_LINK_URL`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ray.dashboard.modules.metrics.dashboards.common import (
+    DashboardConfig,
+    Panel,
+    PanelTemplate,
+    Row,
+    Target,
+    TargetTemplate,
+)
+
+from deployments.monitoring.metrics import SPECS, MetricSpec
+
+DASHBOARD_UID = "rayMmserveDashboard"
+BASE_JSON = Path(__file__).with_name("mmserve_grafana_dashboard_base.json")
+
+_SPECS = {spec.name: spec for spec in SPECS}
+
+# Every series is narrowed by the dashboard's variables. `{global_filters}` stays last: Ray's
+# factory formats each expr with str.format (hence the doubled braces below) and, when there are
+# no global filters, drops the trailing comma this leaves.
+_FILTER = 'application=~"$application", deployment=~"$deployment", model=~"$model", {global_filters}'
+_QUANTILES = (0.5, 0.95, 0.99)
+
+
+def _spec(name: str, kind: str | None = None) -> MetricSpec:
+    if name not in _SPECS:
+        raise KeyError(f"the dashboard reads {name!r}, which metrics.SPECS does not declare")
+    spec = _SPECS[name]
+    if kind and spec.kind != kind:
+        raise ValueError(f"{spec.full_name} is a {spec.kind}, the dashboard reads it as a {kind}")
+    return spec
+
+
+def _series(spec: MetricSpec, suffix: str = "", matchers: str = "") -> str:
+    """`spec`'s series under the dashboard's filters; `suffix`: a histogram's `_bucket`, `_sum`, `_count`."""
+    return f"{spec.exported}{suffix}{{{{{matchers}{_FILTER}}}}}"
+
+
+def _rate(name: str, by: str = "") -> str:
+    rate = f"rate({_series(_spec(name, 'counter'))}[$interval])"
+    return f"sum by ({by}) ({rate})" if by else f"sum({rate})"
+
+
+def _gauge(name: str, by: str, agg: str = "sum") -> str:
+    return f"{agg} by ({by}) ({_series(_spec(name, 'gauge'))})"
+
+
+def _quantile_targets(name: str, by: str = "model") -> list[Target]:
+    """p50/p95/p99 of a histogram over `$interval`, one line per `by` value."""
+    buckets = _series(_spec(name, "histogram"), "_bucket")
+    return [
+        Target(
+            expr=f"histogram_quantile({q}, sum by (le, {by}) (rate({buckets}[$interval])))",
+            legend=f"p{round(q * 100)} {{{{{by}}}}}",
+        )
+        for q in _QUANTILES
+    ]
+
+
+def _panel(panel_id: int, title: str, name: str, unit: str, targets: list[Target], note: str = "", **kw: Any) -> Panel:
+    """A panel whose description is its metric's own (metrics.py), then `note`."""
+    description = " ".join(filter(None, [_spec(name).description, note]))
+    return Panel(id=panel_id, title=title, description=description, unit=unit, targets=targets, **kw)
+
+
+def _latency_panel(panel_id: int, title: str, name: str, by: str = "model") -> Panel:
+    return _panel(panel_id, title, name, "s", _quantile_targets(name, by), fill=0, stack=False, linewidth=2)
+
+
+OVERVIEW = [
+    _panel(
+        1,
+        "HTTP requests / s by route and status",
+        "http_requests",
+        "reqps",
+        [Target(expr=_rate("http_requests", "route, status"), legend="{{route}} {{status}}")],
+    ),
+    _panel(
+        2,
+        "Rejected requests / s by reason",
+        "requests_rejected",
+        "reqps",
+        [Target(expr=_rate("requests_rejected", "status, reason"), legend="{{status}} {{reason}}")],
+    ),
+    _panel(
+        3,
+        "Degraded answers / s by reason",
+        "requests_degraded",
+        "reqps",
+        [Target(expr=_rate("requests_degraded", "reason"), legend="{{reason}}")],
+    ),
+]
+
+DECODER = [
+    _latency_panel(11, "Time to first token", "time_to_first_token_seconds"),
+    _latency_panel(12, "Time per output token", "time_per_output_token_seconds"),
+    _latency_panel(13, "End-to-end request latency", "e2e_request_latency_seconds"),
+    _latency_panel(14, "Queue time", "request_queue_time_seconds"),
+    _panel(
+        15,
+        "Prompt and generation tokens / s",
+        "prompt_tokens",
+        "tokens/s",
+        [
+            Target(expr=_rate("prompt_tokens", "model"), legend="prompt {{model}}"),
+            Target(expr=_rate("generation_tokens", "model"), legend="generation {{model}}"),
+        ],
+        note=_spec("generation_tokens").description,
+    ),
+    _panel(
+        16,
+        "Requests running and waiting",
+        "num_requests_running",
+        "short",
+        [
+            Target(expr=_gauge("num_requests_running", "replica"), legend="running {{replica}}"),
+            Target(expr=_gauge("num_requests_waiting", "replica"), legend="waiting {{replica}}"),
+        ],
+        note=_spec("num_requests_waiting").description,
+        stack=False,
+        fill=1,
+    ),
+    _panel(
+        17,
+        "KV-cache usage",
+        "kv_cache_usage_perc",
+        "percentunit",
+        [Target(expr=_gauge("kv_cache_usage_perc", "replica", agg="max"), legend="{{replica}}")],
+        stack=False,
+        fill=1,
+        min_val=0,
+        max_val=1,
+    ),
+    _panel(
+        18,
+        "Finished requests / s by finish reason",
+        "request_success",
+        "reqps",
+        [Target(expr=_rate("request_success", "finished_reason"), legend="{{finished_reason}}")],
+    ),
+    _panel(
+        19,
+        "Cancelled requests / s",
+        "requests_cancelled",
+        "reqps",
+        [Target(expr=_rate("requests_cancelled", "model"), legend="{{model}}")],
+    ),
+]
+
+# Bars per bucket over the dashboard's range, as Ray Data's histogram panels do (Grafana turns the
+# cumulative `le` buckets into per-bucket counts).
+_batch_buckets = _series(_spec("caption_batch_size", "histogram"), "_bucket", 'le!="+Inf", ')
+
+CAPTIONER = [
+    _latency_panel(21, "Caption latency", "caption_latency_seconds"),
+    _panel(
+        22,
+        "Caption batch size",
+        "caption_batch_size",
+        "short",
+        [
+            Target(
+                expr=f"sum by (le) (increase({_batch_buckets}[$__range]))",
+                legend="<= {{le}} images",
+                template=TargetTemplate.HISTOGRAM_BAR_CHART,
+            )
+        ],
+        note="Forward passes by batch size over the dashboard's time range.",
+        fill=0,
+        stack=False,
+        template=PanelTemplate.BAR_CHART,
+    ),
+    _panel(
+        23,
+        "Images captioned / s",
+        "images_captioned",
+        "short",
+        [Target(expr=_rate("images_captioned", "model"), legend="{{model}}")],
+    ),
+    _panel(
+        24,
+        "Caption failures / s by kind",
+        "caption_failures",
+        "reqps",
+        [Target(expr=_rate("caption_failures", "kind"), legend="{{kind}}")],
+    ),
+    _panel(
+        25,
+        "Engines loaded by role",
+        "engine_loaded",
+        "short",
+        [
+            Target(
+                expr=_gauge("engine_loaded", "role, model, replica", agg="max"), legend="{{role}} {{model}} {{replica}}"
+            )
+        ],
+        stack=False,
+        fill=0,
+        linewidth=2,
+        min_val=0,
+        max_val=1,
+    ),
+]
+
+_hits = _rate("caption_cache_hits")
+_misses = _rate("caption_cache_misses")
+
+IMAGES_AND_CACHE = [
+    _panel(
+        31,
+        "Caption cache hits and misses / s",
+        "caption_cache_hits",
+        "short",
+        [Target(expr=_hits, legend="hits"), Target(expr=_misses, legend="misses")],
+        note=_spec("caption_cache_misses").description,
+    ),
+    _panel(
+        32,
+        "Caption cache hit ratio",
+        "caption_cache_hits",
+        "percentunit",
+        [Target(expr=f"{_hits} / ({_hits} + {_misses})", legend="hit ratio")],
+        note="Hits / (hits + misses) over $interval.",
+        stack=False,
+        fill=1,
+        min_val=0,
+        max_val=1,
+    ),
+    _panel(
+        33,
+        "Caption cache entries",
+        "caption_cache_entries",
+        "short",
+        [Target(expr=_gauge("caption_cache_entries", "replica"), legend="{{replica}}")],
+    ),
+    _panel(
+        34,
+        "Caption cache bytes",
+        "caption_cache_bytes",
+        "bytes",
+        [Target(expr=_gauge("caption_cache_bytes", "replica"), legend="{{replica}}")],
+    ),
+    _panel(
+        35,
+        "Image bytes / s",
+        "image_bytes",
+        "Bps",
+        [Target(expr=_rate("image_bytes"), legend="bytes")],
+    ),
+    _panel(
+        36,
+        "Image pixels / s",
+        "image_pixels",
+        "short",
+        [Target(expr=_rate("image_pixels"), legend="pixels")],
+    ),
+    _latency_panel(37, "Image fetch latency", "image_fetch_latency_seconds", by="deployment"),
+    _panel(
+        38,
+        "Image fetch failures / s by scheme",
+        "image_fetch_failures",
+        "short",
+        [Target(expr=_rate("image_fetch_failures", "scheme"), legend="{{scheme}}")],
+    ),
+]
+
+ROWS = [
+    Row(title="Overview", id=100, panels=OVERVIEW),
+    Row(title="Decoder", id=101, panels=DECODER),
+    Row(title="Captioner", id=102, panels=CAPTIONER),
+    Row(title="Images and cache", id=103, panels=IMAGES_AND_CACHE),
+]
+
+_ids = [row.id for row in ROWS] + [panel.id for row in ROWS for panel in row.panels]
+if len(_ids) != len(set(_ids)):
+    raise ValueError(f"duplicate panel or row id: {sorted(_ids)}")
+
+MMSERVE_DASHBOARD_CONFIG = DashboardConfig(
+    # The key of Ray's RAY_GRAFANA_<name>_DASHBOARD_* overrides.
+    name="MMSERVE",
+    default_uid=DASHBOARD_UID,
+    standard_global_filters=[],
+    # Ray's factory joins this to its own dashboards folder; os.path.join keeps an absolute path as is.
+    base_json_file_name=str(BASE_JSON),
+    rows=ROWS,
+)
+
+
+def generate_dashboard() -> tuple[str, str]:
+    """(dashboard JSON, uid), rendered by Ray's dashboard factory as it renders its own dashboards.
+
+    The one place that calls Ray's private `_generate_grafana_dashboard` (its annotation says `str`;
+    it returns `(content, uid)`).
+    """
+    from ray.dashboard.modules.metrics.grafana_dashboard_factory import _generate_grafana_dashboard
+
+    generated: Any = _generate_grafana_dashboard(MMSERVE_DASHBOARD_CONFIG)
+    content, uid = generated
+    json.loads(content)  # Ray writes it as is; fail here rather than in Grafana
+    return content, uid
