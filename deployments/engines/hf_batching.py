@@ -208,11 +208,14 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
 
 
 def _kv_cache_usage(cache: Any) -> float:
-    """KV-cache pages in use / pages in total. The paged cache hands out sectors of pages to its
-    allocators and keeps the free pages of each; a used page is in an allocated sector and not free."""
+    """KV-cache pages in use / pages in total, as vLLM counts them. The paged cache hands out sectors
+    of pages to its allocators and keeps each one's free pages; a finished request's complete pages
+    stay cached for prefix reuse until needed, and count as free (they are evicted on demand)."""
     pool = cache.pool
-    free_pages = sum(
-        pool.count_free_blocks(i) / per_sector for i, per_sector in enumerate(pool.blocks_per_sector) if per_sector
-    )
-    used = pool.num_sectors - pool.num_free_sectors - free_pages
-    return max(0.0, min(1.0, used / pool.num_sectors)) if pool.num_sectors else 0.0
+    free_sectors = float(pool.num_free_sectors)
+    for allocator in cache.cache_allocators.values():
+        per_sector = pool.blocks_per_sector[allocator.index]
+        if per_sector:
+            free_pages = pool.count_free_blocks(allocator.index) + len(allocator.ledger.cached_blocks)
+            free_sectors += free_pages / per_sector
+    return max(0.0, min(1.0, 1 - free_sectors / pool.num_sectors)) if pool.num_sectors else 0.0
