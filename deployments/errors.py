@@ -178,13 +178,13 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # loc stops at the union: name its tag field
         loc += (str(first.get("ctx", {}).get("discriminator", "")).strip("'"),)
     param = validation_param(loc)
-    msg = str(first.get("msg", "invalid value"))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
         return "Request body is not valid JSON.", None
     return (f"{param}: {msg}" if param else msg), param
 
 
-_UNION_TAGS = {"user", "system", "developer", "assistant", "text", "image_url"}
+_UNION_TAGS = {"user", "system", "developer", "assistant", "tool", "text", "image_url", "json_object", "json_schema"}
 
 
 def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -195,6 +195,8 @@ def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
         if isinstance(part, str):
             plain_list = isinstance(before, str) and before.startswith("list[") and "tagged-union" not in before
             if isinstance(prev, int) and part in _UNION_TAGS and not plain_list:  # no tag in a list[TextPart]
+                continue
+            if prev == "response_format" and part in _UNION_TAGS:  # a tagged union that is no list item
                 continue
             if part.startswith(("list[", "function-", "tagged-union", "constrained-")) or part == "str":
                 continue

@@ -220,6 +220,9 @@ class ServerConfig(_Strict):
         description="Deadline of one chat request, captions and generation included: 408 before the response "
         "starts, an error event after; either way the generation is cancelled.",
     )
+    max_n: int = Field(
+        8, ge=1, le=128, description="Most choices (`n`) one request may ask for; each is a sequence in the batch."
+    )
 
 
 MOVED_VISION_PROXY = (

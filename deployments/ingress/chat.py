@@ -28,8 +28,10 @@ from deployments.errors import (
     VisionDisabledError,
 )
 from deployments.ingress.ports import Captioner, DecoderHandle
-from deployments.ingress.sse import Degraded, completion, sse_events
+from deployments.ingress.sampling import sampling_fields
+from deployments.ingress.sse import ChatChoices, Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
+from deployments.ingress.tools import ToolPlan, plan_tools, response_grammar
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
@@ -58,18 +60,18 @@ class ChatReply:
     events: AsyncIterator[str] | None = None
 
 
-def generate_request(body: ChatCompletionRequest, messages: list[TextMessage]) -> GenerateRequest:
-    """What the decoder gets: the text-only chat and the request's own generation settings."""
+def generate_request(
+    body: ChatCompletionRequest, messages: list[TextMessage], plan: ToolPlan, max_n: int = 1
+) -> GenerateRequest:
+    """What the decoder gets: the text-only chat, the tools its template renders, and the request's
+    own generation settings (a grammar for `response_format` or a forced tool call)."""
     return GenerateRequest(
         messages=messages,
+        tools=plan.tools,
         max_tokens=body.completion_limit,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        frequency_penalty=body.frequency_penalty,
-        presence_penalty=body.presence_penalty,
-        stop=body.stop_sequences,
-        seed=body.seed,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        grammar=response_grammar(body, plan),
+        **sampling_fields(body, max_n),
     )
 
 
@@ -83,15 +85,18 @@ class ChatService:
         request_timeout_s: float,
         images: ImageInputConfig,
         vision: ProxyVisionConfig | None = None,
+        max_n: int = 8,
     ) -> None:
         """`decoder`: a handle to the decoder deployment (or a fake with the same calls);
-        `captioner`: None when the model takes no images; `vision`: the failure policy and notice."""
+        `captioner`: None when the model takes no images; `vision`: the failure policy and notice;
+        `max_n`: the most choices a request may ask for."""
         self._decoder = decoder
         self._captioner = captioner
         self._model = model_name
         self._timeout_s = request_timeout_s
         self._images = images
         self._vision = vision or ProxyVisionConfig()
+        self._max_n = max_n
 
     async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> ChatReply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
@@ -100,6 +105,7 @@ class ChatService:
             raise ModelNotFoundError(
                 f"The model {body.model!r} does not exist. Available: {self._model!r}.", param="model"
             )
+        plan = plan_tools(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         timeout = asyncio.timeout_at(deadline)
         try:
@@ -109,16 +115,20 @@ class ChatService:
             if timeout.expired():
                 raise self._timed_out() from None
             raise
-        chunks = self._decoder.options(stream=True).generate.remote(generate_request(body, messages))
+        request = generate_request(body, messages, plan, self._max_n)
+        chunks = self._decoder.options(stream=True).generate.remote(request)
         stream = DecoderStream(chunks, deadline, self._timed_out, record)
         first = await stream.next()  # errors before the first byte keep their status
         headers = {DEGRADED_HEADER: "captioner-unavailable"} if degraded else {}
         cid = f"chatcmpl-{record.request_id}"
+        choices = ChatChoices(body.n, plan, body.logprobs, degraded.notice if degraded else None)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = sse_events(first, stream, cid, self._model, degraded, include_usage=include_usage, record=record)
+            events = sse_events(
+                first, stream, cid, self._model, choices, degraded, include_usage=include_usage, record=record
+            )
             return ChatReply(headers, events=events)
-        return ChatReply(headers, body=await completion(first, stream, cid, self._model, degraded))
+        return ChatReply(headers, body=await completion(first, stream, cid, self._model, choices, degraded))
 
     async def _text_messages(
         self, messages: list[ChatMessage], record: RequestRecord

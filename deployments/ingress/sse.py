@@ -1,13 +1,18 @@
-"""OpenAI's response shapes for a decoder stream: one `chat.completion`, or server-sent events.
+"""OpenAI's chat response shapes for a decoder stream: one `chat.completion`, or server-sent events.
 
-Events are ``data: <chat.completion.chunk>`` lines: the first delta carries the role, exactly one
-carries the `finish_reason`, `include_usage` adds a final chunk with no choices and the usage, and
-``data: [DONE]`` always ends the stream. An error after the first byte is one ``data: {"error":
-...}`` event (the status line has gone out), then ``[DONE]``.
+Both are built by `ChatChoices` from the same decoder chunks, so a streamed answer and a whole one
+say the same thing: each of the `n` choices gets its text (split into content and tool calls by
+`tools.ToolCallText`), its tokens' logprobs when asked for, and its finish reason (`tool_calls`
+when it called a tool).
+
+Events are ``data: <chat.completion.chunk>`` lines: each choice's first delta carries the role,
+exactly one carries its `finish_reason`, `include_usage` adds a final chunk with no choices and the
+usage, and ``data: [DONE]`` always ends the stream. An error after the first byte is one ``data:
+{"error": ...}`` event (the status line has gone out), then ``[DONE]``.
 
 A request answered without some of its images (`Degraded`) says so in the body: the `vision`
 field (on the completion, or on a stream's first chunk), `system_fingerprint` (on the completion,
-or on every chunk), and the configured notice before the answer's text.
+or on every chunk), and the configured notice before each choice's text.
 """
 
 from __future__ import annotations
@@ -16,21 +21,25 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deployments.errors import to_openai_error
 from deployments.ingress.stream import DecoderStream
+from deployments.ingress.tools import ToolCallText, ToolPlan
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import (
     DEGRADED_FINGERPRINT,
     ChatCompletion,
     ChatCompletionChunk,
     Choice,
+    ChoiceFinish,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
-    FinishReason,
     GenerateChunk,
     ResponseMessage,
+    TokenLogprob,
+    ToolCallDelta,
     Usage,
     VisionReport,
 )
@@ -50,27 +59,106 @@ class Degraded:
     notice: str | None = None
 
 
-def _usage(chunk: GenerateChunk) -> Usage:
-    total = chunk.prompt_tokens + chunk.completion_tokens
-    return Usage(prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens, total_tokens=total)
+@dataclass
+class _Choice:
+    index: int
+    split: ToolCallText
+    content: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: ChoiceFinish | None = None
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    started: bool = False
+
+
+class ChatChoices:
+    """The `n` choices of one answer, fed chunk by chunk: `feed` returns the stream's deltas for a
+    chunk, `choices` the whole choices once every one has finished."""
+
+    def __init__(self, n: int, tools: ToolPlan, logprobs: bool, notice: str | None = None) -> None:
+        self._choices = [_Choice(i, ToolCallText(tools)) for i in range(n)]
+        self._logprobs = logprobs
+        self._notice = notice
+
+    @property
+    def finished(self) -> bool:
+        return all(choice.finish is not None for choice in self._choices)
+
+    def feed(self, chunk: GenerateChunk) -> list[ChunkChoice]:
+        choice = self._choices[chunk.index]
+        deltas: list[ChunkChoice] = []
+        if not choice.started:
+            choice.started = True
+            deltas.append(ChunkChoice(index=choice.index, delta=Delta(role="assistant", content=self._notice or "")))
+            if self._notice:
+                choice.content.append(self._notice)
+        if chunk.logprobs:
+            choice.logprobs += chunk.logprobs
+            choice.unsent_logprobs += chunk.logprobs
+        if text := choice.split.feed(chunk.text):
+            choice.content.append(text)
+            deltas.append(self._delta(choice, Delta(content=text)))
+        if chunk.finish_reason is None:
+            return deltas
+        tail, calls = choice.split.finish()
+        if tail:
+            choice.content.append(tail)
+            deltas.append(self._delta(choice, Delta(content=tail)))
+        if calls:
+            tool_deltas = [
+                ToolCallDelta(index=i, id=c.id, type="function", function=c.function) for i, c in enumerate(calls)
+            ]
+            deltas.append(self._delta(choice, Delta(tool_calls=tool_deltas)))
+        choice.finish = "tool_calls" if calls else chunk.finish_reason
+        choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        deltas.append(self._delta(choice, Delta(), finish=choice.finish))
+        return deltas
+
+    def _delta(self, choice: _Choice, delta: Delta, finish: ChoiceFinish | None = None) -> ChunkChoice:
+        logprobs = None
+        if self._logprobs and (choice.unsent_logprobs or finish is not None):
+            logprobs, choice.unsent_logprobs = ChoiceLogprobs(content=choice.unsent_logprobs), []
+        return ChunkChoice(index=choice.index, delta=delta, finish_reason=finish, logprobs=logprobs)
+
+    def choices(self) -> list[Choice]:
+        whole = []
+        for choice in self._choices:
+            assert choice.finish is not None
+            content = "".join(choice.content)
+            calls = choice.split.calls or None
+            whole.append(
+                Choice(
+                    index=choice.index,
+                    message=ResponseMessage(content=content or (None if calls else ""), tool_calls=calls),
+                    finish_reason=choice.finish,
+                    logprobs=ChoiceLogprobs(content=choice.logprobs) if self._logprobs else None,
+                )
+            )
+        return whole
+
+    def usage(self) -> Usage:
+        """The prompt once (the choices share it), the completions added up."""
+        prompt = self._choices[0].prompt_tokens
+        completion = sum(choice.completion_tokens for choice in self._choices)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 async def completion(
-    first: GenerateChunk, stream: DecoderStream, cid: str, model: str, degraded: Degraded | None = None
+    first: GenerateChunk, stream: DecoderStream, cid: str, model: str, choices: ChatChoices, degraded: Degraded | None
 ) -> dict:
     """The whole answer as one `chat.completion` body."""
-    text, last = [first.text], first
-    while last.finish_reason is None:
-        last = await stream.next()
-        text.append(last.text)
-    if degraded and degraded.notice:
-        text.insert(0, degraded.notice)
-    choice = Choice(message=ResponseMessage(content="".join(text)), finish_reason=last.finish_reason)
+    chunk = first
+    while True:
+        choices.feed(chunk)
+        if choices.finished:
+            break
+        chunk = await stream.next()
     return ChatCompletion(
         id=cid,
         model=model,
-        choices=[choice],
-        usage=_usage(last),
+        choices=choices.choices(),
+        usage=choices.usage(),
         system_fingerprint=DEGRADED_FINGERPRINT if degraded else None,
         vision=degraded.report if degraded else None,
     ).model_dump()
@@ -84,10 +172,7 @@ class _Events:
         self.fingerprint = DEGRADED_FINGERPRINT if degraded else None
         self.vision = degraded.report if degraded else None
 
-    def __call__(
-        self, delta: Delta, finish: FinishReason | None = None, usage: Usage | None = None, final: bool = False
-    ) -> str:
-        choices = [] if final else [ChunkChoice(delta=delta, finish_reason=finish)]
+    def __call__(self, choices: list[ChunkChoice], usage: Usage | None = None) -> str:
         chunk = ChatCompletionChunk(
             id=self.cid,
             created=self.created,
@@ -109,6 +194,7 @@ async def sse_events(
     stream: DecoderStream,
     cid: str,
     model: str,
+    choices: ChatChoices,
     degraded: Degraded | None = None,
     *,
     include_usage: bool,
@@ -118,14 +204,12 @@ async def sse_events(
     event = _Events(cid, model, degraded)
     chunk, done = first, False
     try:
-        yield event(Delta(role="assistant", content=(degraded and degraded.notice) or ""))
         while True:
-            if chunk.text:
-                yield event(Delta(content=chunk.text))
-            if chunk.finish_reason is not None:
-                yield event(Delta(), finish=chunk.finish_reason)
+            for delta in choices.feed(chunk):
+                yield event([delta])
+            if choices.finished:
                 if include_usage:
-                    yield event(Delta(), usage=_usage(chunk), final=True)
+                    yield event([], usage=choices.usage())
                 break
             chunk = await stream.next()
         done = True

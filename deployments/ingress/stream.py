@@ -51,8 +51,9 @@ class DecoderStream:
         except Exception as exc:  # a full queue, a dead replica: ours to name
             raise from_serve(exc) from None
         self._record.first_token()
-        if chunk.finish_reason is not None:
-            self._record.prompt_tokens, self._record.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        if chunk.finish_reason is not None:  # the end of one of the request's sequences
+            self._record.prompt_tokens = chunk.prompt_tokens
+            self._record.completion_tokens = (self._record.completion_tokens or 0) + chunk.completion_tokens
         return chunk
 
     def cancel(self) -> None:

@@ -14,7 +14,7 @@ from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
 from deployments.errors import DecoderUnavailable
 from deployments.monitoring.metrics import DECODER, ENGINE, DecoderRequestTimer, Recorder
-from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest, TokenLogprob
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 
@@ -40,6 +40,24 @@ class PrimaryDecoder:
         self._interval_s = model.params.stream_interval_ms / 1000
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """The request's sequences, `n` of them, each chunk tagged with its sequence's `index`.
+        With a seed, sequence i samples with seed + i, so that the choices differ."""
+        if request.n == 1:
+            async with aclosing(self._sequence(request, 0)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        sequences = [
+            self._sequence(
+                request.model_copy(update={"n": 1, "seed": None if request.seed is None else request.seed + i}), i
+            )
+            for i in range(request.n)
+        ]
+        async with aclosing(merged(sequences)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _sequence(self, request: GenerateRequest, index: int) -> AsyncGenerator[GenerateChunk, None]:
         timer = DecoderRequestTimer(self._metrics)
         outcome: str | None = None  # the finish reason, "error", or None: closed early (cancelled)
         try:
@@ -53,6 +71,7 @@ class PrimaryDecoder:
                 async with aclosing(self._stream(request, timer)) as chunks:  # closed at once: frees the sequence
                     async for chunk in chunks:
                         outcome = chunk.finish_reason
+                        chunk.index = index
                         yield chunk
             finally:
                 self._seqs.release()
@@ -65,11 +84,17 @@ class PrimaryDecoder:
     async def _stream(
         self, request: GenerateRequest, timer: DecoderRequestTimer
     ) -> AsyncGenerator[GenerateChunk, None]:
+        """One sequence: stop strings cut its text, and text (with its tokens' logprobs) is held back
+        until `stream_interval_ms` has passed since the last chunk. Logprobs include the token that
+        completed a stop string."""
         async with self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             stop = StopMatcher(request.stop)
             pending, send_at = "", 0.0  # text held back until `send_at` (stream_interval_ms)
+            logprobs: list[TokenLogprob] = []  # those of the tokens not yet sent
+            wants_logprobs = request.logprobs is not None
             async for piece in pieces:
                 timer.piece(piece.prompt_tokens, piece.completion_tokens)
+                logprobs.extend(piece.logprobs)
                 text = pending + stop.feed(piece.text)
                 if piece.finish_reason is not None:
                     text += stop.flush()
@@ -77,14 +102,15 @@ class PrimaryDecoder:
                 if finish is None:
                     pending = text
                     if text and (now := time.monotonic()) >= send_at:
-                        yield GenerateChunk(text=text)
-                        pending, send_at = "", now + self._interval_s
+                        yield GenerateChunk(text=text, logprobs=logprobs if wants_logprobs else None)
+                        pending, send_at, logprobs = "", now + self._interval_s, []
                     continue
                 yield GenerateChunk(
                     text=text,
                     finish_reason=finish,
                     prompt_tokens=piece.prompt_tokens,
                     completion_tokens=piece.completion_tokens,
+                    logprobs=logprobs if wants_logprobs else None,
                 )
                 return  # closes the engine's stream: a stop string cancels the sequence at once
 
@@ -108,3 +134,35 @@ class PrimaryDecoder:
 
     def __del__(self) -> None:
         self._slot.stop()
+
+
+async def merged(streams: list[AsyncGenerator[GenerateChunk, None]]) -> AsyncGenerator[GenerateChunk, None]:
+    """The chunks of several streams as they come. An error in one ends them all (it is raised
+    here); closing this closes every stream, so their sequences are freed at once."""
+    queue: asyncio.Queue[GenerateChunk | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncGenerator[GenerateChunk, None]) -> None:
+        try:
+            async with aclosing(stream):
+                async for chunk in stream:
+                    await queue.put(chunk)
+        except Exception as exc:
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -90,7 +90,9 @@ SAMPLING = {
     "store": st.booleans(),
     "service_tier": TEXT,
 }
-REQUEST = st.fixed_dictionaries({"model": st.text(min_size=1, max_size=8), "messages": MESSAGES}, optional=SAMPLING)
+REQUEST = st.fixed_dictionaries(
+    {"model": st.text(min_size=1, max_size=8), "messages": MESSAGES}, optional=SAMPLING
+).filter(lambda body: "stream_options" not in body or body.get("stream"))  # stream_options needs stream
 # JSON-like values, with schema words as keys and strings so that they reach past the first check.
 WORDS = st.sampled_from(["model", "messages", "role", "content", "type", "text", "image_url", "url", "user", "stop"])
 SCALAR = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | WORDS
@@ -242,7 +244,7 @@ MUTATIONS = {
     "penalty range": ((st.sampled_from(["frequency_penalty", "presence_penalty"]),), _bad(lambda x: -2 <= x <= 2)),
     "max_tokens range": ((st.sampled_from(["max_tokens", "max_completion_tokens"]),), st.integers(max_value=0)),
     "top_k range": (("top_k",), st.integers(max_value=-1)),
-    "n other than 1": (("n",), st.integers().filter(lambda n: n != 1)),
+    "n out of range": (("n",), st.integers().filter(lambda n: not 1 <= n <= 128)),
     "too many stops": (("stop",), st.lists(STOP, min_size=5, max_size=8)),
     "empty stop": (("stop",), st.just("")),  # in a list, param names the entry: stop[2]
     "stop not a string": (("stop", 0), CONTAINER | st.integers()),

@@ -46,12 +46,19 @@ def test_stop_normalised_and_bounded():
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
         ({"temperature": 2.5}, "temperature"),
         ({"top_p": 0}, "top_p"),
-        ({"tools": []}, "tools"),
-        ({"logit_bias": {"1": 2}}, "logit_bias"),
+        ({"tools": "calculator"}, "tools"),
+        ({"logit_bias": {"1": 200}}, "logit_bias.1"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true, as OpenAI
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({"tool_choice": "required"}, "tool_choice"),  # without tools
+        ({"audio": {"voice": "alloy"}}, "audio"),  # OpenAI's, not ours: named, never ignored
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ],
 )
 def test_unsupported_or_out_of_range_fields_name_their_param(extra, param):

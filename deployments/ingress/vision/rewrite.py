@@ -3,15 +3,26 @@
 Each user message with `image_url` parts becomes one text message: its text parts and one
 ``Image N: <caption>`` line per image, each at the image's position. N counts images across the
 whole conversation, so earlier turns keep their numbers. Other messages pass unchanged (list
-content is joined to text). An image that could not be captioned gets `unseen_marker` in place of
-its caption: an instruction (do not describe it; say it was not seen) rather than the bare fact that
-the former "[image could not be described: ...]" stated.
+content is joined to text; an assistant's tool calls and a tool message's call id are kept). An
+image that could not be captioned gets `unseen_marker` in place of its caption: an instruction (do
+not describe it; say it was not seen) rather than the bare fact that the former "[image could not
+be described: ...]" stated.
 """
 
 from __future__ import annotations
 
 from deployments.ingress.vision.collect import count_images, text_of
-from deployments.protocol import ChatMessage, ImagePart, TextMessage, UnseenReason, UserMessage
+from deployments.protocol import (
+    AssistantMessage,
+    ChatMessage,
+    ImagePart,
+    TextMessage,
+    ToolCall,
+    ToolCallFunction,
+    ToolMessage,
+    UnseenReason,
+    UserMessage,
+)
 
 _WHY: dict[UnseenReason, str] = {
     "captioner_unavailable": "the vision model is unavailable",
@@ -46,6 +57,14 @@ def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessag
                 elif part.text:
                     lines.append(part.text)
             out.append(TextMessage(role="user", content="\n".join(lines)))
+        elif isinstance(msg, AssistantMessage) and msg.tool_calls:
+            calls = [
+                ToolCall(id=c.id, function=ToolCallFunction(name=c.function.name, arguments=c.function.arguments))
+                for c in msg.tool_calls
+            ]
+            out.append(TextMessage(role="assistant", content=text_of(msg.content), tool_calls=calls))
+        elif isinstance(msg, ToolMessage):
+            out.append(TextMessage(role="tool", content=text_of(msg.content), tool_call_id=msg.tool_call_id))
         else:
             out.append(TextMessage(role=role, content=text_of(msg.content)))
     return out

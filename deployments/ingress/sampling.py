@@ -1,0 +1,37 @@
+"""The generation settings that chat and legacy completions share, as the decoder takes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deployments.errors import InvalidRequestError
+from deployments.protocol import _SamplingFields
+
+
+def sampling_fields(body: _SamplingFields, max_n: int) -> dict[str, Any]:
+    """`GenerateRequest` fields of the request's sampling settings; `n` beyond `max_n` and
+    `logit_bias` keys that are not token ids are 400s."""
+    if body.n > max_n:
+        raise InvalidRequestError(f"n is {body.n}; this server allows at most {max_n} (server.max_n).", param="n")
+    return {
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty,
+        "stop": body.stop_sequences,
+        "seed": body.seed,
+        "n": body.n,
+        "logit_bias": _token_bias(body.logit_bias),
+    }
+
+
+def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        raise InvalidRequestError(
+            "logit_bias keys must be token ids (integers, as strings).", param="logit_bias"
+        ) from None
