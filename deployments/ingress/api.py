@@ -27,12 +27,13 @@ from deployments.errors import (
     to_openai_error,
     validation_message,
 )
-from deployments.ingress.chat import ChatService
+from deployments.ingress.chat import ChatReply, ChatService
+from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings, RequestGuard
 from deployments.ingress.health import HealthService
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol import ChatCompletionRequest, ErrorResponse, ModelList
+from deployments.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     error.status: {"model": ErrorResponse, "description": error.__name__}
@@ -98,8 +99,19 @@ def _error_handlers(api: FastAPI) -> None:
         return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _reply(reply: ChatReply) -> Any:
+    if reply.events is not None:
+        return StreamingResponse(reply.events, media_type="text/event-stream", headers=reply.headers)
+    return JSONResponse(reply.body, headers=reply.headers)
+
+
 def build_api(
-    chat: ChatService, status: HealthService, model_list: ModelList, guard: GuardSettings, metrics: Recorder
+    chat: ChatService,
+    completions: CompletionService,
+    status: HealthService,
+    model_list: ModelList,
+    guard: GuardSettings,
+    metrics: Recorder,
 ) -> FastAPI:
     """The routes, named as before the factory existed so that the OpenAPI spec stays the same."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
@@ -113,6 +125,14 @@ def build_api(
     async def models() -> ModelList:
         return model_list
 
+    @api.get("/v1/models/{model:path}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def model_card(model: str) -> ModelCard:
+        card = next((card for card in model_list.data if card.id == model), None)
+        if card is None:
+            available = ", ".join(repr(c.id) for c in model_list.data)
+            raise ModelNotFoundError(f"The model {model!r} does not exist. Available: {available}.", param="model")
+        return card
+
     @api.get("/health", responses={503: {"description": "The decoder is not ready; the body says why"}})
     async def health() -> JSONResponse:
         body, code = await status.report()
@@ -120,9 +140,10 @@ def build_api(
 
     @api.post("/v1/chat/completions", responses=_CHAT_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        reply = await chat.create(body, record_of(request.state))
-        if reply.events is not None:
-            return StreamingResponse(reply.events, media_type="text/event-stream", headers=reply.headers)
-        return JSONResponse(reply.body, headers=reply.headers)
+        return _reply(await chat.create(body, record_of(request.state)))
+
+    @api.post("/v1/completions", responses=_CHAT_RESPONSES)
+    async def legacy_completions(body: CompletionRequest, request: Request) -> Any:
+        return _reply(await completions.create(body, record_of(request.state)))
 
     return api

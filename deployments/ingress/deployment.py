@@ -17,6 +17,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig
 from deployments.ingress.api import build_api
 from deployments.ingress.chat import ChatService
+from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.vision.client import CaptionerClient
@@ -50,6 +51,13 @@ class Ingress:
             request_timeout_s=config.server.request_timeout_s,
             images=config.images,
             vision=config.vision,
+            max_n=config.server.max_n,
+        )
+        self._completions = CompletionService(
+            decoder,
+            model_name=config.model_name,
+            request_timeout_s=config.server.request_timeout_s,
+            max_n=config.server.max_n,
         )
         self._health = HealthService(decoder, captioner, model_name=config.model_name)
         self._models = ModelList(data=[ModelCard(id=config.model_name, created=int(time.time()))])
@@ -63,4 +71,4 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._chat, self._health, self._models, self._guard, self._metrics)
+        return build_api(self._chat, self._completions, self._health, self._models, self._guard, self._metrics)

@@ -123,13 +123,16 @@ class ToolCallText:
             self._blocks += text
             return ""
         held = self._held + text
-        if (at := held.find(OPEN)) >= 0:
-            self._held, self._blocks = held[:at], held[at:]
-            return ""
+        if (at := held.find(OPEN)) >= 0:  # content ends here: what follows is read at the end
+            self._held, self._blocks = "", held[at:]
+            return self._content(held[:at])
         keep = _partial_open(held)
-        ready, self._held = held[: len(held) - keep], held[len(held) - keep :]
-        body = ready.rstrip()  # trailing whitespace waits: it is dropped if a call follows
-        self._held = ready[len(body) :] + self._held
+        return self._content(held[: len(held) - keep], keep=held[len(held) - keep :])
+
+    def _content(self, ready: str, keep: str = "") -> str:
+        """Send `ready` but its trailing whitespace (dropped if a call follows) and leading whitespace."""
+        body = ready.rstrip()
+        self._held = ready[len(body) :] + keep
         if not self._started:
             body = body.lstrip()
             self._started = bool(body)
@@ -146,10 +149,10 @@ class ToolCallText:
             self.calls = _required_calls(self._blocks)
             return ("" if self.calls else self._blocks), self.calls
         rest, self.calls = _parse_blocks(self._blocks, self.plan.names)
-        tail = (self._held if not self.calls else "") + rest
-        if not self._started:
-            tail = tail.lstrip()
-        return tail.rstrip() if self.calls else tail, self.calls
+        if self.calls:  # text after the calls (rare) joins the content with one space
+            return (" " + rest if self._started and rest else rest), self.calls
+        tail = self._held + rest
+        return tail if self._started else tail.lstrip(), self.calls
 
 
 def _partial_open(text: str) -> int:

@@ -12,16 +12,26 @@ from typing import Any
 from deployments.errors import CaptionerUnavailable
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest, TokenLogprob, TopLogprob
 
 
 class FakeStream:
-    """A streaming call's answer: `pieces` as chunks, each after `delay_s`, then the final chunk;
-    `error` is raised in place of the chunk numbered `fail_at`."""
+    """A streaming call's answer: `pieces` as chunks, each after `delay_s`, then the final chunk, for
+    each of the request's `n` sequences in turn (sequence i's text starts with "i:" when n > 1); with
+    `logprobs`, one fake entry per piece (logprob -0.1 * position, alternatives sorted). `error` is
+    raised in place of the chunk numbered `fail_at`."""
 
-    def __init__(self, pieces: list[str], delay_s: float, error: BaseException | None, fail_at: int) -> None:
-        self._chunks = [GenerateChunk(text=p) for p in pieces]
-        self._chunks.append(GenerateChunk(finish_reason="stop", prompt_tokens=3, completion_tokens=len(pieces)))
+    def __init__(
+        self, pieces: list[str], delay_s: float, error: BaseException | None, fail_at: int, request: GenerateRequest
+    ) -> None:
+        self._chunks: list[GenerateChunk] = []
+        for index in range(request.n):
+            texts = [f"{index}:" + pieces[0], *pieces[1:]] if request.n > 1 and pieces else list(pieces)
+            for position, text in enumerate(texts):
+                logprobs = None if request.logprobs is None else [fake_logprob(text, position, request.logprobs)]
+                self._chunks.append(GenerateChunk(index=index, text=text, logprobs=logprobs))
+            final = GenerateChunk(index=index, finish_reason="stop", prompt_tokens=3, completion_tokens=len(texts))
+            self._chunks.append(final)
         self._delay_s, self._error, self._fail_at = delay_s, error, fail_at
         self.sent = 0
         self.cancelled = False
@@ -40,6 +50,12 @@ class FakeStream:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+def fake_logprob(text: str, position: int, top: int) -> TokenLogprob:
+    alternatives = [TopLogprob(token=text, bytes=list(text.encode()), logprob=-0.1 * position)]
+    alternatives += [TopLogprob(token=f"alt{k}", bytes=list(f"alt{k}".encode()), logprob=-1.0 - k) for k in range(top)]
+    return TokenLogprob(token=text, bytes=list(text.encode()), logprob=-0.1 * position, top_logprobs=alternatives[:top])
 
 
 class FakeDecoder:
@@ -63,7 +79,7 @@ class FakeDecoder:
 
     def _generate(self, request: GenerateRequest) -> FakeStream:
         self.requests.append(request)
-        self.streams.append(FakeStream(self.pieces, self.delay_s, self.error, self.fail_at))
+        self.streams.append(FakeStream(self.pieces, self.delay_s, self.error, self.fail_at, request))
         return self.streams[-1]
 
     async def _status(self) -> ComponentStatus:

@@ -13,6 +13,7 @@ from ray.serve.exceptions import BackPressureError
 from deployments.config import ImageInputConfig, ServerConfig
 from deployments.ingress.api import build_api
 from deployments.ingress.chat import ChatService
+from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.protocol import ModelCard, ModelList
@@ -32,7 +33,8 @@ def client(
     health = HealthService(decoder, captioner, model_name="echo")
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None))
     models = ModelList(data=[ModelCard(id="echo", created=1)])
-    api = build_api(chat, health, models, guard, metrics or FakeMetrics())
+    completions = CompletionService(decoder, model_name="echo", request_timeout_s=5)
+    api = build_api(chat, completions, health, models, guard, metrics or FakeMetrics())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 
 
@@ -87,4 +89,10 @@ async def test_the_spec_has_no_422_and_keeps_its_operations():
         spec = (await http.get("/openapi.json")).json()
     assert "422" not in json.dumps(spec) and "HTTPValidationError" not in json.dumps(spec)
     operations = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
-    assert operations == {"models_v1_models_get", "health_health_get", "chat_completions_v1_chat_completions_post"}
+    assert operations == {
+        "models_v1_models_get",
+        "model_card_v1_models__model__get",
+        "health_health_get",
+        "chat_completions_v1_chat_completions_post",
+        "legacy_completions_v1_completions_post",
+    }

@@ -1,0 +1,227 @@
+"""The legacy `/v1/completions` endpoint's request logic: a prompt used as it is (text or token
+ids, no chat template), with the same decoder, limits, deadline and errors as chat.
+
+A list of prompts is one decoder call per prompt, run together; choice `i * n + j` is prompt i's
+j-th sequence, as OpenAI numbers them. `echo` puts the prompt before each choice's text (a text
+prompt only: the ingress has no tokenizer). `logprobs` is OpenAI's legacy shape: parallel lists of
+tokens, their logprobs, the top alternatives as a dict, and each token's offset in the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from deployments.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, to_openai_error
+from deployments.ingress.chat import ChatReply
+from deployments.ingress.ports import DecoderHandle
+from deployments.ingress.sampling import sampling_fields
+from deployments.ingress.sse import DONE
+from deployments.ingress.stream import DecoderStream
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    FinishReason,
+    GenerateChunk,
+    GenerateRequest,
+    TokenLogprob,
+    Usage,
+)
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    offset: int = 0  # characters of text so far (text_offset of the next token)
+    finish: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+    out = CompletionLogprobs()
+    for token in tokens:
+        out.tokens.append(token.token)
+        out.token_logprobs.append(token.logprob)
+        out.top_logprobs.append({alt.token: alt.logprob for alt in token.top_logprobs})
+        out.text_offset.append(offset)
+        offset += len(token.token)
+    return out
+
+
+class _Merged:
+    """The chunks of one decoder stream per prompt, as they come, with choice indices made global."""
+
+    def __init__(self, streams: list[DecoderStream], n: int) -> None:
+        self._streams = streams
+        self._queue: asyncio.Queue[GenerateChunk | BaseException] = asyncio.Queue()
+        self._tasks = [asyncio.ensure_future(self._pump(i, stream, n)) for i, stream in enumerate(streams)]
+
+    async def _pump(self, i: int, stream: DecoderStream, n: int) -> None:
+        finished = 0
+        try:
+            while finished < n:
+                chunk = await stream.next()
+                finished += chunk.finish_reason is not None
+                chunk.index += i * n
+                await self._queue.put(chunk)
+        except Exception as exc:
+            await self._queue.put(exc)
+
+    async def next(self) -> GenerateChunk:
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.cancel()
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for stream in self._streams:
+            stream.cancel()
+
+
+class CompletionService:
+    def __init__(self, decoder: DecoderHandle, *, model_name: str, request_timeout_s: float, max_n: int = 8) -> None:
+        self._decoder = decoder
+        self._model = model_name
+        self._timeout_s = request_timeout_s
+        self._max_n = max_n
+
+    async def create(self, body: CompletionRequest, record: RequestRecord) -> ChatReply:
+        record.model = body.model
+        if body.model != self._model:
+            raise ModelNotFoundError(
+                f"The model {body.model!r} does not exist. Available: {self._model!r}.", param="model"
+            )
+        prompts = body.prompts
+        if body.echo and not all(isinstance(p, str) for p in prompts):
+            raise InvalidRequestError("echo needs a text prompt (token ids cannot be echoed here).", param="echo")
+        settings = sampling_fields(body, self._max_n)
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        streams = [
+            DecoderStream(
+                self._decoder.options(stream=True).generate.remote(
+                    GenerateRequest(prompt=prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **settings)
+                ),
+                deadline,
+                self._timed_out,
+                record,
+            )
+            for prompt in prompts
+        ]
+        merged = _Merged(streams, body.n)
+        try:
+            first = await merged.next()  # errors before the first byte keep their status
+        except BaseException:
+            merged.cancel()
+            raise
+        echoes = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in range(body.n)]
+        writer = _Writer(f"cmpl-{record.request_id}", self._model, echoes, body.n, body.logprobs is not None)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return ChatReply(events=writer.events(first, merged, include_usage, record))
+        return ChatReply(body=await writer.whole(first, merged))
+
+    def _timed_out(self) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s); "
+            "its generation was cancelled."
+        )
+
+
+class _Writer:
+    """A completion's choices from the merged chunks: whole, or as server-sent events."""
+
+    def __init__(self, cid: str, model: str, echoes: list[str], n: int, logprobs: bool) -> None:
+        """`echoes`: per choice, the text before its output; `n`: choices per prompt."""
+        self.cid, self.model, self.created = cid, model, int(time.time())
+        self._echoes, self._n = echoes, n
+        self._logprobs = logprobs
+        self._choices = [_Choice() for _ in echoes]
+
+    def _piece(self, chunk: GenerateChunk) -> CompletionChoice:
+        """The choice's text and logprobs in this chunk (the echo before its first text)."""
+        choice = self._choices[chunk.index]
+        text = chunk.text
+        if not choice.text and self._echoes[chunk.index]:
+            text = self._echoes[chunk.index] + text
+            choice.offset = len(self._echoes[chunk.index])
+        logprobs = _legacy_logprobs(chunk.logprobs or [], choice.offset) if self._logprobs else None
+        choice.text.append(text)
+        choice.offset = sum(len(t) for t in choice.text)
+        if chunk.finish_reason is not None:
+            choice.finish = chunk.finish_reason
+            choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        return CompletionChoice(index=chunk.index, text=text, logprobs=logprobs, finish_reason=chunk.finish_reason)
+
+    @property
+    def _finished(self) -> bool:
+        return all(choice.finish is not None for choice in self._choices)
+
+    def _usage(self) -> Usage:
+        """Each prompt once (its n choices share it), every completion added up."""
+        prompt = sum(c.prompt_tokens for c in self._choices[:: self._n])
+        completion = sum(c.completion_tokens for c in self._choices)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    async def whole(self, first: GenerateChunk, merged: _Merged) -> dict:
+        pieces: dict[int, list[CompletionChoice]] = {}
+        chunk = first
+        while True:
+            pieces.setdefault(chunk.index, []).append(self._piece(chunk))
+            if self._finished:
+                break
+            chunk = await merged.next()
+        choices = []
+        for index in range(len(self._choices)):
+            parts = pieces[index]
+            logprobs = None
+            if self._logprobs:
+                logprobs = CompletionLogprobs()
+                for part in parts:
+                    assert part.logprobs is not None
+                    for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                        getattr(logprobs, name).extend(getattr(part.logprobs, name))
+            text = "".join(part.text for part in parts)
+            choices.append(
+                CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=self._choices[index].finish)
+            )
+        return Completion(
+            id=self.cid, created=self.created, model=self.model, choices=choices, usage=self._usage()
+        ).model_dump()
+
+    async def events(
+        self, first: GenerateChunk, merged: _Merged, include_usage: bool, record: RequestRecord
+    ) -> AsyncIterator[str]:
+        chunk, done = first, False
+        try:
+            while True:
+                piece = self._piece(chunk)
+                yield self._event([piece])
+                if self._finished:
+                    if include_usage:
+                        yield self._event([], usage=self._usage())
+                    break
+                chunk = await merged.next()
+            done = True
+        except Exception as exc:  # after the first byte: one error event, then [DONE]
+            status, body, _ = to_openai_error(exc, record.request_id)
+            record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
+            yield f"data: {json.dumps(body)}\n\n"
+            done = True
+        finally:
+            if not done:
+                merged.cancel()
+        yield DONE
+
+    def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        chunk = Completion(id=self.cid, created=self.created, model=self.model, choices=choices, usage=usage)
+        return f"data: {json.dumps(chunk.model_dump())}\n\n"
