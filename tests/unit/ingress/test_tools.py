@@ -3,6 +3,7 @@ was cut into chunks (a property test), and the parser keeps what is not a call."
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import given, settings
@@ -29,7 +30,7 @@ def split(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, dict]]]:
     """Feed `text` cut at `cuts`; the content and the calls (name, arguments) that come out."""
     reader = ToolCallText(PLAN)
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    content = "".join(reader.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+    content = "".join(reader.feed(text[a:b]) for a, b in itertools.pairwise(bounds))
     tail, calls = reader.finish()
     return content + tail, [(c.function.name, json.loads(c.function.arguments)) for c in calls]
 
@@ -51,5 +52,8 @@ def test_text_without_a_valid_call_is_kept_whole_as_content(text):
 
 
 def test_calls_and_the_text_around_them():
-    text = 'Sure. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    text = (
+        'Sure. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    )
     assert split(text, [3, 9, 20]) == ("Sure.", [("add", {"a": 1}), ("get_weather", {"city": "Oslo"})])
