@@ -142,6 +142,7 @@ UNSUPPORTED_CHAT_FIELDS = (
     "web_search_options",
     "reasoning_effort",
     "verbosity",
+    "moderation",
 )
 
 
@@ -169,6 +170,8 @@ class _SamplingFields(_Request):
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
 
     @field_validator("stream_options")
@@ -201,6 +204,7 @@ class ChatCompletionRequest(_SamplingFields):
     web_search_options: Any = None
     reasoning_effort: Any = None
     verbosity: Any = None
+    moderation: Any = None
 
     @field_validator(*UNSUPPORTED_CHAT_FIELDS)
     @classmethod

@@ -90,3 +90,23 @@ def test_images_only_in_user_messages():
 def test_bad_role_rejected():
     with pytest.raises(ValidationError):
         ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_every_field_the_openai_client_sends_is_declared_and_in_the_readme_table(kind):
+    """Each is honoured, refused with a 400 naming it, or harmless; none falls to "unknown field",
+    and README's table of request fields lists each one."""
+    import inspect
+    from pathlib import Path
+
+    from openai.resources.chat.completions import Completions as Chat
+    from openai.resources.completions import Completions as Legacy
+
+    from deployments.protocol import CompletionRequest
+
+    create, model = (Chat.create, ChatCompletionRequest) if kind == "chat" else (Legacy.create, CompletionRequest)
+    sent = set(inspect.signature(create).parameters) - {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
+    assert sent - set(model.model_fields) == set()
+    table = Path(__file__).resolve().parents[2].joinpath("README.md").read_text().split("**Request fields.**")[1]
+    table = table.split("\n\n", 2)[1]
+    assert {name for name in sent if f"`{name}`" not in table} == set()

@@ -76,3 +76,25 @@ async def test_each_request_is_recorded_once_finished_or_cancelled():
     ]
     replica._sample()
     assert metrics.gauges["engine_loaded"] == 1 and metrics.gauges["num_requests_running"] == 0
+
+
+async def test_n_sequences_come_back_tagged_and_each_one_finishes():
+    replica = decoder(0)
+    ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)], n=3)
+    sent = [chunk async for chunk in replica.generate(ask)]
+    alone = await chunks(0)
+    for index in range(3):
+        mine = [c for c in sent if c.index == index]
+        assert "".join(c.text for c in mine) == "".join(c.text for c in alone)
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["stop"]
+
+
+async def test_closing_an_n_stream_frees_every_sequence():
+    replica = decoder(0)
+    replica._metrics = metrics = FakeMetrics()
+    ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)], n=2)
+    async with aclosing(replica.generate(ask)) as stream:
+        async for _ in stream:
+            break
+    assert metrics.count("requests_cancelled") == 2
+    assert replica._seqs._value == 2  # both slots back
