@@ -24,10 +24,16 @@ def api_schema(serve_cluster, tmp_path_factory):
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_ingress_conforms_to_its_spec(api_schema, mode):
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert {op.label for op in operations} >= {"POST /v1/chat/completions", "GET /v1/models", "GET /health"}
+    assert {op.label for op in operations} >= {
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "GET /v1/models",
+        "GET /v1/models/{model}",
+        "GET /health",
+    }
     for operation in operations:
         if mode is GenerationMode.NEGATIVE and operation.method.upper() != "POST":
-            continue  # nothing to make invalid in a GET without parameters
+            continue  # nothing to make invalid in a GET (a model id is any string)
 
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
