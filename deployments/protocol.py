@@ -196,17 +196,17 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     modalities: list[Literal["text"]] | None = None
-    # Declared so that the 400 names them (see UNSUPPORTED_CHAT_FIELDS).
-    audio: Any = None
-    functions: Any = None
-    function_call: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    moderation: Any = None
+    # Declared (null only) so that the 400 names them and the OpenAPI spec says so (UNSUPPORTED_CHAT_FIELDS).
+    audio: None = None
+    functions: None = None
+    function_call: None = None
+    prediction: None = None
+    web_search_options: None = None
+    reasoning_effort: None = None
+    verbosity: None = None
+    moderation: None = None
 
-    @field_validator(*UNSUPPORTED_CHAT_FIELDS)
+    @field_validator(*UNSUPPORTED_CHAT_FIELDS, mode="before")
     @classmethod
     def _unsupported(cls, value: Any) -> Any:
         if value is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from schemathesis.generation.modes import GenerationMode
 
 from tests.serve.conftest import BASE_URL, deploy, echo_with_captioner, undeploy, write_models
@@ -38,6 +38,25 @@ def test_ingress_conforms_to_its_spec(api_schema, mode):
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case):
+            if mode is GenerationMode.POSITIVE:
+                assume(not breaks_a_rule_across_fields(case.body))
             case.call_and_validate(timeout=30)
 
         check()
+
+
+def breaks_a_rule_across_fields(body: object) -> bool:
+    """The documented 400s that depend on two fields at once, which the OpenAPI schema cannot say
+    (README, request fields): schema-valid bodies that break one are not "valid data" to accept."""
+    if not isinstance(body, dict):
+        return False
+    choice, tools = body.get("tool_choice"), body.get("tools") or []
+    names = {t.get("function", {}).get("name") for t in tools if isinstance(t, dict)}
+    return bool(
+        ("stream_options" in body and body.get("stream_options") is not None and not body.get("stream"))
+        or (body.get("top_logprobs") is not None and not body.get("logprobs"))
+        or (choice not in (None, "none") and not tools)
+        or (isinstance(choice, dict) and choice.get("function", {}).get("name") not in names)
+        or (body.get("echo") and body.get("logprobs") is not None)
+        or (isinstance(body.get("n"), int) and body["n"] > 8)  # server.max_n
+    )
