@@ -42,6 +42,11 @@ from deployments.protocol import GenerateRequest, GrammarSpec, TokenLogprob, Top
 logger = logging.getLogger("ray.serve")
 
 BIAS_LIMIT = 100.0
+# JSON whitespace between tokens: any, but at most this many characters in a row. Unbounded (the
+# library's default), a weak model can fill its whole budget with indentation and never close the
+# document; llama.cpp's JSON grammars and xgrammar's `max_whitespace_cnt` bound it the same way.
+# 40 leaves room for a newline and 39 columns of indentation.
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,40}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,9 @@ class GrammarCompiler:
                 ) from exc
         tokenizer = self._tokenizer_for_grammars()
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                schema, defaults={"whitespace_pattern": JSON_WHITESPACE}
+            )
         except ValueError as exc:
             raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc
         if error := llguidance.LLMatcher.validate_grammar(grammar, tokenizer):
