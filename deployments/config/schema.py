@@ -270,12 +270,24 @@ class DeploymentConfig(_Strict):
     )
 
 
+class FakeToolCall(_Strict):
+    """The tool call `engine: fake` answers with (``fake.tool_call``)."""
+
+    name: str = Field(min_length=1, description="The function's name.")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments (a JSON object).")
+
+
 class FakeEngineConfig(_Strict):
     """Settings of ``engine: fake``, the deterministic engine shipped for tests and demos."""
 
     token_delay_ms: float = Field(0.0, ge=0, description="Wait before each generated token: a slow decoder.")
     fill_to_max_tokens: bool = Field(
         False, description="After echoing the prompt, go on with ' tick' tokens up to max_tokens: a long generation."
+    )
+    tool_call: FakeToolCall | None = Field(
+        None,
+        description="When a request brings `tools`, answer with this call in the Hermes form "
+        '(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) instead of the echo: tool-call parsing tests.',
     )
 
 

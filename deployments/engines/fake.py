@@ -2,11 +2,20 @@
 interface as the real ones, like Ray Serve LLM's mock engine. They load nothing and never import
 torch, so a test (or a laptop) can run the whole service in seconds.
 
-- `FakeTextEngine` answers with the prompt it was given (``role: content`` lines), one word per
-  token, so a test reads exactly what reached the decoder. `fake.token_delay_ms` waits before each
-  token; `fake.fill_to_max_tokens` goes on with `` tick`` tokens up to the length limit (a long,
-  slow generation for deadline and overload tests). Its live generations are on /health
-  (`stats`: ``running``), so a test sees that a cancelled request stopped generating.
+- `FakeTextEngine` answers with the prompt it was given, one word per token, so a test reads
+  exactly what reached the decoder: a chat as ``role: content`` lines (an assistant's tool calls
+  as `` [called NAME(ARGUMENTS) as ID]``, a tool's answer as ``tool (ID): content``), after a
+  ``tools: NAME, NAME`` line when the request brings tools; a legacy completion's prompt as it is
+  (token ids as numbers separated by spaces). `fake.token_delay_ms` waits before each token;
+  `fake.fill_to_max_tokens` goes on with `` tick`` tokens up to the length limit (a long, slow
+  generation for deadline and overload tests). Its live generations are on /health (`stats`:
+  ``running``), so a test sees that a cancelled request stopped generating.
+  Instead of the echo: a request with a `grammar` gets a fixed JSON document (`json_object`: ``{}``;
+  `json_schema`: the schema's `example` or first `examples` entry, else a minimal instance, see
+  `minimal_instance`; a schema that is not a JSON object is a 400); a request with `tools` gets
+  `fake.tool_call`, when set, as a Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+  With `logprobs` k, each word is a token whose logprob is ``-0.5 * (i % 3)`` (i from 0) and whose
+  top alternatives are itself then ``" alt1"``, ``" alt2"``, ... each 1 lower: k entries, sorted.
 - `FakeCaptionEngine` captions an image by its top-left pixel's colour and repeats the prompt it
   was asked with, so a test sees which request a caption was made for.
 """
@@ -14,6 +23,7 @@ torch, so a test (or a laptop) can run the whole service in seconds.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
@@ -21,9 +31,76 @@ from PIL import Image
 
 from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
-from deployments.protocol import GenerateRequest
+from deployments.errors import InvalidRequestError
+from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage, TokenLogprob, TopLogprob
 
 TICK = " tick"
+
+
+def _message_line(message: TextMessage) -> str:
+    if message.role == "tool":
+        return f"tool ({message.tool_call_id}): {message.content}"
+    line = f"{message.role}: {message.content}"
+    for call in message.tool_calls or []:
+        line += f" [called {call.function.name}({call.function.arguments}) as {call.id}]"
+    return line
+
+
+def echoed_prompt(request: GenerateRequest) -> str:
+    """What the fake echoes: the prompt as it reached the decoder."""
+    if request.prompt is not None:
+        return request.prompt if isinstance(request.prompt, str) else " ".join(map(str, request.prompt))
+    lines = [_message_line(m) for m in request.messages]
+    if request.tools:
+        names = [str(tool.get("function", {}).get("name", "?")) for tool in request.tools]
+        lines.insert(0, "tools: " + ", ".join(names))
+    return "\n".join(lines)
+
+
+def minimal_instance(schema: Any, depth: int = 0) -> Any:
+    """A small document for a simple JSON schema: its `const`, first `enum` value, `example` or first
+    `examples` entry where it has one; else by type: an object of its required properties, an array
+    of `minItems` items, "", 0 (or `minimum`), false or null; `anyOf`/`oneOf`: the first choice. It
+    ignores patterns, lengths and references, so it fits simple schemas only."""
+    if not isinstance(schema, dict) or depth > 16:
+        return {}
+    for key in ("const", "example"):
+        if key in schema:
+            return schema[key]
+    for key in ("enum", "examples", "anyOf", "oneOf"):
+        choices = schema.get(key)
+        if isinstance(choices, list) and choices:
+            return choices[0] if key in ("enum", "examples") else minimal_instance(choices[0], depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties", {})
+        return {name: minimal_instance(properties.get(name, {}), depth + 1) for name in schema.get("required", [])}
+    if kind == "array":
+        return [minimal_instance(schema.get("items", {}), depth + 1) for _ in range(schema.get("minItems", 0))]
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)
+    return {"string": "", "boolean": False, "null": None}.get(str(kind), {})
+
+
+def _grammar_document(grammar: GrammarSpec) -> str:
+    if grammar.kind == "json_object":
+        return "{}"
+    try:
+        schema = json.loads(grammar.json_schema or "")
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc
+    if not isinstance(schema, dict | bool):
+        raise InvalidRequestError("Invalid JSON schema: schema must be an object or boolean", param="response_format")
+    return json.dumps(minimal_instance(schema))
+
+
+def _logprob(piece: str, i: int, k: int) -> TokenLogprob:
+    value = -0.5 * (i % 3)
+    top = [TopLogprob(token=piece, bytes=list(piece.encode()), logprob=value)][:k]
+    top += [TopLogprob(token=f" alt{j}", bytes=list(f" alt{j}".encode()), logprob=value - j) for j in range(1, k)]
+    return TokenLogprob(token=piece, bytes=list(piece.encode()), logprob=value, top_logprobs=top)
 
 
 class FakeTextEngine(TextEngine):
@@ -38,20 +115,33 @@ class FakeTextEngine(TextEngine):
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0}
 
+    def _answer(self, request: GenerateRequest) -> tuple[str, bool]:
+        """The text to answer with, and whether it is the echo (which `fill_to_max_tokens` extends)."""
+        if request.grammar is not None:
+            return _grammar_document(request.grammar), False
+        call = self.settings.tool_call
+        if request.tools and call is not None:
+            body = json.dumps({"name": call.name, "arguments": call.arguments})
+            return f"<tool_call>{body}</tool_call>", False
+        return echoed_prompt(request), True
+
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt = "\n".join(f"{m.role}: {m.content}" for m in request.messages)
-        words = [w if i == 0 else " " + w for i, w in enumerate(prompt.split(" "))]
+        prompt_words = len(echoed_prompt(request).split(" "))
+        answer, echo = self._answer(request)
+        words = [w if i == 0 else " " + w for i, w in enumerate(answer.split(" "))]
         limit = request.max_tokens or self.params.max_tokens
-        fill = self.settings.fill_to_max_tokens
+        fill = self.settings.fill_to_max_tokens and echo
         pieces = (words + [TICK] * (limit - len(words)) if fill else words)[:limit]
         delay_s = self.settings.token_delay_ms / 1000
+        k = request.logprobs
         self.running += 1
         try:
-            for i, piece in enumerate(pieces, start=1):
+            for i, piece in enumerate(pieces):
                 await asyncio.sleep(delay_s)
-                yield EngineOutput(piece, completion_tokens=i, prompt_tokens=len(words))
+                logprobs = () if k is None else (_logprob(piece, i, k),)
+                yield EngineOutput(piece, completion_tokens=i + 1, prompt_tokens=prompt_words, logprobs=logprobs)
             finish: Literal["stop", "length"] = "length" if fill or len(words) > limit else "stop"
-            yield EngineOutput("", len(pieces), len(words), finish_reason=finish)
+            yield EngineOutput("", len(pieces), prompt_words, finish_reason=finish)
         finally:
             self.running -= 1
 

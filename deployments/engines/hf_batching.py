@@ -8,8 +8,16 @@ replica's event loop, where each request's stream picks up its own.
 Sampling is per request in one manager: every request brings its own temperature, top-k and
 top-p, and `_PerRequestSampler` draws the tokens, leaving the manager an argmax. Greedy
 (temperature 0) is top-k 1, an exact argmax, so a temperature is never divided by zero; a step
-whose sequences are all greedy is only the argmax. Seeds and penalties are not supported by the
-batched sampler; such requests get a 400 that says to use `batching: sequential`.
+whose sequences are all greedy and unconstrained is only the argmax. Seeds and penalties are not
+supported by the batched sampler; such requests get a 400 that says to use `batching: sequential`.
+
+Per-request constraints (`constraints.py`: logprobs, logit bias, a JSON grammar) run in the same
+sampler, row by row, next to unconstrained sequences in the same step: the sampler learns which
+request each row is from `prepare_tensor_args` (the manager passes it every scheduled request; only
+those with a new token have a row, in that order; a prompt chunk that is not its prompt's last has
+none), finds its constraints in a registry the request's stream fills, applies them, and once the
+row's token is known (the argmax for greedy rows, the draw for sampled ones) advances its grammar and
+records its logprobs. A grammar's end allows only EOS, so the sequence ends there.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingLogitsProcessorList,
     ContinuousBatchingTopKLogitsWarper,
 )
+from transformers.generation.continuous_batching.requests import FutureRequestState
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput
+from deployments.engines.constraints import ConstraintRegistry, LogprobStream, RequestConstraints, constrain
 from deployments.engines.hf_text import IncrementalText, Sampling, TransformersTextEngine
 from deployments.errors import DecoderUnavailable, InvalidRequestError
 from deployments.protocol import GenerateRequest
@@ -45,29 +55,50 @@ DEFAULT_BATCH_TOKENS = 512
 class _PerRequestSampler(ContinuousBatchingLogitsProcessorList):
     """The manager's warpers (temperature, top-k, top-p: two full-vocabulary sorts per token) and the
     draw, so that the manager's own sampler (`do_sample` off) only takes an argmax. A step whose
-    sequences are all greedy (top-k 1) leaves the scores as they are: an argmax, with no sorts,
-    softmax or draw (a quarter more throughput on CPU at 8 sequences). Otherwise each row is warped by
-    its request's knobs and becomes a one-hot on a token drawn from it; a greedy row draws its argmax."""
+    sequences are all greedy (top-k 1) and unconstrained leaves the scores as they are: an argmax,
+    with no sorts, softmax or draw (a quarter more throughput on CPU at 8 sequences). Otherwise
+    constrained rows get their logprobs recorded, bias and grammar mask applied; each row is warped by
+    its request's knobs and becomes a one-hot on a token drawn from it (a greedy row draws its argmax),
+    or, when every row is greedy, stays for the manager's argmax.
 
-    def __init__(self, processors: Any) -> None:
+    The manager hands over one row per scheduled request, but only the first rows (those of requests
+    with a new token, in order) are real; the others (prompt chunks that are not their prompt's last)
+    are read from position 0 and discarded: they are left alone."""
+
+    def __init__(self, processors: Any, registry: ConstraintRegistry) -> None:
         super().__init__(processors, per_request_processors=True)
         per_request = [p for p in self.logits_processor if isinstance(p, ContinuousBatchingLogitsProcessor)]
         self._top_k_row = next(
             i for i, p in enumerate(per_request) if isinstance(p, ContinuousBatchingTopKLogitsWarper)
         )
+        self._registry = registry
+        self._rows: list[RequestConstraints | None] = []
+
+    def prepare_tensor_args(
+        self, requests_in_batch: list[FutureRequestState], arg_storage: torch.Tensor
+    ) -> torch.Tensor:
+        self._rows = self._registry.lookup([r.state.request_id for r in requests_in_batch if r.has_new_token])
+        return super().prepare_tensor_args(requests_in_batch, arg_storage)
 
     def __call__(self, input_ids: Any, scores: torch.Tensor, logits_processor_args: torch.Tensor) -> torch.Tensor:
-        if bool((logits_processor_args[self._top_k_row, : scores.size(0)] == 1).all()):
+        rows = len(self._rows)
+        step = constrain(scores, self._rows)
+        if bool((logits_processor_args[self._top_k_row, :rows] == 1).all()):
+            if step is not None:  # the manager's argmax, taken here too for the grammars and logprobs
+                step.accept(scores.index_select(0, torch.tensor(step.indices)).argmax(dim=-1))
             return scores
-        warped = super().__call__(input_ids, scores, logits_processor_args)
+        warped = super().__call__(input_ids, scores[:rows], logits_processor_args)
         drawn = torch.multinomial(warped.softmax(dim=-1), num_samples=1)
-        return torch.full_like(scores, float("-inf")).scatter_(-1, drawn, 0.0)
+        if step is not None:
+            step.accept(drawn[step.indices])
+        chosen = torch.full_like(scores, float("-inf"))
+        chosen[:rows].scatter_(-1, drawn, 0.0)
+        return chosen
 
 
 class ContinuousBatchingTextEngine(TransformersTextEngine):
     def __init__(self, model: ModelConfig) -> None:
         super().__init__(model, attn_implementation="sdpa")  # the manager moves it to paged (or flash) attention
-        self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.num_blocks = self._num_blocks()
         self.batch_tokens = self.params.prefill_chunk_size or DEFAULT_BATCH_TOKENS
@@ -81,12 +112,17 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             max_batch_tokens=self.batch_tokens,
             max_requests_per_batch=self.params.max_num_seqs,
             per_request_processors=True,
+            # The sampler runs Python per step (constraints, the greedy check): no captured graphs, and
+            # no step prepared while the previous one still samples (it would overwrite the row map).
+            use_cuda_graph=False,
+            use_async_batching=False,
         )
         self._manager = self.model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
         )
         # Read by the batch processor that `start` creates.
-        self._manager.logit_processor = _PerRequestSampler(self.model._get_logits_processor(warpers))
+        self._constraints = ConstraintRegistry()
+        self._manager.logit_processor = _PerRequestSampler(self.model._get_logits_processor(warpers), self._constraints)
         self._manager.start()
         self._ids = itertools.count()
 
@@ -159,7 +195,8 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": float(sampling.top_p)}
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt, max_tokens = await self.prepare(request)
+        prepared = await self.prepare(request)
+        prompt, max_tokens = prepared.prompt, prepared.max_tokens
         knobs = self._knobs(request, self.sampling(request))
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
@@ -167,14 +204,17 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         request_id = f"seq-{next(self._ids)}"
         outputs: asyncio.Queue = asyncio.Queue()
         self._manager.register_result_handler(request_id, outputs.put_nowait)
-        accepted = self._manager.add_request(
-            prompt, request_id=request_id, max_new_tokens=max_tokens, streaming=True, **knobs
-        )
+        if prepared.constraints is not None:  # before the sequence can be scheduled
+            self._constraints.add(request_id, prepared.constraints)
         finished = False
         try:
+            accepted = self._manager.add_request(
+                prompt, request_id=request_id, max_new_tokens=max_tokens, streaming=True, **knobs
+            )
             if accepted is None:
                 raise DecoderUnavailable("The decoder is shutting down and accepts no new requests.")
             text = IncrementalText(self.tokenizer)
+            logprobs = LogprobStream(prepared.constraints, self.token_texts)
             while not finished:
                 output = await outputs.get()
                 while not outputs.empty():  # outputs are cumulative: when behind, the latest says it all
@@ -185,16 +225,20 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                         raise DecoderUnavailable(f"The decoder failed: {output.error}")
                     raise RuntimeError(f"generation failed: {output.error}")
                 delta = text.feed(output.generated_tokens[len(text.ids) :])
+                n = len(text.ids)
                 if finished:
-                    finish = self.finish_reason(len(text.ids), max_tokens)
-                    yield EngineOutput(delta + text.flush(), len(text.ids), len(prompt), finish_reason=finish)
+                    finish = self.finish_reason(n, max_tokens)
+                    yield EngineOutput(
+                        delta + text.flush(), n, len(prompt), finish_reason=finish, logprobs=logprobs.take(n)
+                    )
                 elif delta:
-                    yield EngineOutput(delta, len(text.ids), len(prompt))
+                    yield EngineOutput(delta, n, len(prompt), logprobs=logprobs.take(n))
         finally:
             if not finished:  # stop string, client gone or error: free the sequence's slot and pages now
                 self._manager.cancel_request(request_id)
                 with self._manager.output_router._lock:  # a cancelled request gets no final output
                     self._manager.output_router.result_handlers.pop(request_id, None)
+            self._constraints.remove(request_id)
             self._drop_orphans()
 
     def _drop_orphans(self) -> None:

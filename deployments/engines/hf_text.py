@@ -1,18 +1,22 @@
 """A transformers causal LM (hub id, local directory or GGUF file) as a streaming `TextEngine`.
 
-`TransformersTextEngine` holds what every transformers decoder shares: loading, the chat prompt,
-the context check, sampling defaults and incremental detokenization. `SequentialTextEngine`
-(`batching: sequential`) runs `model.generate` in a thread per request and streams token ids back
-to the event loop; closing the iterator sets a stop flag that `generate` checks after every token.
-It supports seeds and penalties, which the continuous batching engine (`hf_batching.py`) does not.
+`TransformersTextEngine` holds what every transformers decoder shares: loading, the prompt (a chat
+rendered by the model's template, with tools when it supports them, or a legacy completion's text or
+token ids used as they are), the context check, sampling defaults, the per-request constraints
+(`constraints.py`: logit bias, JSON grammar, logprobs) and incremental detokenization.
+`SequentialTextEngine` (`batching: sequential`) runs `model.generate` in a thread per request and
+streams token ids back to the event loop; closing the iterator sets a stop flag that `generate`
+checks after every token. It supports seeds and penalties, which the continuous batching engine
+(`hf_batching.py`) does not, and applies the constraints with a logits processor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,19 +34,34 @@ from transformers.generation.streamers import BaseStreamer
 
 from deployments.config import ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
+from deployments.engines.constraints import (
+    ConstrainedStep,
+    GrammarCompiler,
+    LogprobStream,
+    RequestConstraints,
+    TokenTexts,
+    build_constraints,
+    constrain,
+)
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.progress import LoadProgress
-from deployments.errors import ConfigError, ContextLengthError
-from deployments.protocol import GenerateRequest
+from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
+from deployments.protocol import GenerateRequest, TextMessage
 
 _END = object()
 
 
 class _QueueStreamer(BaseStreamer):
-    """Forwards generated token ids from the generate thread to an asyncio queue."""
+    """Forwards generated token ids from the generate thread to an asyncio queue; `on_token` sees each
+    one first, in that thread (the constraints learn the token a step chose)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-        self._loop, self._queue, self._prompt_seen = loop, queue, False
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        queue: asyncio.Queue,
+        on_token: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        self._loop, self._queue, self._prompt_seen, self._on_token = loop, queue, False, on_token
 
     def send(self, item: object) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody listens any more
@@ -52,6 +71,8 @@ class _QueueStreamer(BaseStreamer):
         if not self._prompt_seen:  # generate() first hands over the prompt itself
             self._prompt_seen = True
             return
+        if self._on_token is not None:
+            self._on_token(value)
         self.send(value.reshape(-1).tolist())
 
     def end(self) -> None:
@@ -80,6 +101,79 @@ class OpenAIPenalties(LogitsProcessor):
         counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
         penalized = scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
         return penalized  # type: ignore[return-value]
+
+
+class ConstraintsProcessor(LogitsProcessor):
+    """A request's `RequestConstraints` inside `model.generate` (one sequence): listed before the
+    warpers, so its logprobs come from the raw logits and the bias and grammar mask come before
+    temperature, top-k and top-p. `accept` (from the streamer) hands it the token the step chose."""
+
+    def __init__(self, constraints: RequestConstraints) -> None:
+        self._constraints = constraints
+        self._step: ConstrainedStep | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._step = constrain(scores, [self._constraints])
+        return scores
+
+    def accept(self, token: torch.Tensor) -> None:
+        if self._step is not None:
+            self._step.accept(token)
+            self._step = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request made ready for an engine: the prompt's token ids, the completion budget and the
+    constraints on its tokens (None: none)."""
+
+    prompt: list[int]
+    max_tokens: int
+    constraints: RequestConstraints | None
+
+
+def template_message(message: TextMessage) -> dict[str, Any]:
+    """A message in transformers' chat-template convention: an assistant's `tool_calls` as
+    `{"type": "function", "function": {"name", "arguments": <dict>}}` (templates render the
+    arguments with `tojson` or iterate them), a tool answer with its `tool_call_id`."""
+    rendered: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def _arguments(text: str) -> Any:
+    """OpenAI's arguments (JSON text) as the object templates expect; text that is no JSON object stays text."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+_TOOL_PROBE = "mmserve_tool_probe"
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a tool list: a probe tool's name must appear in the prompt
+    (SmolLM2's template never reads `tools`, so a tool list would vanish silently)."""
+    probe = [{"type": "function", "function": {"name": _TOOL_PROBE, "description": "", "parameters": {}}}]
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tools=probe, tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # a template that fails on tools does not support them
+        return False
+    return _TOOL_PROBE in str(text)
 
 
 @dataclass(frozen=True)
@@ -145,6 +239,14 @@ class TransformersTextEngine(TextEngine):
         }
         self.source = model.weight_file or model.source
         self.cpu_threads = set_cpu_threads(self.params, self.device)
+        # Token ids a request may name (prompt, logit_bias): the tokenizer's, that the model has rows for.
+        self.vocab_size = min(len(self.tokenizer), int(self.model.config.get_text_config().vocab_size))
+        self.supports_tools = template_supports_tools(self.tokenizer)
+        eos = self._special["eos_token_id"]
+        self.eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        logits = int(self.model.config.get_text_config().vocab_size)
+        self.grammars = GrammarCompiler(self.tokenizer, logits, self.eos_ids)
+        self.token_texts = TokenTexts(self.tokenizer)
         progress.done(self.model)
 
     def describe(self) -> dict[str, Any]:
@@ -156,6 +258,7 @@ class TransformersTextEngine(TextEngine):
             "max_model_len": self.max_model_len,
             "int4_layers": self.int4_layers,
             "cpu_threads": self.cpu_threads,
+            "tools": self.supports_tools,
         }
 
     def close(self) -> None:
@@ -163,15 +266,44 @@ class TransformersTextEngine(TextEngine):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    async def prepare(self, request: GenerateRequest) -> tuple[list[int], int]:
-        """The chat prompt's token ids (tokenized off the event loop) and the completion budget."""
-        ids = await asyncio.to_thread(self.prompt_ids, request)
-        return ids, self.max_tokens(request, len(ids))
+    async def prepare(self, request: GenerateRequest) -> Prepared:
+        """The prompt's token ids, the completion budget and the constraints (tokenizing and compiling
+        a grammar happen off the event loop)."""
+        return await asyncio.to_thread(self._prepare, request)
+
+    def _prepare(self, request: GenerateRequest) -> Prepared:
+        ids = self.prompt_ids(request)
+        max_tokens = self.max_tokens(request, len(ids))
+        return Prepared(ids, max_tokens, build_constraints(request, self.vocab_size, self.grammars))
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
-        messages = [m.model_dump() for m in request.messages]
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        """A legacy completion's prompt as it is (text tokenized with the tokenizer's own special
+        tokens, e.g. a BOS where it adds one; token ids checked against the vocabulary), or the chat
+        rendered by the model's template with `tools`."""
+        if request.prompt is not None:
+            return self._raw_prompt(request.prompt)
+        extra: dict[str, Any] = {}
+        if request.tools:
+            if not self.supports_tools:
+                raise InvalidRequestError(
+                    "This model's chat template does not support tools; send the request without `tools`.",
+                    param="tools",
+                )
+            extra["tools"] = request.tools
+        messages = [template_message(m) for m in request.messages]
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, **extra)
         return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
+
+    def _raw_prompt(self, prompt: str | list[int]) -> list[int]:
+        ids = list(self.tokenizer(prompt).input_ids) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        if isinstance(prompt, list) and (bad := sorted({t for t in ids if not 0 <= t < self.vocab_size})):
+            raise InvalidRequestError(
+                f"The prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1}): {bad[:5]}",
+                param="prompt",
+            )
+        return ids
 
     def max_tokens(self, request: GenerateRequest, prompt_len: int) -> int:
         """The request's `max_tokens`, or the default cut to the context left. `ContextLengthError` (400,
@@ -179,10 +311,11 @@ class TransformersTextEngine(TextEngine):
         room = self.max_model_len - prompt_len
         wanted = request.max_tokens or min(self.params.max_tokens, room)
         if wanted > room or room < 1:
+            field = "prompt" if request.prompt is not None else "messages"
             raise ContextLengthError(
                 f"This model's context is {self.max_model_len} tokens; the prompt has {prompt_len} and "
-                f"{wanted} completion tokens were requested. Shorten the messages or max_tokens.",
-                param="messages",
+                f"{wanted} completion tokens were requested. Shorten the {field} or max_tokens.",
+                param=field,
             )
         return wanted
 
@@ -218,10 +351,15 @@ class SequentialTextEngine(TransformersTextEngine):
         return GenerationConfig(max_new_tokens=max_tokens, **options, **self._special)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt, max_tokens = await self.prepare(request)
+        prepared = await self.prepare(request)
+        prompt, max_tokens = prepared.prompt, prepared.max_tokens
         config = self._generation_config(self.sampling(request), max_tokens)
         frequency, presence = self.penalties(request)
         processors = LogitsProcessorList()
+        constrained = None
+        if prepared.constraints is not None:  # first: raw logprobs, then bias and grammar before the penalties
+            constrained = ConstraintsProcessor(prepared.constraints)
+            processors.append(constrained)
         if frequency or presence:
             processors.append(OpenAIPenalties(len(prompt), frequency, presence))
 
@@ -229,7 +367,7 @@ class SequentialTextEngine(TransformersTextEngine):
         queue: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
         input_ids = torch.tensor([prompt], device=self.device)
-        streamer = _QueueStreamer(loop, queue)
+        streamer = _QueueStreamer(loop, queue, constrained.accept if constrained is not None else None)
 
         def run() -> None:
             try:
@@ -251,13 +389,16 @@ class SequentialTextEngine(TransformersTextEngine):
 
         threading.Thread(target=run, name="generate", daemon=True).start()
         text = IncrementalText(self.tokenizer)
+        logprobs = LogprobStream(prepared.constraints, self.token_texts)
         try:
             while (item := await queue.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
                 if delta := text.feed(item):
-                    yield EngineOutput(delta, completion_tokens=len(text.ids), prompt_tokens=len(prompt))
+                    n = len(text.ids)
+                    yield EngineOutput(delta, n, len(prompt), logprobs=logprobs.take(n))
             finish = self.finish_reason(len(text.ids), max_tokens)
-            yield EngineOutput(text.flush(), len(text.ids), len(prompt), finish_reason=finish)
+            n = len(text.ids)
+            yield EngineOutput(text.flush(), n, len(prompt), finish_reason=finish, logprobs=logprobs.take(n))
         finally:
             cancel.set()

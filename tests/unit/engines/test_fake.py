@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+import jsonschema
+import pytest
 from PIL import Image
 
 from deployments.config import FakeEngineConfig, ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
-from deployments.protocol import GenerateRequest, TextMessage
+from deployments.errors import InvalidRequestError
+from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage, ToolCall, ToolCallFunction
 
 
 def ask(text: str, **kw) -> GenerateRequest:
@@ -49,3 +53,83 @@ def test_captions_by_the_top_left_pixel_and_repeats_the_prompt():
         "a picture whose corner is rgb(1, 2, 3) for: a",
         "a picture whose corner is rgb(9, 8, 7) for: b",
     ]
+
+
+async def test_echoes_a_legacy_prompt_as_it_is():
+    engine = create_text_engine(ModelConfig(name="echo", engine="fake"))
+    out = await pieces(engine, GenerateRequest(prompt="once upon a time"))
+    assert "".join(p.text for p in out) == "once upon a time" and out[-1].prompt_tokens == 4
+    ids = await pieces(engine, GenerateRequest(prompt=[5, 7, 11]))
+    assert "".join(p.text for p in ids) == "5 7 11"
+
+
+async def test_echoes_tools_and_a_tool_call_history():
+    engine = create_text_engine(ModelConfig(name="echo", engine="fake"))
+    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
+    request = GenerateRequest(
+        messages=[
+            TextMessage(role="user", content="Weather?"),
+            TextMessage(role="assistant", content="", tool_calls=[call]),
+            TextMessage(role="tool", content="18C", tool_call_id="call_1"),
+        ],
+        tools=[
+            {"type": "function", "function": {"name": "get_weather"}},
+            {"type": "function", "function": {"name": "f"}},
+        ],
+    )
+    text = "".join(p.text for p in await pieces(engine, request))
+    assert text == (
+        'tools: get_weather, f\nuser: Weather?\nassistant:  [called get_weather({"city": "Paris"}) as call_1]\n'
+        "tool (call_1): 18C"
+    )
+
+
+async def test_answers_with_the_configured_tool_call_when_given_tools():
+    fake = FakeEngineConfig(tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+    engine = create_text_engine(ModelConfig(name="tools", engine="fake", fake=fake))
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    text = "".join(p.text for p in await pieces(engine, ask("Weather?", tools=tools)))
+    assert text == '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    assert "".join(p.text for p in await pieces(engine, ask("hi"))) == "user: hi"  # no tools: the echo
+
+
+async def test_logprobs_are_one_sorted_entry_per_token():
+    engine = create_text_engine(ModelConfig(name="echo", engine="fake"))
+    out = await pieces(engine, ask("tell me a story", logprobs=3))
+    entries = [e for p in out for e in p.logprobs]
+    assert [e.token for e in entries] == [p.text for p in out[:-1]]
+    assert [e.logprob for e in entries] == [0.0, -0.5, -1.0, 0.0, -0.5]
+    for e in entries:
+        assert [t.token for t in e.top_logprobs] == [e.token, " alt1", " alt2"]
+        assert [t.logprob for t in e.top_logprobs] == [e.logprob, e.logprob - 1, e.logprob - 2]
+        assert bytes(e.bytes).decode() == e.token
+    assert all(e.top_logprobs == [] for p in await pieces(engine, ask("hi", logprobs=0)) for e in p.logprobs)
+    assert all(p.logprobs == () for p in await pieces(engine, ask("hi")))
+
+
+async def test_answers_a_grammar_with_a_fixed_json_document():
+    engine = create_text_engine(ModelConfig(name="echo", engine="fake"))
+
+    async def answer(grammar: GrammarSpec) -> str:
+        return "".join(p.text for p in await pieces(engine, ask("hi", grammar=grammar)))
+
+    assert await answer(GrammarSpec(kind="json_object")) == "{}"
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer", "minimum": 18},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "kind": {"enum": ["a", "b"]},
+            "note": {"type": "string"},
+        },
+        "required": ["name", "age", "tags", "kind"],
+    }
+    document = json.loads(await answer(GrammarSpec(kind="json_schema", json_schema=json.dumps(schema))))
+    assert document == {"name": "", "age": 18, "tags": [], "kind": "a"}
+    jsonschema.validate(document, schema)
+    example = {"type": "object", "example": {"x": 1}}
+    assert json.loads(await answer(GrammarSpec(kind="json_schema", json_schema=json.dumps(example)))) == {"x": 1}
+    with pytest.raises(InvalidRequestError) as err:
+        await answer(GrammarSpec(kind="json_schema", json_schema="{not json"))
+    assert err.value.param == "response_format"
