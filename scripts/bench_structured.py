@@ -13,8 +13,14 @@ JSON schema, interleaved with unconstrained ones in the same batch). One JSON li
   can end early, when their document closes, so per-token time is the fair comparison);
 - `constrained_vs_unconstrained`: the ratio of the two classes' median time per token in the same
   mixed run (the issue's bar: at most 1.3); `sampler_ms_per_step`: time in the batch's sampler per
-  forward step, with its constraint parts (`mask_ms`: grammars' token masks; `apply_ms`: logprobs,
-  bias and mask application; `accept_ms`: advancing grammars and recording logprobs).
+  forward step (`step_ms`), with its constraint parts: `apply_ms` (all of `constrain`: logprobs,
+  bias, the grammars' token masks and their application), of which `mask_ms` computing the masks;
+  `accept_ms` (advancing grammars, recording logprobs).
+
+Measured 2026-11-24 on the 2-core CI-class machine (SmolLM2-135M GGUF, int4-cpu, concurrency 8, 64
+tokens, 3 pairs): free 109.1 tok/s, mixed 102.7 tok/s; constrained vs unconstrained time per token
+1.023 (1.022, 1.023, 1.032); the sampler 1.3 ms of a 74 ms step in mixed runs (masks 0.26 ms, 70 us
+per row), 0.07 ms in free ones.
 
 A last line has the medians over the pairs.
 """

@@ -203,9 +203,6 @@ class ConstraintRegistry:
                 return [None] * len(request_ids)
             return [self._entries.get(r) for r in request_ids]
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
 
 class ConstrainedStep:
     """One step's constrained rows, between `constrain` and the engine's choice of tokens."""

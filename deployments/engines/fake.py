@@ -52,7 +52,8 @@ def echoed_prompt(request: GenerateRequest) -> str:
         return request.prompt if isinstance(request.prompt, str) else " ".join(map(str, request.prompt))
     lines = [_message_line(m) for m in request.messages]
     if request.tools:
-        names = [str(tool.get("function", {}).get("name", "?")) for tool in request.tools]
+        functions = [tool.get("function") for tool in request.tools]
+        names = [str(f.get("name", "?")) if isinstance(f, dict) else "?" for f in functions]
         lines.insert(0, "tools: " + ", ".join(names))
     return "\n".join(lines)
 
@@ -60,8 +61,9 @@ def echoed_prompt(request: GenerateRequest) -> str:
 def minimal_instance(schema: Any, depth: int = 0) -> Any:
     """A small document for a simple JSON schema: its `const`, first `enum` value, `example` or first
     `examples` entry where it has one; else by type: an object of its required properties, an array
-    of `minItems` items, "", 0 (or `minimum`), false or null; `anyOf`/`oneOf`: the first choice. It
-    ignores patterns, lengths and references, so it fits simple schemas only."""
+    of `minItems` items (at most 8), "", 0 (or `minimum`), false or null; `anyOf`/`oneOf`: the first
+    choice. It ignores patterns, lengths and references, so it fits simple schemas only; a schema it
+    cannot read gives ``{}``."""
     if not isinstance(schema, dict) or depth > 16:
         return {}
     for key in ("const", "example"):
@@ -75,10 +77,15 @@ def minimal_instance(schema: Any, depth: int = 0) -> Any:
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
-        properties = schema.get("properties", {})
-        return {name: minimal_instance(properties.get(name, {}), depth + 1) for name in schema.get("required", [])}
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = schema.get("required")
+        names = [n for n in required if isinstance(n, str)] if isinstance(required, list) else []
+        return {name: minimal_instance(properties.get(name, {}), depth + 1) for name in names}
     if kind == "array":
-        return [minimal_instance(schema.get("items", {}), depth + 1) for _ in range(schema.get("minItems", 0))]
+        items = schema.get("minItems", 0)
+        count = min(items, 8) if isinstance(items, int) else 0
+        return [minimal_instance(schema.get("items", {}), depth + 1) for _ in range(count)]
     if kind in ("integer", "number"):
         return schema.get("minimum", 0)
     return {"string": "", "boolean": False, "null": None}.get(str(kind), {})

@@ -166,7 +166,8 @@ _TOOL_PROBE = "mmserve_tool_probe"
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the chat template renders a tool list: a probe tool's name must appear in the prompt
     (SmolLM2's template never reads `tools`, so a tool list would vanish silently)."""
-    probe = [{"type": "function", "function": {"name": _TOOL_PROBE, "description": "", "parameters": {}}}]
+    parameters = {"type": "object", "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}
+    probe = [{"type": "function", "function": {"name": _TOOL_PROBE, "description": "probe", "parameters": parameters}}]
     try:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": "hi"}], tools=probe, tokenize=False, add_generation_prompt=True
