@@ -73,6 +73,7 @@ def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
                 "type": "object",
                 "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters},
                 "required": ["name", "arguments"],
+                "additionalProperties": False,
             }
             for t in body.tools
         ]
