@@ -23,12 +23,11 @@ from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import (
     CaptionerTimeout,
     CaptionerUnavailable,
-    ModelNotFoundError,
     RequestTimeoutError,
     VisionDisabledError,
 )
+from deployments.ingress.generation import check_model, sampling_fields, timed_out
 from deployments.ingress.ports import Captioner, DecoderHandle
-from deployments.ingress.sampling import sampling_fields
 from deployments.ingress.sse import ChatChoices, Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
 from deployments.ingress.tools import ToolPlan, plan_tools, response_grammar
@@ -101,10 +100,7 @@ class ChatService:
     async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> ChatReply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         record.model = body.model
-        if body.model != self._model:
-            raise ModelNotFoundError(
-                f"The model {body.model!r} does not exist. Available: {self._model!r}.", param="model"
-            )
+        check_model(body.model, self._model)
         plan = plan_tools(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         timeout = asyncio.timeout_at(deadline)
@@ -159,7 +155,4 @@ class ChatService:
         return rewrite(messages, captions), None
 
     def _timed_out(self) -> RequestTimeoutError:
-        return RequestTimeoutError(
-            f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s); "
-            "its generation was cancelled."
-        )
+        return timed_out(self._timeout_s)

@@ -15,11 +15,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from deployments.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, to_openai_error
+from deployments.errors import InvalidRequestError, RequestTimeoutError
 from deployments.ingress.chat import ChatReply
+from deployments.ingress.generation import check_model, sampling_fields, timed_out
 from deployments.ingress.ports import DecoderHandle
-from deployments.ingress.sampling import sampling_fields
-from deployments.ingress.sse import DONE
+from deployments.ingress.sse import DONE, error_event
 from deployments.ingress.stream import DecoderStream
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import (
@@ -97,10 +97,7 @@ class CompletionService:
 
     async def create(self, body: CompletionRequest, record: RequestRecord) -> ChatReply:
         record.model = body.model
-        if body.model != self._model:
-            raise ModelNotFoundError(
-                f"The model {body.model!r} does not exist. Available: {self._model!r}.", param="model"
-            )
+        check_model(body.model, self._model)
         prompts = body.prompts
         if body.echo and not all(isinstance(p, str) for p in prompts):
             raise InvalidRequestError("echo needs a text prompt (token ids cannot be echoed here).", param="echo")
@@ -131,10 +128,7 @@ class CompletionService:
         return ChatReply(body=await writer.whole(first, merged))
 
     def _timed_out(self) -> RequestTimeoutError:
-        return RequestTimeoutError(
-            f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s); "
-            "its generation was cancelled."
-        )
+        return timed_out(self._timeout_s)
 
 
 class _Writer:
@@ -213,9 +207,7 @@ class _Writer:
                 chunk = await merged.next()
             done = True
         except Exception as exc:  # after the first byte: one error event, then [DONE]
-            status, body, _ = to_openai_error(exc, record.request_id)
-            record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
-            yield f"data: {json.dumps(body)}\n\n"
+            yield error_event(exc, record)
             done = True
         finally:
             if not done:

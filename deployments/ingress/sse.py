@@ -214,13 +214,19 @@ async def sse_events(
             chunk = await stream.next()
         done = True
     except Exception as exc:  # after the first byte: one error event, then [DONE]
-        status, body, _ = to_openai_error(exc, record.request_id)
-        record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
-        if status >= 500:
-            logger.exception("stream %s failed", record.request_id, exc_info=exc)
-        yield f"data: {json.dumps(body)}\n\n"
+        yield error_event(exc, record)
         done = True
     finally:
         if not done:  # the client went away: free the decoder slot now
             stream.cancel()
     yield DONE
+
+
+def error_event(exc: Exception, record: RequestRecord) -> str:
+    """The one event of an error after the first byte (the status line has gone out as 200); the
+    access log gets the error's own code and status."""
+    status, body, _ = to_openai_error(exc, record.request_id)
+    record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
+    if status >= 500:
+        logger.exception("stream %s failed", record.request_id, exc_info=exc)
+    return f"data: {json.dumps(body)}\n\n"
