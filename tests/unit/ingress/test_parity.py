@@ -9,7 +9,8 @@ import json
 import pytest
 
 from deployments.protocol import GenerateRequest
-from tests.unit.ingress.fakes import FakeDecoder
+from tests.conftest import data_url, png_bytes
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 from tests.unit.ingress.test_api import client
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -224,3 +225,20 @@ async def test_legacy_logprobs_shape_and_refusals():
     ):
         reply, _ = await post(FakeDecoder(), COMPLETIONS, {"model": "echo", **body})
         assert reply["status"] == 400 and reply["error"]["param"] == param, body
+
+
+async def test_the_proxy_vision_path_gets_the_same_features():
+    """Captions are part of the prompt; n, logprobs, tools and response_format apply as for text."""
+    content = [
+        {"type": "text", "text": "what is it?"},
+        {"type": "image_url", "image_url": {"url": data_url(png_bytes())}},
+    ]
+    body = chat(content, n=2, logprobs=True, tools=[WEATHER], response_format={"type": "json_object"})
+    decoder = FakeDecoder(["{}"])
+    async with client(decoder, captioner=FakeCaptioner()) as http:
+        whole = (await http.post(CHAT, json=body)).json()
+    sent = decoder.requests[-1]
+    assert "Image 1: a picture for 'what is it?'" in sent.messages[0].content
+    assert (sent.n, sent.logprobs, sent.grammar.kind if sent.grammar else None) == (2, 0, "json_object")
+    assert sent.tools is not None and len(whole["choices"]) == 2
+    assert all(c["logprobs"]["content"] for c in whole["choices"])
