@@ -16,9 +16,10 @@ replica then serves at most `max_num_seqs` requests at a time, as a real engine'
 
 Output, JSON lines: one per window of `--window-s` (phase, concurrency, Serve's replica states at
 the window's end, requests finished in it, output tokens/s, latency p50/p95, failures), then a
-summary: tokens/s with 1 replica and with 2 (medians over the windows of the high phase whose
-replicas were RUNNING and unchanged from start to end, the phase's first window excluded), their
-ratio, and when the replicas reached max and came back to min.
+summary: tokens/s with 1 replica and with 2 over the windows of the high phase whose replicas were
+RUNNING and unchanged from start to end (the phase's first window excluded): the median of those
+windows, and their tokens over their time (windows hold whole requests, so single windows are
+coarse), each ratio, and when the replicas were first seen at max and back at min.
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ async def ramp(args: argparse.Namespace) -> None:
                     "failed": sum(not d.ok for d in finished),
                 }
                 steady = states == before and set(states) == {"RUNNING"} and not first
-                windows.append({**window, "_steady": steady})
+                windows.append(
+                    {**window, "_steady": steady, "_tokens": window["tok_s"] * (end - start), "_s": end - start}
+                )
                 emit(window)
                 before, first = states, False
         stop.set()
@@ -153,11 +156,12 @@ async def ramp(args: argparse.Namespace) -> None:
 
 def summarize(args: argparse.Namespace, windows: list[dict[str, Any]], done: list[Done]) -> None:
     high = max(c for c, _ in args.phases)
-    by_count: dict[int, list[float]] = {}
+    steady: dict[int, list[dict[str, Any]]] = {}
     for w in windows:
         if w["_steady"] and w["concurrency"] == high:
-            by_count.setdefault(w["replicas"]["RUNNING"], []).append(w["tok_s"])
-    medians = {n: statistics.median(v) for n, v in sorted(by_count.items())}
+            steady.setdefault(w["replicas"]["RUNNING"], []).append(w)
+    medians = {n: statistics.median(w["tok_s"] for w in ws) for n, ws in sorted(steady.items())}
+    means = {n: round(sum(w["_tokens"] for w in ws) / sum(w["_s"] for w in ws), 1) for n, ws in sorted(steady.items())}
     starts = [sum(s for _, s in args.phases[:p]) for p in range(len(args.phases))]
     rise = next(p for p, (c, _) in enumerate(args.phases) if c == high)
     fall = rise + 1 if rise + 1 < len(args.phases) else None
@@ -169,9 +173,11 @@ def summarize(args: argparse.Namespace, windows: list[dict[str, Any]], done: lis
         {
             "summary": "ramp",
             "phases": [f"c{c} for {s:g}s" for c, s in args.phases],
-            "tok_s_by_replicas": medians,
-            "windows_by_replicas": {n: len(v) for n, v in sorted(by_count.items())},
-            "ratio_2_over_1": round(medians[2] / medians[1], 2) if 1 in medians and 2 in medians else None,
+            "tok_s_median_by_replicas": medians,
+            "tok_s_mean_by_replicas": means,
+            "windows_by_replicas": {n: len(ws) for n, ws in sorted(steady.items())},
+            "ratio_2_over_1_median": round(medians[2] / medians[1], 2) if 1 in medians and 2 in medians else None,
+            "ratio_2_over_1_mean": round(means[2] / means[1], 2) if 1 in means and 2 in means else None,
             "max_seen_s_after_rise": round(at_max["t"] - starts[rise], 1) if at_max else None,
             "min_seen_s_after_fall": round(at_min["t"] - starts[fall], 1) if at_min and fall is not None else None,
             "requests": len(done),

@@ -82,6 +82,11 @@ def test_the_commented_gpu_profile_keeps_one_batch_per_decoder_replica():
     primary = profile.models[0]
     options, _ = decoder_options(AppArgs(decoder_gpus=0.5), primary, 16)
     assert options["max_ongoing_requests"] == primary.params.max_num_seqs == 32
+    # Its autoscaling section writes out the builder's GPU defaults: the same options as without it.
+    assert primary.deployment.autoscaling is not None
+    unset = primary.model_copy(update={"deployment": primary.deployment.model_copy(update={"autoscaling": None})})
+    assert decoder_options(AppArgs(decoder_gpus=0.5), unset, 16)[0] == options
+    assert profile.models[1].deployment.autoscaling is None  # the captioner's scale to zero is only shown
 
 
 def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
