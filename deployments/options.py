@@ -162,19 +162,6 @@ def _queue(deployment: DeploymentConfig, ongoing: int) -> dict[str, Any]:
     }
 
 
-def _check_target(app_args: AppArgs, model: ModelConfig, options: dict[str, Any]) -> None:
-    """A replica never holds more than max_ongoing_requests: a target above it could never be met."""
-    target = options.get("autoscaling_config", {}).get("target_ongoing_requests", 0)
-    ongoing = options["max_ongoing_requests"]
-    if target > ongoing:
-        raise _refuse(
-            app_args,
-            model,
-            f"deployment.autoscaling.target_ongoing_requests ({target:g}) is above deployment.max_ongoing_requests "
-            f"({ongoing}), which caps what a replica holds: lower the first or raise the second",
-        )
-
-
 def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[dict[str, Any], ModelConfig]:
     """All of the decoder's options (`decoder_layout` and its queue), and its placed model config.
     `ConfigError` when a replica would take fewer requests than one batch holds, or when its
@@ -189,9 +176,7 @@ def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[
             f"({seqs}): a replica would never fill its batch; raise the first or lower the second",
         )
     layout, placed = decoder_layout(app_args, model, cores)
-    options = {**queue, **layout}
-    _check_target(app_args, model, options)
-    return options, placed
+    return {**queue, **layout}, placed
 
 
 def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str, Any]:
@@ -208,10 +193,8 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
         count = {
             "autoscaling_config": scaling(app_args, model, max_replicas=top, target=CAPTIONER_TARGET, role="captioner")
         }
-    options = {
+    return {
         **_queue(model.deployment, CAPTIONER_ONGOING),
         **count,
         "ray_actor_options": {"num_cpus": 1, "num_gpus": share},
     }
-    _check_target(app_args, model, options)
-    return options

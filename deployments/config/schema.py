@@ -282,9 +282,9 @@ class AutoscalingConfig(_Strict):
     target_ongoing_requests: float | None = Field(
         None,
         gt=0,
-        description="Ongoing requests per replica (running and waiting in it or in a handle) that Serve scales "
-        "to keep. Default: the decoder's max_num_seqs (a new replica when the batch is full); the captioner's 4. "
-        "At most max_ongoing_requests, which caps what a replica holds.",
+        description="Ongoing requests per replica that Serve scales to keep: those a replica runs and those "
+        "waiting for one in a handle's queue. Default: the decoder's max_num_seqs (a new replica when the batch "
+        "is full); the captioner's 4. Above max_ongoing_requests, requests queue before a replica is added.",
     )
     upscale_delay_s: float = Field(
         30.0, ge=0, description="How long the load must call for more replicas before one is added."
