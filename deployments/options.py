@@ -5,14 +5,20 @@ model's ``deployment:`` section in models.yaml sets its queue bounds; `serve_con
 override any option (Serve applies its ``deployments:`` entries over these).
 
 - Ingress: a cheap async router, autoscaled on open connections, with no CPU reserved.
-- PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a fixed set of CPU replicas
-  sharing the cores); it takes up to twice `max_num_seqs` requests (one batch running, one
-  waiting in the replica) and never fewer than `max_num_seqs`.
+- PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a set of CPU replicas sharing
+  the cores: fixed, or autoscaled when the model's `deployment.autoscaling` is given); it takes up
+  to twice `max_num_seqs` requests (one batch running, one waiting in the replica) and never fewer
+  than `max_num_seqs`.
 - VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls; without a GPU
   share, one replica (a second on the same cores adds no throughput, and when decoder replicas
   crash it can take the CPU their replacements need: measured, a 5-minute decoder outage in the
-  soak, docs/reliability.md). With no captioner configured, one CPU replica that only says so,
-  behind the same queue bounds.
+  soak, docs/reliability.md) unless `deployment.autoscaling` says otherwise (e.g. `min_replicas:
+  0`, scale to zero). With no captioner configured, one CPU replica that only says so, behind the
+  same queue bounds.
+
+Autoscaling (`scaling`): a model's `deployment.autoscaling` (`AutoscalingConfig`) becomes Serve's
+`autoscaling_config`, its unset fields filled with the defaults of the model's role, which are
+what the builder used before the section existed: so without the section nothing changes.
 
 Every queue is bounded: beyond `max_queued_requests`, callers get a 503 with Retry-After at once,
 and a crashed model replica is noticed (and replaced) within `HEALTH_CHECK_S`.
@@ -25,7 +31,7 @@ from typing import Any
 
 import ray
 
-from deployments.config import AppArgs, DeploymentConfig, GpuShare, ModelConfig
+from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ModelConfig
 from deployments.errors import ConfigError
 
 SHARED_GPU = 0.5  # decoder and captioner packed on one card
@@ -42,13 +48,9 @@ INGRESS: dict[str, Any] = {
     "ray_actor_options": {"num_cpus": 0},
 }
 CAPTIONER_ONGOING = 16
-CAPTIONER_SCALING = {
-    "min_replicas": 1,
-    "max_replicas": 2,
-    "target_ongoing_requests": 4,
-    "upscale_delay_s": 30,
-    "downscale_delay_s": 600,
-}
+GPU_DECODERS = 2  # default max_replicas of a decoder on GPUs
+GPU_CAPTIONERS = 2  # default max_replicas of a captioner with a GPU share (1 on CPU)
+CAPTIONER_TARGET = 4  # default target_ongoing_requests of a captioner
 
 
 def gpus(share: GpuShare) -> float:
@@ -59,28 +61,95 @@ def gpus(share: GpuShare) -> float:
     return SHARED_GPU if has_gpu else 0.0
 
 
+def _refuse(app_args: AppArgs, model: ModelConfig, problem: str) -> ConfigError:
+    return ConfigError(f"{Path(app_args.models_file).resolve()}: model {model.name!r}: {problem}")
+
+
+def scaling(app_args: AppArgs, model: ModelConfig, *, max_replicas: int, target: float, role: str) -> dict[str, Any]:
+    """Serve's `autoscaling_config` from the model's `deployment.autoscaling` (the defaults when it
+    has none), its unset fields filled with the role's `max_replicas` and `target`; `ConfigError`
+    when the filled-in bounds contradict each other."""
+    config = model.deployment.autoscaling or AutoscalingConfig()
+    result: dict[str, Any] = {
+        "min_replicas": config.min_replicas,
+        "max_replicas": config.max_replicas or max_replicas,
+        "target_ongoing_requests": config.target_ongoing_requests or target,
+        "upscale_delay_s": config.upscale_delay_s,
+        "downscale_delay_s": config.downscale_delay_s,
+        "look_back_period_s": config.look_back_period_s,
+        "metrics_interval_s": config.metrics_interval_s,
+    }
+    if config.initial_replicas is not None:
+        result["initial_replicas"] = config.initial_replicas
+    if config.downscale_to_zero_delay_s is not None:
+        result["downscale_to_zero_delay_s"] = config.downscale_to_zero_delay_s
+    top = result["max_replicas"]
+    for name in ("min_replicas", "initial_replicas"):
+        if result.get(name, 0) > top:
+            raise _refuse(
+                app_args,
+                model,
+                f"deployment.autoscaling.{name} ({result[name]}) is above max_replicas ({top}, the default for "
+                f"a {role}): set deployment.autoscaling.max_replicas",
+            )
+    return result
+
+
 def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[dict[str, Any], ModelConfig]:
     """The decoder's placement options, and its model config with the torch threads each replica uses.
 
-    GPU: `decoder_gpus` per replica, from one replica up to two when batches are full
-    (target: max_num_seqs ongoing requests); loading a model is slow, so scaling waits 30 s up and
-    600 s down. CPU: a fixed number of replicas, and with `cpu_threads: all` each gets an equal
-    share of the `cores`: two processes run the engine's Python step loop and no OpenMP barrier
-    spans them (1.4x one replica with both cores, docs/benchmarks.md). Together they ask Ray for
-    one CPU, as one decoder did, so that the captioner keeps its own.
-    An `autoscaling_config` in serve_config.yaml replaces both (a `num_replicas` there is ignored
-    on GPUs, where the builder's autoscaling wins).
+    GPU: `decoder_gpus` per replica, autoscaled (by default from one replica up to two when batches
+    are full, target max_num_seqs ongoing requests; loading a model is slow, so scaling waits 30 s
+    up and 600 s down). CPU: a fixed number of replicas (`decoder_cpu_replicas`), and with
+    `cpu_threads: all` each gets an equal share of the `cores`: two processes run the engine's
+    Python step loop and no OpenMP barrier spans them (1.4x one replica with both cores,
+    docs/benchmarks.md). Together they ask Ray for one CPU, as one decoder did, so that the
+    captioner keeps its own.
+
+    CPU with `deployment.autoscaling`: between min_replicas and max_replicas (default
+    `decoder_cpu_replicas`) replicas, each with the fixed share a replica has at the maximum:
+    `cores // max_replicas` threads under `cpu_threads: all`, and 1 / max_replicas of a Ray CPU
+    (one CPU at the maximum, as above). A replica's threads never change with the count, so
+    replicas never oversubscribe the cores, and fewer replicas leave cores idle rather than
+    restart with more threads. A max_replicas above the cores is refused (a replica needs a core).
+    The decoder is the service, so it never scales to zero.
+
+    An `autoscaling_config` in serve_config.yaml replaces the builder's (a `num_replicas` there is
+    ignored where the builder autoscales).
     """
+    configured = model.deployment.autoscaling
+    if configured is not None and configured.min_replicas == 0:
+        raise _refuse(
+            app_args,
+            model,
+            "deployment.autoscaling.min_replicas is 0, but the decoder answers every request: "
+            "it needs at least one replica (only a captioner may scale to zero)",
+        )
     if share := gpus(app_args.decoder_gpus):
-        scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": model.params.max_num_seqs}
-        scaling |= {"upscale_delay_s": 30, "downscale_delay_s": 600}
-        return {"ray_actor_options": {"num_cpus": 1, "num_gpus": share}, "autoscaling_config": scaling}, model
+        autoscaling = scaling(
+            app_args, model, max_replicas=GPU_DECODERS, target=model.params.max_num_seqs, role="GPU decoder"
+        )
+        return {"ray_actor_options": {"num_cpus": 1, "num_gpus": share}, "autoscaling_config": autoscaling}, model
     wanted = app_args.decoder_cpu_replicas
     replicas = min(CPU_DECODERS, cores) if wanted == "auto" else wanted
+    count: dict[str, Any] = {"num_replicas": replicas}
+    if configured is not None:
+        autoscaling = scaling(
+            app_args, model, max_replicas=replicas, target=model.params.max_num_seqs, role="CPU decoder"
+        )
+        replicas = autoscaling["max_replicas"]
+        if replicas > cores:
+            raise _refuse(
+                app_args,
+                model,
+                f"deployment.autoscaling.max_replicas ({replicas}) is above the {cores} cores of this machine: "
+                "each CPU decoder replica needs at least one core (its threads are cores // max_replicas)",
+            )
+        count = {"autoscaling_config": autoscaling}
     if model.params.cpu_threads == "all":
         params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
         model = model.model_copy(update={"params": params})
-    return {"ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0}, "num_replicas": replicas}, model
+    return {"ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0}, **count}, model
 
 
 def _queue(deployment: DeploymentConfig, ongoing: int) -> dict[str, Any]:
@@ -95,14 +164,16 @@ def _queue(deployment: DeploymentConfig, ongoing: int) -> dict[str, Any]:
 
 def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[dict[str, Any], ModelConfig]:
     """All of the decoder's options (`decoder_layout` and its queue), and its placed model config.
-    `ConfigError` when a replica would take fewer requests than one batch holds."""
+    `ConfigError` when a replica would take fewer requests than one batch holds, or when its
+    autoscaling cannot work (see `scaling`, `decoder_layout`)."""
     seqs = model.params.max_num_seqs
     queue = _queue(model.deployment, 2 * seqs)
     if queue["max_ongoing_requests"] < seqs:
-        raise ConfigError(
-            f"{Path(app_args.models_file).resolve()}: model {model.name!r}: deployment.max_ongoing_requests "
-            f"({queue['max_ongoing_requests']}) is below params.max_num_seqs ({seqs}): a replica would never fill "
-            "its batch; raise the first or lower the second"
+        raise _refuse(
+            app_args,
+            model,
+            f"deployment.max_ongoing_requests ({queue['max_ongoing_requests']}) is below params.max_num_seqs "
+            f"({seqs}): a replica would never fill its batch; raise the first or lower the second",
         )
     layout, placed = decoder_layout(app_args, model, cores)
     return {**queue, **layout}, placed
@@ -110,13 +181,20 @@ def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[
 
 def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str, Any]:
     """The captioner's options; without a captioner configured, one replica that only says so,
-    behind the same bounded queue."""
+    behind the same bounded queue. With a GPU share it autoscales (1 to 2 replicas on 4 ongoing
+    calls by default); on CPU it is one replica unless its `deployment.autoscaling` is given
+    (then 1 replica at most by default: `{min_replicas: 0}` scales it to zero when idle)."""
     if model is None:
         return {**_queue(DeploymentConfig(), CAPTIONER_ONGOING), "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.0}}
     share = gpus(app_args.captioner_gpus)
-    scaling = {"autoscaling_config": CAPTIONER_SCALING} if share else {"num_replicas": 1}
+    count: dict[str, Any] = {"num_replicas": 1}
+    if share or model.deployment.autoscaling is not None:
+        top = GPU_CAPTIONERS if share else 1
+        count = {
+            "autoscaling_config": scaling(app_args, model, max_replicas=top, target=CAPTIONER_TARGET, role="captioner")
+        }
     return {
         **_queue(model.deployment, CAPTIONER_ONGOING),
-        **scaling,
+        **count,
         "ray_actor_options": {"num_cpus": 1, "num_gpus": share},
     }

@@ -5,6 +5,7 @@ from deployments.config.loading import ServicePlan, load_models_file, parse_args
 from deployments.config.machine import cpu_cores
 from deployments.config.schema import (
     AppArgs,
+    AutoscalingConfig,
     Capabilities,
     CaptioningConfig,
     DeploymentConfig,
@@ -22,6 +23,7 @@ from deployments.config.schema import (
 
 __all__ = [
     "AppArgs",
+    "AutoscalingConfig",
     "Capabilities",
     "CaptioningConfig",
     "DeploymentConfig",

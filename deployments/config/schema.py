@@ -6,7 +6,8 @@ with a bfloat16 dtype; prompt_template fields; a captioner for proxy vision; the
 settings; `fake:` only with `engine: fake`), and so are duplicate model names (`ModelsFile._unique_names`).
 What needs the file on disk, the builder args or other entries (paths exist, the primary named by
 `model`, `captioning:` only on a captioner's entry) is checked in `loading`; a decoder's
-`max_ongoing_requests` against its `max_num_seqs`, in `deployments/options.py`.
+`max_ongoing_requests` against its `max_num_seqs`, and `deployment.autoscaling` once the role's
+defaults fill it, in `deployments/options.py`.
 """
 
 from __future__ import annotations
@@ -254,6 +255,82 @@ class Capabilities(_Strict):
         return self
 
 
+class AutoscalingConfig(_Strict):
+    """Replica autoscaling of a model's deployment (``deployment.autoscaling``), on ongoing requests:
+    Serve keeps each replica near `target_ongoing_requests` (running and waiting requests, averaged
+    over `look_back_period_s`), between `min_replicas` and `max_replicas`. The builder maps it into
+    Serve's ``autoscaling_config`` (deployments/options.py), filling the fields left unset with the
+    default of the model's role, and checks the result there (min <= initial <= max once filled, a
+    CPU decoder's replicas within the cores, the decoder never at zero)."""
+
+    min_replicas: int = Field(
+        1,
+        ge=0,
+        description="Fewest replicas. 0 (the captioner only): no replica while idle; the next image request "
+        "starts one and waits for it at most proxy_vision.timeout_s, then degrades per proxy_vision.on_failure.",
+    )
+    max_replicas: int | None = Field(
+        None,
+        gt=0,
+        description="Most replicas. Default: a GPU decoder 2; a CPU decoder decoder_cpu_replicas (auto: 2 on "
+        "2+ cores), each with cores / max_replicas threads under cpu_threads: all, never more than the cores; "
+        "a captioner 2 with a GPU share, 1 on CPU.",
+    )
+    initial_replicas: int | None = Field(
+        None, ge=0, description="Replicas started at deploy time. Default: min_replicas."
+    )
+    target_ongoing_requests: float | None = Field(
+        None,
+        gt=0,
+        description="Ongoing requests per replica that Serve scales to keep: those a replica runs and those "
+        "waiting for one in a handle's queue. Default: the decoder's max_num_seqs (a new replica when the batch "
+        "is full); the captioner's 4. Above max_ongoing_requests, requests queue before a replica is added.",
+    )
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="How long the load must call for more replicas before one is added."
+    )
+    downscale_delay_s: float = Field(
+        600.0,
+        ge=0,
+        description="How long the load must call for fewer replicas before one is removed (loading a model is slow).",
+    )
+    downscale_to_zero_delay_s: float | None = Field(
+        None, ge=0, description="With min_replicas 0: the delay from one replica to none. Default: downscale_delay_s."
+    )
+    look_back_period_s: float = Field(
+        30.0, gt=0, description="Window over which each replica's ongoing requests are averaged."
+    )
+    metrics_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="How often replicas and handles report their load to Serve's controller, so about the lag of "
+        "every decision. Ray 2.60 marks this field deprecated (to become environment variables) but still reads it. "
+        "Must be below look_back_period_s.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingConfig:
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        if self.initial_replicas is not None:
+            if self.initial_replicas < self.min_replicas:
+                raise ValueError(
+                    f"initial_replicas ({self.initial_replicas}) is below min_replicas ({self.min_replicas})"
+                )
+            if self.max_replicas is not None and self.initial_replicas > self.max_replicas:
+                raise ValueError(
+                    f"initial_replicas ({self.initial_replicas}) is above max_replicas ({self.max_replicas})"
+                )
+        if self.downscale_to_zero_delay_s is not None and self.min_replicas != 0:
+            raise ValueError("downscale_to_zero_delay_s applies only with min_replicas: 0")
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError(
+                f"look_back_period_s ({self.look_back_period_s:g}) must be above metrics_interval_s "
+                f"({self.metrics_interval_s:g}): the window must hold more than one report"
+            )
+        return self
+
+
 class DeploymentConfig(_Strict):
     """Serve options of a model's deployment (the ``deployment:`` section of its entry). Unset ones
     take the builder's default for the model's role (deployments/options.py); serve_config.yaml may
@@ -267,6 +344,13 @@ class DeploymentConfig(_Strict):
     )
     max_queued_requests: int | None = Field(
         None, gt=0, description="Requests waiting for a replica; beyond them, 503 with Retry-After. Default: 64."
+    )
+    autoscaling: AutoscalingConfig | None = Field(
+        None,
+        description="Replica autoscaling on ongoing requests. null: the builder's placement (a GPU decoder "
+        "scales from 1 to 2 replicas on max_num_seqs, 30 s up, 600 s down; a CPU decoder runs "
+        "decoder_cpu_replicas fixed replicas; a captioner scales from 1 to 2 on 4 with a GPU share, 1 replica "
+        "on CPU). Given (even {}): these replicas autoscale, with the unset fields at those defaults.",
     )
 
 

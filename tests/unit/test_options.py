@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.config import AppArgs, DeploymentConfig, ModelConfig, cpu_cores, parse_models
+from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, ModelConfig, cpu_cores, parse_models
 from deployments.errors import ConfigError
 from deployments.options import INGRESS, captioner_options, decoder_layout, decoder_options
 
@@ -82,6 +82,11 @@ def test_the_commented_gpu_profile_keeps_one_batch_per_decoder_replica():
     primary = profile.models[0]
     options, _ = decoder_options(AppArgs(decoder_gpus=0.5), primary, 16)
     assert options["max_ongoing_requests"] == primary.params.max_num_seqs == 32
+    # Its autoscaling section writes out the builder's GPU defaults: the same options as without it.
+    assert primary.deployment.autoscaling is not None
+    unset = primary.model_copy(update={"deployment": primary.deployment.model_copy(update={"autoscaling": None})})
+    assert decoder_options(AppArgs(decoder_gpus=0.5), unset, 16)[0] == options
+    assert profile.models[1].deployment.autoscaling is None  # the captioner's scale to zero is only shown
 
 
 def test_the_captioner_autoscales_with_a_bounded_queue_and_its_own_gpu_share():
@@ -116,3 +121,202 @@ def test_the_ingress_autoscales_on_connections_with_no_cpu_reserved():
     scaling = INGRESS["autoscaling_config"]
     assert INGRESS["max_ongoing_requests"] >= scaling["target_ongoing_requests"] and scaling["min_replicas"] >= 1
     assert INGRESS["ray_actor_options"] == {"num_cpus": 0} and INGRESS["max_queued_requests"] > 0
+
+
+# --- deployment.autoscaling (issue 22) ---------------------------------------------------------
+
+
+def scaled(autoscaling: dict | None, **extra) -> ModelConfig:
+    """The `model()` decoder (max_num_seqs 12) with this `deployment.autoscaling` section."""
+    deployment = {"autoscaling": autoscaling, **extra}
+    return ModelConfig.model_validate(
+        {
+            "name": "llm",
+            "hf_id": "org/llm",
+            "params": {"max_num_seqs": 12, "cpu_threads": "all"},
+            "deployment": deployment,
+        }
+    )
+
+
+BUILDER_DEFAULTS = {
+    "min_replicas": 1,
+    "upscale_delay_s": 30.0,
+    "downscale_delay_s": 600.0,
+    "look_back_period_s": 30.0,
+    "metrics_interval_s": 10.0,
+}
+
+
+def test_without_the_section_the_shipped_scaling_is_unchanged():
+    """GPU decoder 1..2 on max_num_seqs, captioner 1..2 on 4, both 30 s up and 600 s down (Serve's own
+    look-back and report interval); CPU decoders a fixed count, a CPU captioner one replica."""
+    gpu, _ = decoder_options(AppArgs(decoder_gpus=0.5), model(), 16)
+    assert gpu["autoscaling_config"] == {**BUILDER_DEFAULTS, "max_replicas": 2, "target_ongoing_requests": 12}
+    cap = captioner_options(AppArgs(captioner_gpus=0.5), ModelConfig(name="cap", hf_id="org/cap"))
+    assert cap["autoscaling_config"] == {**BUILDER_DEFAULTS, "max_replicas": 2, "target_ongoing_requests": 4}
+    cpu, _ = decoder_options(AppArgs(decoder_gpus=0), model(), 16)
+    assert cpu["num_replicas"] == 2 and "autoscaling_config" not in cpu
+    assert "autoscaling_config" not in captioner_options(AppArgs(captioner_gpus=0), ModelConfig(name="c", hf_id="o/c"))
+
+
+def test_every_knob_reaches_serve():
+    knobs = {
+        "min_replicas": 2,
+        "max_replicas": 5,
+        "initial_replicas": 3,
+        "target_ongoing_requests": 6,
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 7,
+        "look_back_period_s": 4,
+        "metrics_interval_s": 0.5,
+    }
+    options, _ = decoder_options(AppArgs(decoder_gpus=0.25), scaled(knobs), 2)
+    assert options["autoscaling_config"] == knobs and "num_replicas" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.25}
+    zero = {"min_replicas": 0, "max_replicas": 3, "downscale_to_zero_delay_s": 900}
+    captioner = ModelConfig.model_validate({"name": "cap", "hf_id": "org/cap", "deployment": {"autoscaling": zero}})
+    config = captioner_options(AppArgs(captioner_gpus=0.5), captioner)["autoscaling_config"]
+    assert config == {**BUILDER_DEFAULTS, **zero, "target_ongoing_requests": 4}
+
+
+@pytest.mark.parametrize("role", ["gpu decoder", "cpu decoder", "gpu captioner", "cpu captioner"])
+def test_serve_accepts_what_the_builder_maps(role):
+    """Serve's own config model validates the mapping (right names, bounds it agrees with)."""
+    from ray.serve.config import AutoscalingConfig as ServeAutoscaling
+
+    knobs = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "upscale_delay_s": 2,
+        "look_back_period_s": 3,
+        "metrics_interval_s": 1,
+    }
+    if role.endswith("decoder"):
+        options, _ = decoder_options(AppArgs(decoder_gpus=0.5 if role.startswith("gpu") else 0), scaled(knobs), 2)
+    else:
+        captioner = ModelConfig.model_validate(
+            {"name": "cap", "hf_id": "org/cap", "deployment": {"autoscaling": knobs}}
+        )
+        options = captioner_options(AppArgs(captioner_gpus=0.5 if role.startswith("gpu") else 0), captioner)
+    serve_config = ServeAutoscaling.model_validate(options["autoscaling_config"])
+    assert (serve_config.min_replicas, serve_config.max_replicas, serve_config.upscale_delay_s) == (1, 2, 2)
+    assert serve_config.target_ongoing_requests <= options["max_ongoing_requests"]
+
+
+def test_unset_knobs_take_the_role_defaults():
+    options, _ = decoder_options(AppArgs(decoder_gpus=1), scaled({"max_replicas": 4}), 2)
+    assert options["autoscaling_config"] == {**BUILDER_DEFAULTS, "max_replicas": 4, "target_ongoing_requests": 12}
+    options, _ = decoder_options(AppArgs(decoder_gpus=1), scaled({}), 2)  # `autoscaling: {}` = the defaults
+    assert options["autoscaling_config"] == {**BUILDER_DEFAULTS, "max_replicas": 2, "target_ongoing_requests": 12}
+
+
+@pytest.mark.parametrize(
+    ("cores", "autoscaling", "cpu_replicas", "top", "threads"),
+    [
+        (2, {}, "auto", 2, 1),  # max_replicas defaults to decoder_cpu_replicas (auto: 2)
+        (16, {}, "auto", 2, 8),
+        (16, {"max_replicas": 4}, "auto", 4, 4),
+        (16, {"max_replicas": 3}, 8, 3, 5),  # an explicit max_replicas wins over decoder_cpu_replicas
+        (16, {}, 8, 8, 2),
+        (1, {}, "auto", 1, 1),
+    ],
+)
+def test_cpu_decoders_autoscale_within_the_cores_each_with_a_fixed_share(
+    cores, autoscaling, cpu_replicas, top, threads
+):
+    """Each replica has the share it would have at max_replicas, whatever the current count: its
+    threads (cpu_threads: all) and 1/max of a Ray CPU, so that at the maximum the replicas use every
+    core without oversubscribing them and ask Ray for one CPU in all, as the fixed layout does."""
+    options, placed = decoder_options(
+        AppArgs(decoder_gpus=0, decoder_cpu_replicas=cpu_replicas), scaled(autoscaling), cores
+    )
+    assert "num_replicas" not in options
+    assert options["autoscaling_config"]["max_replicas"] == top
+    assert options["autoscaling_config"]["min_replicas"] == 1
+    assert options["ray_actor_options"] == {"num_cpus": 1 / top, "num_gpus": 0}
+    assert placed.params.cpu_threads == threads
+    assert top * threads <= cores
+
+
+def test_cpu_threads_that_are_set_are_kept_under_autoscaling():
+    llm = scaled({"max_replicas": 2}).model_copy(update={"params": model(cpu_threads=3).params})
+    _, placed = decoder_options(AppArgs(decoder_gpus=0), llm, 16)
+    assert placed.params.cpu_threads == 3
+
+
+def test_a_cpu_decoder_never_scales_past_the_cores():
+    with pytest.raises(ConfigError, match=r"max_replicas \(3\) is above the 2 cores of this machine"):
+        decoder_options(AppArgs(decoder_gpus=0, models_file="m.yaml"), scaled({"max_replicas": 3}), 2)
+    with pytest.raises(ConfigError, match=r"max_replicas \(4\) is above the 2 cores"):  # from decoder_cpu_replicas
+        decoder_options(AppArgs(decoder_gpus=0, decoder_cpu_replicas=4), scaled({}), 2)
+    # On GPUs the cores do not bound the decoder's replicas.
+    assert decoder_options(AppArgs(decoder_gpus=0.25), scaled({"max_replicas": 4}), 2)[0]["autoscaling_config"]
+
+
+def test_the_decoder_never_scales_to_zero():
+    for gpus in (0, 0.5):
+        with pytest.raises(ConfigError, match="only a captioner may scale to zero") as err:
+            decoder_options(AppArgs(decoder_gpus=gpus, models_file="conf/models.yaml"), scaled({"min_replicas": 0}), 2)
+        assert str(err.value).startswith(f"{Path('conf/models.yaml').resolve()}: model 'llm': deployment.autoscaling")
+
+
+def test_the_captioner_may_scale_to_zero_on_a_gpu_share_or_on_cpu():
+    captioner = ModelConfig.model_validate(
+        {"name": "cap", "hf_id": "o/c", "deployment": {"autoscaling": {"min_replicas": 0}}}
+    )
+    gpu = captioner_options(AppArgs(captioner_gpus=0.5), captioner)["autoscaling_config"]
+    assert (gpu["min_replicas"], gpu["max_replicas"]) == (0, 2)
+    cpu = captioner_options(AppArgs(captioner_gpus=0), captioner)
+    assert (cpu["autoscaling_config"]["min_replicas"], cpu["autoscaling_config"]["max_replicas"]) == (0, 1)
+    assert "num_replicas" not in cpu and cpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.0}
+
+
+def test_bounds_filled_from_the_role_defaults_must_hold():
+    """min and initial are checked against the max they will run under, given or defaulted."""
+    with pytest.raises(
+        ConfigError, match=r"min_replicas \(3\) is above max_replicas \(2, the default for a GPU decoder\)"
+    ):
+        decoder_options(AppArgs(decoder_gpus=0.5), scaled({"min_replicas": 3}), 2)
+    with pytest.raises(
+        ConfigError, match=r"initial_replicas \(2\) is above max_replicas \(1, the default for a captioner\)"
+    ):
+        captioner = ModelConfig.model_validate(
+            {"name": "cap", "hf_id": "o/c", "deployment": {"autoscaling": {"initial_replicas": 2}}}
+        )
+        captioner_options(AppArgs(captioner_gpus=0), captioner)
+
+
+def test_a_target_above_what_a_replica_holds_is_kept():
+    """Serve counts the requests waiting in handles too: such a target means a queue before scaling."""
+    llm = scaled({"target_ongoing_requests": 30})
+    assert decoder_options(AppArgs(decoder_gpus=0.5), llm, 2)[0]["autoscaling_config"]["target_ongoing_requests"] == 30
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"min_replicas": 3, "max_replicas": 2}, r"min_replicas \(3\) is above max_replicas \(2\)"),
+        ({"min_replicas": 2, "initial_replicas": 1}, r"initial_replicas \(1\) is below min_replicas \(2\)"),
+        ({"max_replicas": 2, "initial_replicas": 3}, r"initial_replicas \(3\) is above max_replicas \(2\)"),
+        ({"downscale_to_zero_delay_s": 60}, "downscale_to_zero_delay_s applies only with min_replicas: 0"),
+        ({"look_back_period_s": 5}, r"look_back_period_s \(5\) must be above metrics_interval_s \(10\)"),
+        ({"max_replicas": 0}, "greater than 0"),
+        ({"min_replicas": -1}, "greater than or equal to 0"),
+        ({"target_ongoing_requests": 0}, "greater than 0"),
+        ({"upscale_delay": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_models_yaml_autoscaling_is_validated_where_it_is_written(tmp_path, section, message):
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"name": "a", "hf_id": "x/y", "deployment": {"autoscaling": section}}]}))
+    with pytest.raises(ConfigError, match=message) as err:
+        parse_models(yaml.safe_load(path.read_text()), path)
+    assert str(path) in str(err.value) and "models[0].deployment.autoscaling" in str(err.value)
+
+
+def test_every_autoscaling_knob_has_a_default_and_a_description():
+    for name, field in AutoscalingConfig.model_fields.items():
+        assert field.description, name
+        assert not field.is_required(), name
+    assert DeploymentConfig().autoscaling is None

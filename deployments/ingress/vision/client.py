@@ -10,6 +10,11 @@ A call that has been waiting for `WATCH_AFTER_S` is watched through Serve's own 
 captioner: once Serve reports it unhealthy (a replica died and its replacement is still loading,
 which takes as long as loading the model), the call is given up and image requests degrade at
 once rather than wait for the replacement.
+
+A captioner that scales to zero (`deployment.autoscaling.min_replicas: 0`) is started by the
+first call that finds no replica: that call waits for the cold start within `timeout_s`, like any
+other. `status` never starts it: while Serve shows no replica it answers from Serve's view, so that
+/health polls do not keep an idle captioner up.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class CaptionerClient:
         self._down_until = 0.0
         self.reason: str | None = None
         self._view: tuple[float, asyncio.Future[tuple[str, str]]] | None = None  # Serve's view, shared by waiting calls
+        scaling = captioner.deployment.autoscaling
+        self._scales_to_zero = scaling is not None and scaling.min_replicas == 0
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
@@ -134,6 +141,9 @@ class CaptionerClient:
         return await asyncio.shield(self._view[1])
 
     async def status(self) -> ComponentStatus:
+        if self._scales_to_zero and await asyncio.to_thread(_scaled_to_zero, self._app):
+            # Any call, a status call too, makes Serve start a replica: idle stays idle.
+            return ComponentStatus(ready=True, model=self._name, details={"state": "scaled_to_zero", "replicas": 0})
         try:
             status = await asyncio.wait_for(self._handle().status.remote(), STATUS_TIMEOUT_S)
         except Exception:
@@ -141,3 +151,12 @@ class CaptionerClient:
         if status.ready:
             self._mark_up()
         return status
+
+
+def _scaled_to_zero(app: str) -> bool:
+    """Serve shows the captioner healthy with no replica at all (idle, at min_replicas 0)."""
+    try:
+        detail = serve.status().applications[app].deployments[DEPLOYMENT]
+    except Exception:
+        return False
+    return str(getattr(detail.status, "value", detail.status)) == "HEALTHY" and not any(detail.replica_states.values())
