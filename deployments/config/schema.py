@@ -480,7 +480,8 @@ class AppArgs(_Strict):
     decoder_cpu_replicas: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
         "auto",
         description="Decoder replicas when the decoder runs on CPU; with cpu_threads: all they share the "
-        "cores. auto: 2 on a machine with 2 or more cores, else 1.",
+        "cores. auto: 2 on a machine with 2 or more cores, else 1. Under deployment.autoscaling, the default "
+        "max_replicas.",
     )
 
     @model_validator(mode="before")
