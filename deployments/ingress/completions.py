@@ -19,7 +19,7 @@ from deployments.errors import InvalidRequestError, RequestTimeoutError
 from deployments.ingress.chat import ChatReply
 from deployments.ingress.generation import check_model, sampling_fields, timed_out
 from deployments.ingress.ports import DecoderHandle
-from deployments.ingress.sse import DONE, error_event
+from deployments.ingress.sse import framed
 from deployments.ingress.stream import DecoderStream
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import (
@@ -144,13 +144,13 @@ class _Writer:
     def _piece(self, chunk: GenerateChunk) -> CompletionChoice:
         """The choice's text and logprobs in this chunk (the echo before its first text)."""
         choice = self._choices[chunk.index]
-        text = chunk.text
+        text, start = chunk.text, choice.offset  # start: where this chunk's tokens begin in the text
         if not choice.text and self._echoes[chunk.index]:
             text = self._echoes[chunk.index] + text
-            choice.offset = len(self._echoes[chunk.index])
-        logprobs = _legacy_logprobs(chunk.logprobs or [], choice.offset) if self._logprobs else None
+            start = len(self._echoes[chunk.index])
+        logprobs = _legacy_logprobs(chunk.logprobs or [], start) if self._logprobs else None
         choice.text.append(text)
-        choice.offset = sum(len(t) for t in choice.text)
+        choice.offset += len(text)
         if chunk.finish_reason is not None:
             choice.finish = chunk.finish_reason
             choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
@@ -192,27 +192,20 @@ class _Writer:
             id=self.cid, created=self.created, model=self.model, choices=choices, usage=self._usage()
         ).model_dump()
 
-    async def events(
+    def events(
         self, first: GenerateChunk, merged: _Merged, include_usage: bool, record: RequestRecord
     ) -> AsyncIterator[str]:
-        chunk, done = first, False
-        try:
+        async def events() -> AsyncIterator[str]:
+            chunk = first
             while True:
-                piece = self._piece(chunk)
-                yield self._event([piece])
+                yield self._event([self._piece(chunk)])
                 if self._finished:
                     if include_usage:
                         yield self._event([], usage=self._usage())
-                    break
+                    return
                 chunk = await merged.next()
-            done = True
-        except Exception as exc:  # after the first byte: one error event, then [DONE]
-            yield error_event(exc, record)
-            done = True
-        finally:
-            if not done:
-                merged.cancel()
-        yield DONE
+
+        return framed(events(), record, merged.cancel)
 
     def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         chunk = Completion(id=self.cid, created=self.created, model=self.model, choices=choices, usage=usage)

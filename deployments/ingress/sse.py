@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from deployments.errors import to_openai_error
@@ -189,7 +190,7 @@ class _Events:
         return f"data: {json.dumps(data)}\n\n"
 
 
-async def sse_events(
+def sse_events(
     first: GenerateChunk,
     stream: DecoderStream,
     cid: str,
@@ -202,23 +203,37 @@ async def sse_events(
 ) -> AsyncIterator[str]:
     """The answer as server-sent events; a client that goes away cancels the generation."""
     event = _Events(cid, model, degraded)
-    chunk, done = first, False
-    try:
+
+    async def events() -> AsyncIterator[str]:
+        chunk = first
         while True:
             for delta in choices.feed(chunk):
                 yield event([delta])
             if choices.finished:
                 if include_usage:
                     yield event([], usage=choices.usage())
-                break
+                return
             chunk = await stream.next()
+
+    return framed(events(), record, stream.cancel)
+
+
+async def framed(events: AsyncIterator[str], record: RequestRecord, cancel: Callable[[], None]) -> AsyncIterator[str]:
+    """A stream's events as OpenAI frames them, for chat and legacy completions alike: an error after
+    the first byte is one error event; a client that goes away `cancel`s the generation at once;
+    ``data: [DONE]`` always ends it."""
+    done = False
+    try:
+        async with aclosing(events):  # type: ignore[type-var]
+            async for item in events:
+                yield item
         done = True
     except Exception as exc:  # after the first byte: one error event, then [DONE]
         yield error_event(exc, record)
         done = True
     finally:
-        if not done:  # the client went away: free the decoder slot now
-            stream.cancel()
+        if not done:  # the client went away: free the decoder slots now
+            cancel()
     yield DONE
 
 
