@@ -3,11 +3,13 @@
 Two Serve applications, so that a captioner that cannot start (OOM, no weights, no GPU to
 schedule on) never takes the main application out of RUNNING:
 
-- `build_app(args)`: Ingress -> PrimaryDecoder (the main application, HTTP on /)
-- `build_captioner_app(args)`: VisionCaptioner (found by the ingress by application name)
+- `build_app(args)`: Ingress -> one PrimaryDecoder per primary model (the main application, HTTP on /)
+- `build_captioner_app(args)`: one VisionCaptioner per captioner that a primary names (found by
+  the ingress by application and deployment name); two primaries that name the same captioner share it
 
 Both take the same args (see `AppArgs`), so serve_config.yaml can share one `args:` block. Every
-deployment's Serve options come from `options`, here.
+deployment's Serve options and name come from `options`, here. With one primary (the default) the
+deployments are `PrimaryDecoder` and `VisionCaptioner`; with several, each name carries its model's.
 """
 
 from __future__ import annotations
@@ -17,9 +19,16 @@ from typing import Any
 
 from ray.serve import Application
 
-from deployments.config import cpu_cores, parse_args, resolve_plan
-from deployments.ingress.deployment import Ingress, IngressConfig
-from deployments.options import INGRESS, captioner_options, decoder_options
+from deployments.config import ModelConfig, cpu_cores, parse_args, resolve_plan
+from deployments.ingress.deployment import Ingress, IngressConfig, ServedModelConfig
+from deployments.options import (
+    CAPTIONER,
+    DECODER,
+    INGRESS,
+    captioner_options,
+    decoder_options,
+    deployment_name,
+)
 from deployments.replicas.captioner import VisionCaptioner
 from deployments.replicas.decoder import PrimaryDecoder
 
@@ -27,31 +36,56 @@ logger = logging.getLogger("ray.serve")
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
-    """Main application: the OpenAI ingress and the primary decoder."""
+    """Main application: the OpenAI ingress and a decoder per primary model. On CPU the decoders
+    share the cores and one Ray CPU equally."""
     app_args = parse_args(args)
     plan = resolve_plan(app_args)
-    options, primary = decoder_options(app_args, plan.primary, cpu_cores())
-    logger.info(
-        "building main app: primary=%s vision=%s decoder=%s cpu_threads=%s",
-        primary.name,
-        primary.capabilities.vision_mode,
-        options,
-        primary.params.cpu_threads,
-    )
-    decoder = PrimaryDecoder.options(**options).bind(primary, plan.lifecycle)
+    several, share = len(plan.primaries) > 1, len(plan.primaries)
+    several_captioners = len(plan.captioners) > 1
+    decoders = {}
+    served = []
+    for model in plan.primaries:
+        options, primary = decoder_options(app_args, model, max(1, cpu_cores() // share), 1 / share)
+        name = deployment_name(DECODER, primary, several)
+        logger.info(
+            "building main app: primary=%s vision=%s deployment=%s options=%s cpu_threads=%s",
+            primary.name,
+            primary.capabilities.vision_mode,
+            name,
+            options,
+            primary.params.cpu_threads,
+        )
+        decoders[primary.name] = PrimaryDecoder.options(name=name, **options).bind(primary, plan.lifecycle)
+        captioner = plan.captioner_of(primary)
+        served.append(
+            ServedModelConfig(
+                name=primary.name,
+                captioner=captioner,
+                captioner_deployment=deployment_name(CAPTIONER, captioner, several_captioners),
+            )
+        )
     config = IngressConfig(
-        model_name=primary.name,
-        captioner=plan.captioner,
+        models=served,
         vision=plan.vision,
         captioner_app=plan.captioner_app,
         images=plan.images,
         server=plan.server,
     )
-    return Ingress.options(**INGRESS).bind(config, decoder)
+    return Ingress.options(**INGRESS).bind(config, decoders)
 
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
-    """Captioner application. Without a proxy-vision captioner configured, it only reports so."""
+    """Captioner application: a captioner deployment per captioner the primaries name. The first is
+    the application's root and holds the others' handles, so that Serve deploys them all. Without
+    a proxy-vision captioner configured, one replica that only reports so."""
     app_args = parse_args(args)
     plan = resolve_plan(app_args)
-    return VisionCaptioner.options(**captioner_options(app_args, plan.captioner)).bind(plan.captioner, plan.lifecycle)
+    models: list[ModelConfig | None] = [*plan.captioners] or [None]
+    first, *rest = models
+
+    def captioner(model: ModelConfig | None, *others: Application) -> Application:
+        name = deployment_name(CAPTIONER, model, bool(rest))
+        options = captioner_options(app_args, model)
+        return VisionCaptioner.options(name=name, **options).bind(model, plan.lifecycle, *others)
+
+    return captioner(first, *(captioner(model) for model in rest))

@@ -26,6 +26,7 @@ and a crashed model replica is noticed (and replaced) within `HEALTH_CHECK_S`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,23 @@ CAPTIONER_ONGOING = 16
 GPU_DECODERS = 2  # default max_replicas of a decoder on GPUs
 GPU_CAPTIONERS = 2  # default max_replicas of a captioner with a GPU share (1 on CPU)
 CAPTIONER_TARGET = 4  # default target_ongoing_requests of a captioner
+DECODER = "PrimaryDecoder"
+CAPTIONER = "VisionCaptioner"
+
+
+def deployment_name(role: str, model: ModelConfig | None, several: bool) -> str:
+    """`role` (DECODER, CAPTIONER) alone when the application has one deployment of that role, else
+    with the model's name (characters outside ``[A-Za-z0-9._-]`` become ``-``: the name is in
+    replica actor and log file names, and Serve reserves ``#``)."""
+    if not several or model is None:
+        return role
+    return f"{role}-{re.sub(r'[^A-Za-z0-9._-]', '-', model.name)}"
+
+
+def model_gpus(model: ModelConfig, default: GpuShare) -> float:
+    """GPUs per replica of `model`: its `deployment.num_gpus`, else the builder arg's `default`."""
+    share = model.deployment.num_gpus
+    return gpus(default if share is None else share)
 
 
 def gpus(share: GpuShare) -> float:
@@ -95,7 +113,9 @@ def scaling(app_args: AppArgs, model: ModelConfig, *, max_replicas: int, target:
     return result
 
 
-def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[dict[str, Any], ModelConfig]:
+def decoder_layout(
+    app_args: AppArgs, model: ModelConfig, cores: int, cpus: float = 1.0
+) -> tuple[dict[str, Any], ModelConfig]:
     """The decoder's placement options, and its model config with the torch threads each replica uses.
 
     GPU: `decoder_gpus` per replica, autoscaled (by default from one replica up to two when batches
@@ -103,12 +123,13 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
     up and 600 s down). CPU: a fixed number of replicas (`decoder_cpu_replicas`), and with
     `cpu_threads: all` each gets an equal share of the `cores`: two processes run the engine's
     Python step loop and no OpenMP barrier spans them (1.4x one replica with both cores,
-    docs/benchmarks.md). Together they ask Ray for one CPU, as one decoder did, so that the
-    captioner keeps its own.
+    docs/benchmarks.md). Together they ask Ray for `cpus` CPUs (one, as one decoder did, so that the
+    captioner keeps its own; with several primaries, each decoder gets its part of the cores and of
+    that CPU).
 
     CPU with `deployment.autoscaling`: between min_replicas and max_replicas (default
     `decoder_cpu_replicas`) replicas, each with the fixed share a replica has at the maximum:
-    `cores // max_replicas` threads under `cpu_threads: all`, and 1 / max_replicas of a Ray CPU
+    `cores // max_replicas` threads under `cpu_threads: all`, and cpus / max_replicas of a Ray CPU
     (one CPU at the maximum, as above). A replica's threads never change with the count, so
     replicas never oversubscribe the cores, and fewer replicas leave cores idle rather than
     restart with more threads. A max_replicas above the cores is refused (a replica needs a core).
@@ -125,7 +146,7 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
             "deployment.autoscaling.min_replicas is 0, but the decoder answers every request: "
             "it needs at least one replica (only a captioner may scale to zero)",
         )
-    if share := gpus(app_args.decoder_gpus):
+    if share := model_gpus(model, app_args.decoder_gpus):
         autoscaling = scaling(
             app_args, model, max_replicas=GPU_DECODERS, target=model.params.max_num_seqs, role="GPU decoder"
         )
@@ -149,7 +170,7 @@ def decoder_layout(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[d
     if model.params.cpu_threads == "all":
         params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
         model = model.model_copy(update={"params": params})
-    return {"ray_actor_options": {"num_cpus": 1 / replicas, "num_gpus": 0}, **count}, model
+    return {"ray_actor_options": {"num_cpus": cpus / replicas, "num_gpus": 0}, **count}, model
 
 
 def _queue(deployment: DeploymentConfig, ongoing: int) -> dict[str, Any]:
@@ -162,8 +183,11 @@ def _queue(deployment: DeploymentConfig, ongoing: int) -> dict[str, Any]:
     }
 
 
-def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[dict[str, Any], ModelConfig]:
-    """All of the decoder's options (`decoder_layout` and its queue), and its placed model config.
+def decoder_options(
+    app_args: AppArgs, model: ModelConfig, cores: int, cpus: float = 1.0
+) -> tuple[dict[str, Any], ModelConfig]:
+    """All of the decoder's options (`decoder_layout` on `cores` and `cpus`, and its queue), and its
+    placed model config.
     `ConfigError` when a replica would take fewer requests than one batch holds, or when its
     autoscaling cannot work (see `scaling`, `decoder_layout`)."""
     seqs = model.params.max_num_seqs
@@ -175,7 +199,7 @@ def decoder_options(app_args: AppArgs, model: ModelConfig, cores: int) -> tuple[
             f"deployment.max_ongoing_requests ({queue['max_ongoing_requests']}) is below params.max_num_seqs "
             f"({seqs}): a replica would never fill its batch; raise the first or lower the second",
         )
-    layout, placed = decoder_layout(app_args, model, cores)
+    layout, placed = decoder_layout(app_args, model, cores, cpus)
     return {**queue, **layout}, placed
 
 
@@ -186,7 +210,7 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
     (then 1 replica at most by default: `{min_replicas: 0}` scales it to zero when idle)."""
     if model is None:
         return {**_queue(DeploymentConfig(), CAPTIONER_ONGOING), "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.0}}
-    share = gpus(app_args.captioner_gpus)
+    share = model_gpus(model, app_args.captioner_gpus)
     count: dict[str, Any] = {"num_replicas": 1}
     if share or model.deployment.autoscaling is not None:
         top = GPU_CAPTIONERS if share else 1

@@ -9,6 +9,8 @@ the builder args or the plan:
 - builder args (`parse_args`) are valid, and their overrides are valid together with the file's params;
 - the primary named by builder arg `model` exists; native vision is refused for now.
 
+The plan serves the file's `primaries` (else its first entry), or builder arg `model` alone.
+
 Errors are `ConfigError`s whose message names the file and the field (``models.yaml: models[0].params.dtype:
 ...``). Builder args (``serve_config.yaml`` ``args:`` or ``serve run ... key=value``) override the
 file's values and are validated by the same models.
@@ -37,12 +39,13 @@ from deployments.errors import ConfigError, validation_param
 
 
 class ServicePlan(BaseModel):
-    """The resolved configuration the deployments are built from."""
+    """The resolved configuration the deployments are built from: the primaries served behind the
+    endpoint (the first is the default model) and the distinct captioners their proxy vision names."""
 
     model_config = ConfigDict(frozen=True)
 
-    primary: ModelConfig
-    captioner: ModelConfig | None  # set when the primary's vision_mode is proxy
+    primaries: list[ModelConfig]
+    captioners: list[ModelConfig]  # those named by proxy-vision primaries, each once
     lifecycle: Lifecycle
     captioner_app: str
     images: ImageInputConfig
@@ -50,9 +53,24 @@ class ServicePlan(BaseModel):
     proxy_vision: ProxyVisionConfig
 
     @property
+    def primary(self) -> ModelConfig:
+        """The default model: the first primary."""
+        return self.primaries[0]
+
+    def captioner_of(self, primary: ModelConfig) -> ModelConfig | None:
+        """The captioner of a proxy-vision primary, else None."""
+        name = primary.capabilities.captioner if primary.capabilities.vision_mode == "proxy" else None
+        return next((c for c in self.captioners if c.name == name), None)
+
+    @property
+    def captioner(self) -> ModelConfig | None:
+        """The default model's captioner."""
+        return self.captioner_of(self.primary)
+
+    @property
     def vision(self) -> ProxyVisionConfig | None:
         """The ingress's proxy-vision settings, when there is a captioner to use."""
-        return self.proxy_vision if self.captioner is not None else None
+        return self.proxy_vision if self.captioners else None
 
 
 def _format_validation(where: str, exc: ValidationError) -> ConfigError:
@@ -159,29 +177,34 @@ def parse_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
 
 
 def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
-    """Validate builder args, load models.yaml, apply overrides, pick the primary and captioner."""
+    """Validate builder args, load models.yaml, pick the primaries (builder arg `model`, else the
+    file's `primaries`, else its first entry) and their captioners, and apply the overrides."""
     app_args = parse_args(args)
     models = load_models_file(app_args.models_file)
     where = str(Path(app_args.models_file).resolve())
 
-    primary = models.get(app_args.model) if app_args.model else models.models[0]
-    if primary is None:
+    if app_args.model is not None and models.get(app_args.model) is None:
         raise ConfigError(f"builder args: model: no entry named {app_args.model!r} in {where}")
-    primary = _with_params(primary, app_args.decoder, "builder args: decoder")
-    primary = _with_vision_mode(primary, app_args, where)
-
-    captioner = None
-    caps = primary.capabilities
-    if caps.vision_mode == "proxy" and caps.captioner is not None:
-        captioner = models.get(caps.captioner) or ModelConfig(name=caps.captioner, hf_id=caps.captioner)
-        captioner = _with_params(captioner, app_args.captioner, "builder args: captioner")
+    names = [app_args.model] if app_args.model else (models.primaries or [models.models[0].name])
+    primaries = []
+    captioners: dict[str, ModelConfig] = {}
+    for name in names:
+        primary = models.get(name)
+        assert primary is not None  # the schema checks `primaries`
+        primary = _with_params(primary, app_args.decoder, "builder args: decoder")
+        primary = _with_vision_mode(primary, app_args, where)
+        caps = primary.capabilities
+        if caps.vision_mode == "proxy" and caps.captioner is not None and caps.captioner not in captioners:
+            captioner = models.get(caps.captioner) or ModelConfig(name=caps.captioner, hf_id=caps.captioner)
+            captioners[caps.captioner] = _with_params(captioner, app_args.captioner, "builder args: captioner")
+        primaries.append(primary)
 
     proxy_vision = models.proxy_vision
     if app_args.on_image_failure is not None:
         proxy_vision = proxy_vision.model_copy(update={"on_failure": app_args.on_image_failure})
     return ServicePlan(
-        primary=primary,
-        captioner=captioner,
+        primaries=primaries,
+        captioners=list(captioners.values()),
         lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
         captioner_app=app_args.captioner_app,
         images=models.images,

@@ -345,6 +345,11 @@ class DeploymentConfig(_Strict):
     max_queued_requests: int | None = Field(
         None, gt=0, description="Requests waiting for a replica; beyond them, 503 with Retry-After. Default: 64."
     )
+    num_gpus: Annotated[float, Field(ge=0)] | Literal["auto"] | None = Field(
+        None,
+        description="GPUs per replica (0.5: two models packed on one card; 1: a card each; 0: CPU). null: the "
+        "builder arg decoder_gpus or captioner_gpus (auto: 0.5 when the cluster has GPUs, else CPU).",
+    )
     autoscaling: AutoscalingConfig | None = Field(
         None,
         description="Replica autoscaling on ongoing requests. null: the builder's placement (a GPU decoder "
@@ -432,6 +437,13 @@ class Lifecycle(_Strict):
 
 class ModelsFile(Lifecycle):
     models: list[ModelConfig] = Field(min_length=1)
+    primaries: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The models served behind the endpoint (clients' `model`), by entry name, each with its own "
+        "decoder deployment; the first is the default (its /health components are the top-level ones). null: the "
+        "first entry only. Builder arg `model` serves that entry alone.",
+    )
     images: ImageInputConfig = Field(
         default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
     )
@@ -447,6 +459,11 @@ class ModelsFile(Lifecycle):
             if m.name in seen:
                 raise ValueError(f"duplicate model name {m.name!r}")
             seen.add(m.name)
+        for name in self.primaries or []:
+            if name not in seen:
+                raise ValueError(f"primaries: no entry named {name!r} (entries: {', '.join(sorted(seen))})")
+        if self.primaries is not None and len(set(self.primaries)) != len(self.primaries):
+            raise ValueError(f"primaries: a model is named twice in {self.primaries}")
         return self
 
     def get(self, name: str) -> ModelConfig | None:
@@ -463,16 +480,18 @@ class AppArgs(_Strict):
     """
 
     models_file: str = Field("models.yaml", description="Path of models.yaml.")
-    model: str | None = Field(None, description="Primary model entry. Default: the first entry.")
-    vision_mode: VisionMode | None = Field(None, description="Overrides the primary's vision_mode.")
+    model: str | None = Field(
+        None, description="Serve this models.yaml entry alone. Default: the file's `primaries` (else its first entry)."
+    )
+    vision_mode: VisionMode | None = Field(None, description="Overrides every primary's vision_mode.")
     on_image_failure: Literal["degrade", "reject"] | None = Field(
         None, description="Overrides proxy_vision.on_failure."
     )
     decoder: EngineParams = Field(
-        default_factory=EngineParams, description="Overrides of the primary's params (only the fields given)."
+        default_factory=EngineParams, description="Overrides of every primary's params (only the fields given)."
     )
     captioner: EngineParams = Field(
-        default_factory=EngineParams, description="Overrides of the captioner's params (only the fields given)."
+        default_factory=EngineParams, description="Overrides of every captioner's params (only the fields given)."
     )
     captioner_app: str = Field("vision", description="Serve application that runs the captioner.")
     decoder_gpus: GpuShare = Field("auto", description="num_gpus per decoder replica; auto: 0.5 with GPUs.")

@@ -1,6 +1,7 @@
 """The ingress's FastAPI app, built per replica by `build_api` from the objects that hold the
-request logic (`chat`, `health`) and the guard's settings: the routes stay thin, and no setting is
-looked up through Serve. Errors leave in OpenAI's shape, through the one mapper in `errors`."""
+request logic of each served model (`served.ServedModels`) and the guard's settings: the routes
+stay thin, and no setting is looked up through Serve. Errors leave in OpenAI's shape, through the
+one mapper in `errors`."""
 
 from __future__ import annotations
 
@@ -27,10 +28,9 @@ from deployments.errors import (
     to_openai_error,
     validation_message,
 )
-from deployments.ingress.chat import ChatReply, ChatService
-from deployments.ingress.completions import CompletionService
+from deployments.ingress.chat import ChatReply
 from deployments.ingress.guard import GuardSettings, RequestGuard
-from deployments.ingress.health import HealthService
+from deployments.ingress.served import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
 from deployments.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
@@ -105,45 +105,39 @@ def _reply(reply: ChatReply) -> Any:
     return JSONResponse(reply.body, headers=reply.headers)
 
 
-def build_api(
-    chat: ChatService,
-    completions: CompletionService,
-    status: HealthService,
-    model_list: ModelList,
-    guard: GuardSettings,
-    metrics: Recorder,
-) -> FastAPI:
-    """The routes, named as before the factory existed so that the OpenAPI spec stays the same."""
+def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> FastAPI:
+    """The routes, named as before the factory existed so that the OpenAPI spec stays the same.
+    A request goes to the served model its `model` names."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
     api.add_middleware(RequestGuard, settings=guard)  # API keys and the body cap, before any route
     # Outermost (added last): its line and metrics cover the guard's rejections too.
-    api.add_middleware(AccessLog, metrics=metrics, request_id=request_id, routes=api.router.routes)
+    api.add_middleware(AccessLog, metrics=metrics, request_id=request_id, routes=api.router.routes, models=served.names)
 
     @api.get("/v1/models", responses={401: _ERRORS[401]})
     async def models() -> ModelList:
-        return model_list
+        return served.cards
 
     @api.get("/v1/models/{model:path}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
     async def model_card(model: str) -> ModelCard:
-        card = next((card for card in model_list.data if card.id == model), None)
-        if card is None:
-            available = ", ".join(repr(c.id) for c in model_list.data)
-            raise ModelNotFoundError(f"The model {model!r} does not exist. Available: {available}.", param="model")
-        return card
+        return served.get(model).card
 
-    @api.get("/health", responses={503: {"description": "The decoder is not ready; the body says why"}})
+    @api.get("/health", responses={503: {"description": "No decoder is ready; the body says why"}})
     async def health() -> JSONResponse:
-        body, code = await status.report()
+        body, code = await served.health()
         return JSONResponse(body, status_code=code)
 
     @api.post("/v1/chat/completions", responses=_CHAT_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        return _reply(await chat.create(body, record_of(request.state)))
+        record = record_of(request.state)
+        record.model = body.model
+        return _reply(await served.get(body.model).chat.create(body, record))
 
     @api.post("/v1/completions", responses=_CHAT_RESPONSES)
     async def legacy_completions(body: CompletionRequest, request: Request) -> Any:
-        return _reply(await completions.create(body, record_of(request.state)))
+        record = record_of(request.state)
+        record.model = body.model
+        return _reply(await served.get(body.model).completions.create(body, record))
 
     return api

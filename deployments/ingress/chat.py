@@ -2,14 +2,14 @@
 `serving_chat` apart from its `api_router`): a plain class that takes the decoder's handle and the
 captioner client, so that it runs, and is tested, without Ray and without HTTP.
 
-One request: the model is checked; with images, the captioner describes them and the chat is
-rewritten to text (proxy vision), or, when the captioner is down, the request is a 503 (``reject``)
-or is answered without them (``degrade``): the decoder is told that the images were not seen, and
-the response says which and why (`vision` field, `system_fingerprint`, `X-Vision-Degraded` header,
-and `proxy_vision.degraded_notice` before the text when set). The decoder's first chunk is awaited
-before anything is sent, so errors before the first byte keep their status. Everything runs before
-one deadline (`server.request_timeout_s`): a 408 before the first byte, an error event after; the
-generation is cancelled either way.
+One request (routed here by its `model`, `served.ServedModels`): with images, the captioner
+describes them and the chat is rewritten to text (proxy vision), or, when the captioner is down,
+the request is a 503 (``reject``) or is answered without them (``degrade``): the decoder is told
+that the images were not seen, and the response says which and why (`vision` field,
+`system_fingerprint`, `X-Vision-Degraded` header, and `proxy_vision.degraded_notice` before the
+text when set). The decoder's first chunk is awaited before anything is sent, so errors before the
+first byte keep their status. Everything runs before one deadline (`server.request_timeout_s`): a
+408 before the first byte, an error event after; the generation is cancelled either way.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from deployments.errors import (
     RequestTimeoutError,
     VisionDisabledError,
 )
-from deployments.ingress.generation import check_model, sampling_fields, timed_out
+from deployments.ingress.generation import sampling_fields, timed_out
 from deployments.ingress.ports import Captioner, DecoderHandle
 from deployments.ingress.sse import ChatChoices, Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
@@ -99,8 +99,6 @@ class ChatService:
 
     async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> ChatReply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
-        record.model = body.model
-        check_model(body.model, self._model)
         plan = plan_tools(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         timeout = asyncio.timeout_at(deadline)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
 from deployments.ingress.chat import ChatReply
-from deployments.ingress.generation import check_model, sampling_fields, timed_out
+from deployments.ingress.generation import sampling_fields, timed_out
 from deployments.ingress.ports import DecoderHandle
 from deployments.ingress.sse import framed
 from deployments.ingress.stream import DecoderStream
@@ -96,8 +96,6 @@ class CompletionService:
         self._max_n = max_n
 
     async def create(self, body: CompletionRequest, record: RequestRecord) -> ChatReply:
-        record.model = body.model
-        check_model(body.model, self._model)
         prompts = body.prompts
         if body.echo and not all(isinstance(p, str) for p in prompts):
             raise InvalidRequestError("echo needs a text prompt (token ids cannot be echoed here).", param="echo")

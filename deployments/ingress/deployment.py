@@ -1,8 +1,10 @@
 """Ingress: the OpenAI-compatible HTTP router (CPU), as a Serve deployment.
 
-Its constructor builds the request logic from its config and the decoder's handle (`ChatService`,
-`HealthService`, the `CaptionerClient` of proxy vision); Serve then asks it for its ASGI app
-(`__serve_build_asgi_app__`), which `api.build_api` makes for this replica's settings."""
+Its constructor builds the request logic of each served model from its config and its decoder's
+handle (`ChatService`, `CompletionService`, `HealthService`, and the `CaptionerClient` of proxy
+vision, one per captioner: models that name the same captioner share its client and caption
+cache); Serve then asks it for its ASGI app (`__serve_build_asgi_app__`), which `api.build_api`
+makes for this replica's settings."""
 
 from __future__ import annotations
 
@@ -20,17 +22,26 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.served import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.monitoring.metrics import INGRESS, Recorder
-from deployments.protocol import ModelCard, ModelList
+from deployments.options import CAPTIONER
+from deployments.protocol import ModelCard
 
 logger = logging.getLogger("ray.serve")
 
 
+class ServedModelConfig(BaseModel):
+    """One model behind the endpoint: its name, and its captioner under proxy vision."""
+
+    name: str
+    captioner: ModelConfig | None = None
+    captioner_deployment: str = CAPTIONER  # the captioner's deployment in `IngressConfig.captioner_app`
+
+
 class IngressConfig(BaseModel):
-    model_name: str
-    captioner: ModelConfig | None = None  # proxy vision: the captioner and how to call it
-    vision: ProxyVisionConfig | None = None
+    models: list[ServedModelConfig]  # the first is the default model
+    vision: ProxyVisionConfig | None = None  # how to call the captioners
     captioner_app: str = "vision"
     images: ImageInputConfig = ImageInputConfig()
     server: ServerConfig = ServerConfig()
@@ -39,36 +50,44 @@ class IngressConfig(BaseModel):
 @serve.deployment  # its options are the builder's (deployments/options.py)
 @serve.ingress()
 class Ingress:
-    def __init__(self, config: IngressConfig, decoder: DeploymentHandle) -> None:
-        self._metrics = Recorder(INGRESS, config.model_name)
-        captioner = None
-        if config.captioner is not None and config.vision is not None:
-            captioner = CaptionerClient(config.captioner_app, config.captioner, config.vision, self._metrics)
-        self._chat = ChatService(
-            decoder,
-            captioner,
-            model_name=config.model_name,
-            request_timeout_s=config.server.request_timeout_s,
-            images=config.images,
-            vision=config.vision,
-            max_n=config.server.max_n,
-        )
-        self._completions = CompletionService(
-            decoder,
-            model_name=config.model_name,
-            request_timeout_s=config.server.request_timeout_s,
-            max_n=config.server.max_n,
-        )
-        self._health = HealthService(decoder, captioner, model_name=config.model_name)
-        self._models = ModelList(data=[ModelCard(id=config.model_name, created=int(time.time()))])
-        self._guard = GuardSettings.from_config(config.server)
+    def __init__(self, config: IngressConfig, decoders: dict[str, DeploymentHandle]) -> None:
+        """`decoders`: each served model's decoder handle, by model name."""
+        self._metrics = Recorder(INGRESS, config.models[0].name)
+        server = config.server
+        clients: dict[str, CaptionerClient] = {}
+        served = []
+        for model in config.models:
+            captioner = None
+            if model.captioner is not None and config.vision is not None:
+                captioner = clients.get(model.captioner.name) or CaptionerClient(
+                    config.captioner_app, model.captioner, config.vision, self._metrics, model.captioner_deployment
+                )
+                clients[model.captioner.name] = captioner
+            decoder = decoders[model.name]
+            chat = ChatService(
+                decoder,
+                captioner,
+                model_name=model.name,
+                request_timeout_s=server.request_timeout_s,
+                images=config.images,
+                vision=config.vision,
+                max_n=server.max_n,
+            )
+            completions = CompletionService(
+                decoder, model_name=model.name, request_timeout_s=server.request_timeout_s, max_n=server.max_n
+            )
+            health = HealthService(decoder, captioner, model_name=model.name)
+            card = ModelCard(id=model.name, created=int(time.time()))
+            served.append(ServedModel(card, chat, completions, health))
+        self._served = ServedModels(served)
+        self._guard = GuardSettings.from_config(server)
         logger.info(
-            "ingress for %r: %s, body cap %d bytes, request deadline %gs",
-            config.model_name,
+            "ingress for %s: %s, body cap %d bytes, request deadline %gs",
+            ", ".join(repr(m.name) for m in config.models),
             f"{len(self._guard.keys)} API key(s) required" if self._guard.keys else "no API keys (open)",
-            config.server.max_body_bytes,
-            config.server.request_timeout_s,
+            server.max_body_bytes,
+            server.request_timeout_s,
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._chat, self._completions, self._health, self._models, self._guard, self._metrics)
+        return build_api(self._served, self._guard, self._metrics)

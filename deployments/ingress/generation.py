@@ -1,11 +1,11 @@
-"""What chat and legacy completions share on the way to the decoder: the model check, the
+"""What chat and legacy completions share on the way to the decoder: the
 generation settings as the decoder takes them, and the deadline's error."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from deployments.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError
+from deployments.errors import InvalidRequestError, RequestTimeoutError
 from deployments.protocol import _SamplingFields
 
 
@@ -36,11 +36,6 @@ def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         raise InvalidRequestError(
             "logit_bias keys must be token ids (integers, as strings).", param="logit_bias"
         ) from None
-
-
-def check_model(requested: str, served: str) -> None:
-    if requested != served:
-        raise ModelNotFoundError(f"The model {requested!r} does not exist. Available: {served!r}.", param="model")
 
 
 def timed_out(timeout_s: float) -> RequestTimeoutError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,14 +106,23 @@ def _error_of(body: bytes) -> str | None:
 
 class AccessLog:
     def __init__(
-        self, app: ASGIApp, *, metrics: Recorder, request_id: Callable[[Scope], str], routes: list[BaseRoute]
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Recorder,
+        request_id: Callable[[Scope], str],
+        routes: list[BaseRoute],
+        models: Sequence[str] = (),
     ) -> None:
         """`request_id(scope)`: the id Serve logs the request under; `routes`: the app's, for the
-        `route` label of requests that never reached one (a 401 from the guard)."""
+        `route` label of requests that never reached one (a 401 from the guard); `models`: the served
+        models, the `model` label of a request that names one (others keep the recorder's default,
+        so that clients cannot make up label values)."""
         self.app = app
         self._metrics = metrics
         self._request_id = request_id
         self._routes = routes
+        self._models = frozenset(models)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -151,21 +160,22 @@ class AccessLog:
         logger.info("access %s", text, extra={"ray_serve_extra_fields": _without_serve_keys(fields)})
         route = self._route_of(scope)
         m = self._metrics
-        m.inc("http_requests", tags={"route": route, "status": str(record.status or 499)})
+        model = {"model": record.model} if record.model in self._models else {}
+        m.inc("http_requests", tags={**model, "route": route, "status": str(record.status or 499)})
         if record.error is not None:
             status = record.error_status or record.status
-            m.inc("requests_rejected", tags={"status": str(status), "reason": record.error})
+            m.inc("requests_rejected", tags={**model, "status": str(status), "reason": record.error})
         if record.degraded is not None:
-            m.inc("requests_degraded", tags={"reason": record.degraded})
-        m.inc("caption_cache_hits", record.cache_hits)
-        m.inc("caption_cache_misses", record.cache_misses)
-        m.inc("image_bytes", record.images.nbytes)
-        m.inc("image_pixels", record.images.pixels)
+            m.inc("requests_degraded", tags={**model, "reason": record.degraded})
+        m.inc("caption_cache_hits", record.cache_hits, tags=model)
+        m.inc("caption_cache_misses", record.cache_misses, tags=model)
+        m.inc("image_bytes", record.images.nbytes, tags=model)
+        m.inc("image_pixels", record.images.pixels, tags=model)
         for scheme, seconds, ok in record.images.fetches:
             if ok:
-                m.observe("image_fetch_latency_seconds", seconds)
+                m.observe("image_fetch_latency_seconds", seconds, tags=model)
             else:
-                m.inc("image_fetch_failures", tags={"scheme": scheme})
+                m.inc("image_fetch_failures", tags={**model, "scheme": scheme})
 
 
 def _without_serve_keys(fields: dict[str, Any]) -> dict[str, Any]:

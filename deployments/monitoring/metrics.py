@@ -169,8 +169,8 @@ class Recorder:
         if value:
             self._metrics[name].inc(value, tags=dict(tags) if tags else None)
 
-    def observe(self, name: str, value: float) -> None:
-        self._metrics[name].observe(value)
+    def observe(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
+        self._metrics[name].observe(value, tags=dict(tags) if tags else None)
 
     def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self._metrics[name].set(value, tags=dict(tags) if tags else None)

@@ -18,6 +18,7 @@ import time
 
 from PIL import Image
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import CaptionEngine, create_caption_engine
@@ -48,7 +49,9 @@ def failure_kind(exc: Exception) -> str:
 
 @serve.deployment  # its options are the builder's (deployments/options.py)
 class VisionCaptioner:
-    def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle) -> None:
+    def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle, *others: DeploymentHandle) -> None:
+        """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
+        unused: bound here only so that Serve deploys them with this one."""
         self._slot: EngineSlot[CaptionEngine] | None = None
         self._metrics = Recorder(CAPTIONER + ENGINE, model.name if model else "none")
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests

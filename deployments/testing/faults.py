@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-TARGETS = {"decoder": ("default", "PrimaryDecoder"), "captioner": ("vision", "VisionCaptioner")}
+from deployments.options import CAPTIONER, DECODER
+
+TARGETS = {"decoder": ("default", DECODER), "captioner": ("vision", CAPTIONER)}
 
 
 @dataclass

@@ -20,11 +20,13 @@ class FakeMetrics(Recorder):
         key = (name, tuple(sorted((tags or {}).items())))
         self.counts[key] = self.counts.get(key, 0.0) + value
 
-    def observe(self, name: str, value: float) -> None:
+    def observe(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self.observed.setdefault(name, []).append(value)
 
     def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self.gauges[name] = value
 
     def count(self, name: str, **tags: str) -> float:
-        return self.counts.get((name, tuple(sorted(tags.items()))), 0.0)
+        """The sum of `name`'s counts whose tags include `tags`."""
+        wanted = set(tags.items())
+        return sum(value for (key, kept), value in self.counts.items() if key == name and wanted <= set(kept))

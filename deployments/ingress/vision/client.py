@@ -33,21 +33,28 @@ from deployments.ingress.serve_view import FAILED, app_state, deployment_status
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
+from deployments.options import CAPTIONER
 from deployments.protocol import CaptionRequest, ComponentStatus
 
 logger = logging.getLogger("ray.serve")
 
-DEPLOYMENT = "VisionCaptioner"
 STATUS_TIMEOUT_S = 5.0
 WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
 
 
 class CaptionerClient:
     def __init__(
-        self, app: str, captioner: ModelConfig, vision: ProxyVisionConfig, metrics: Recorder | None = None
+        self,
+        app: str,
+        captioner: ModelConfig,
+        vision: ProxyVisionConfig,
+        metrics: Recorder | None = None,
+        deployment: str = CAPTIONER,
     ) -> None:
-        """`metrics`: the ingress's, for the cache's size gauges."""
+        """`app` and `deployment`: where the captioner runs; `metrics`: the ingress's, for the
+        cache's size gauges."""
         self._app = app
+        self._deployment = deployment
         self._metrics = metrics
         self._name = captioner.name
         self._captioning = captioner.captioning
@@ -60,7 +67,7 @@ class CaptionerClient:
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
-        return serve.get_deployment_handle(DEPLOYMENT, app_name=self._app)
+        return serve.get_deployment_handle(self._deployment, app_name=self._app)
 
     def _mark_down(self, reason: str, error: type[CaptionerUnavailable] = CaptionerUnavailable) -> CaptionerUnavailable:
         if self.reason != reason:
@@ -110,7 +117,7 @@ class CaptionerClient:
         return captions
 
     async def _app_state(self) -> str:
-        return await asyncio.to_thread(app_state, self._app, DEPLOYMENT)
+        return await asyncio.to_thread(app_state, self._app, self._deployment)
 
     async def _watch(self, response: DeploymentResponse) -> list[str]:
         """The answer; `CaptionerUnavailable` once Serve reports the captioner unhealthy, or
@@ -137,11 +144,11 @@ class CaptionerClient:
         """`serve_view.deployment_status`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
         now = time.monotonic()
         if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
-            self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_status, self._app, DEPLOYMENT)))
+            self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_status, self._app, self._deployment)))
         return await asyncio.shield(self._view[1])
 
     async def status(self) -> ComponentStatus:
-        if self._scales_to_zero and await asyncio.to_thread(_scaled_to_zero, self._app):
+        if self._scales_to_zero and await asyncio.to_thread(_scaled_to_zero, self._app, self._deployment):
             # Any call, a status call too, makes Serve start a replica: idle stays idle.
             return ComponentStatus(ready=True, model=self._name, details={"state": "scaled_to_zero", "replicas": 0})
         try:
@@ -153,10 +160,10 @@ class CaptionerClient:
         return status
 
 
-def _scaled_to_zero(app: str) -> bool:
+def _scaled_to_zero(app: str, deployment: str) -> bool:
     """Serve shows the captioner healthy with no replica at all (idle, at min_replicas 0)."""
     try:
-        detail = serve.status().applications[app].deployments[DEPLOYMENT]
+        detail = serve.status().applications[app].deployments[deployment]
     except Exception:
         return False
     return str(getattr(detail.status, "value", detail.status)) == "HEALTHY" and not any(detail.replica_states.values())

@@ -68,6 +68,7 @@ class FakeDecoder:
     ) -> None:
         self.pieces, self.delay_s, self.error = list(pieces), delay_s, error
         self.fail_at = 0
+        self.down = False  # `status()` says not ready
         self.requests: list[GenerateRequest] = []
         self.streams: list[FakeStream] = []
         self.generate = SimpleNamespace(remote=self._generate)
@@ -83,6 +84,8 @@ class FakeDecoder:
         return self.streams[-1]
 
     async def _status(self) -> ComponentStatus:
+        if self.down:
+            return ComponentStatus(ready=False, reason="engine failed to load")
         return ComponentStatus(ready=True, model="echo")
 
 

@@ -16,7 +16,8 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.protocol import ModelCard, ModelList
+from deployments.ingress.served import ServedModel, ServedModels
+from deployments.protocol import ModelCard
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 
@@ -32,9 +33,9 @@ def client(
     chat = ChatService(decoder, captioner, model_name="echo", request_timeout_s=5, images=ImageInputConfig())
     health = HealthService(decoder, captioner, model_name="echo")
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None))
-    models = ModelList(data=[ModelCard(id="echo", created=1)])
     completions = CompletionService(decoder, model_name="echo", request_timeout_s=5)
-    api = build_api(chat, completions, health, models, guard, metrics or FakeMetrics())
+    served = ServedModels([ServedModel(ModelCard(id="echo", created=1), chat, completions, health)])
+    api = build_api(served, guard, metrics or FakeMetrics())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 
 

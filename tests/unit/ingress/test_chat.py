@@ -14,7 +14,6 @@ from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import (
     CaptionerTimeout,
     CaptionerUnavailable,
-    ModelNotFoundError,
     OverloadedError,
     RequestTimeoutError,
     VisionDisabledError,
@@ -89,13 +88,6 @@ async def test_stream_events_role_first_one_finish_usage_last_then_done():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 5
     assert {c["id"] for c in chunks} == {"chatcmpl-rid-2"}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-
-
-async def test_unknown_model_is_a_404_before_any_decoding():
-    decoder = FakeDecoder()
-    with pytest.raises(ModelNotFoundError) as err:
-        await service(decoder).create(chat(model="gpt-9"), record())
-    assert err.value.param == "model" and decoder.requests == []
 
 
 async def test_the_deadline_before_the_first_chunk_is_a_408_and_cancels_the_generation():
