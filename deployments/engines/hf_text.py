@@ -332,6 +332,7 @@ class TransformersTextEngine(TextEngine):
         return self.limits(request).completion(prompt_len, "prompt")
 
     def limits(self, request: GenerateRequest) -> Limits:
+        """The request's room in this model's context (`context.Limits`)."""
         return Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
 
     def _setting(self, request: GenerateRequest, name: str) -> Any:
