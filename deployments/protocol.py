@@ -320,6 +320,12 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    truncated_prompt_tokens: int | None = Field(
+        None,
+        exclude_if=_absent,
+        description="Prompt tokens of earlier turns dropped to fit the context (context_overflow: truncate); "
+        "only present when some were. prompt_tokens counts what the model read.",
+    )
 
 
 class ChoiceLogprobs(BaseModel):
@@ -508,6 +514,7 @@ class GenerateChunk(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    truncated_prompt_tokens: int = 0  # prompt tokens dropped to fit the context, on the last chunk
 
 
 class CaptionRequest(BaseModel):

@@ -83,6 +83,15 @@ class EngineParams(_Strict):
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."
     )
+    context_overflow: Literal["error", "truncate"] = Field(
+        "error",
+        description="A chat that does not fit max_model_len with its max_tokens (the request's, else the default). "
+        "error: a 400 context_length_exceeded with the numbers (the default max_tokens is first cut to the "
+        "context left). truncate: the oldest turns (a user message and the assistant and tool messages answering "
+        "it) are dropped whole until it fits; system messages and the last user turn are always kept, and an "
+        "image (its placeholder run or its caption) is never cut; usage.truncated_prompt_tokens says how many "
+        "prompt tokens were dropped; a 400 when even those do not fit. A legacy completion's prompt is never cut.",
+    )
     temperature: float = Field(0.7, ge=0, le=2, description="Default sampling temperature; 0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Default nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Default top-k; 0 disables it.")

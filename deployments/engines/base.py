@@ -15,13 +15,16 @@ from deployments.protocol import GenerateRequest, TokenLogprob
 @dataclass(frozen=True)
 class EngineOutput:
     """A piece of generated text; `finish_reason` is set on the last piece. Token counts are totals
-    so far (text can lag behind tokens while a multi-byte character is incomplete)."""
+    so far (text can lag behind tokens while a multi-byte character is incomplete);
+    `truncated_prompt_tokens` (on the last piece) is what `context_overflow: truncate` dropped from
+    the prompt (`prompt_tokens` counts what was kept)."""
 
     text: str
     completion_tokens: int = 0
     prompt_tokens: int = 0
     finish_reason: Literal["stop", "length"] | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token generated since the last piece, when asked for
+    truncated_prompt_tokens: int = 0
 
 
 class Engine(ABC):  # noqa: B024 - every hook has a default

@@ -16,6 +16,10 @@ torch, so a test (or a laptop) can run the whole service in seconds.
   `fake.tool_call`, when set, as a Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
   With `logprobs` k, each word is a token whose logprob is ``-0.5 * (i % 3)`` (i from 0) and whose
   top alternatives are itself then ``" alt1"``, ``" alt2"``, ... each 1 lower: k entries, sorted.
+  A prompt's tokens are its echo's words (split at spaces). Only when `params.max_model_len` is set
+  is the context checked, as the transformers engines do (`context.fit_context`, with those words as
+  tokens): a 400, or with `context_overflow: truncate` a chat's oldest turns dropped whole, so the
+  echo shows exactly which messages (and captions) were kept.
 - `FakeCaptionEngine` captions an image by its top-left pixel's colour and repeats the prompt it
   was asked with, so a test sees which request a caption was made for.
 """
@@ -31,6 +35,7 @@ from PIL import Image
 
 from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
+from deployments.engines.context import Limits, fit_context
 from deployments.errors import InvalidRequestError
 from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage, TokenLogprob, TopLogprob
 
@@ -50,12 +55,21 @@ def echoed_prompt(request: GenerateRequest) -> str:
     """What the fake echoes: the prompt as it reached the decoder."""
     if request.prompt is not None:
         return request.prompt if isinstance(request.prompt, str) else " ".join(map(str, request.prompt))
-    lines = [_message_line(m) for m in request.messages]
-    if request.tools:
-        functions = [tool.get("function") for tool in request.tools]
+    return _chat_text(request.messages, request.tools)
+
+
+def _chat_text(messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> str:
+    lines = [_message_line(m) for m in messages]
+    if tools:
+        functions = [tool.get("function") for tool in tools]
         names = [str(f.get("name", "?")) if isinstance(f, dict) else "?" for f in functions]
         lines.insert(0, "tools: " + ", ".join(names))
     return "\n".join(lines)
+
+
+def _words(text: str) -> int:
+    """The fake's token count: words split at spaces."""
+    return len(text.split(" "))
 
 
 def minimal_instance(schema: Any, depth: int = 0) -> Any:
@@ -132,11 +146,27 @@ class FakeTextEngine(TextEngine):
             return f"<tool_call>{body}</tool_call>", False
         return echoed_prompt(request), True
 
+    def _fit(self, request: GenerateRequest) -> tuple[GenerateRequest, int, int]:
+        """The request as it fits `max_model_len` (when set), its completion limit and the prompt
+        tokens truncation dropped."""
+        if self.params.max_model_len is None:
+            return request, request.max_tokens or self.params.max_tokens, 0
+        limits = Limits(self.params.max_model_len, request.max_tokens, self.params.max_tokens)
+        if request.prompt is not None:
+            return request, limits.completion(_words(echoed_prompt(request)), "prompt"), 0
+
+        def count(messages: list[TextMessage]) -> int:
+            return _words(_chat_text(messages, request.tools))
+
+        fitted = fit_context(request.messages, count, limits, self.params.context_overflow)
+        kept = request.model_copy(update={"messages": fitted.messages})
+        return kept, fitted.max_tokens, fitted.dropped_prompt_tokens
+
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        prompt_words = len(echoed_prompt(request).split(" "))
+        request, limit, truncated = self._fit(request)
+        prompt_words = _words(echoed_prompt(request))
         answer, echo = self._answer(request)
         words = [w if i == 0 else " " + w for i, w in enumerate(answer.split(" "))]
-        limit = request.max_tokens or self.params.max_tokens
         fill = self.settings.fill_to_max_tokens and echo
         pieces = (words + [TICK] * (limit - len(words)) if fill else words)[:limit]
         delay_s = self.settings.token_delay_ms / 1000
@@ -148,7 +178,7 @@ class FakeTextEngine(TextEngine):
                 logprobs = () if k is None else (_logprob(piece, i, k),)
                 yield EngineOutput(piece, completion_tokens=i + 1, prompt_tokens=prompt_words, logprobs=logprobs)
             finish: Literal["stop", "length"] = "length" if fill or len(words) > limit else "stop"
-            yield EngineOutput("", len(pieces), prompt_words, finish_reason=finish)
+            yield EngineOutput("", len(pieces), prompt_words, finish_reason=finish, truncated_prompt_tokens=truncated)
         finally:
             self.running -= 1
 

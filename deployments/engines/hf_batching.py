@@ -229,7 +229,12 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                 if finished:
                     finish = self.finish_reason(n, max_tokens)
                     yield EngineOutput(
-                        delta + text.flush(), n, len(prompt), finish_reason=finish, logprobs=logprobs.take(n)
+                        delta + text.flush(),
+                        n,
+                        len(prompt),
+                        finish_reason=finish,
+                        logprobs=logprobs.take(n),
+                        truncated_prompt_tokens=prepared.dropped_prompt_tokens,
                     )
                 elif delta:
                     yield EngineOutput(delta, n, len(prompt), logprobs=logprobs.take(n))

@@ -2,7 +2,9 @@
 
 `TransformersTextEngine` holds what every transformers decoder shares: loading, the prompt (a chat
 rendered by the model's template, with tools when it supports them, or a legacy completion's text or
-token ids used as they are), the context check, sampling defaults, the per-request constraints
+token ids used as they are), the context check (a chat fitted by `context.fit_context`: a 400, or with
+`context_overflow: truncate` its oldest turns dropped whole; a legacy prompt is never cut), sampling
+defaults, the per-request constraints
 (`constraints.py`: logit bias, JSON grammar, logprobs) and incremental detokenization.
 `SequentialTextEngine` (`batching: sequential`) runs `model.generate` in a thread per request and
 streams token ids back to the event loop; closing the iterator sets a stop flag that `generate`
@@ -43,9 +45,10 @@ from deployments.engines.constraints import (
     build_constraints,
     constrain,
 )
+from deployments.engines.context import Limits, fit_context
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.progress import LoadProgress
-from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
+from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
 _END = object()
@@ -124,12 +127,13 @@ class ConstraintsProcessor(LogitsProcessor):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request made ready for an engine: the prompt's token ids, the completion budget and the
-    constraints on its tokens (None: none)."""
+    """A request made ready for an engine: the prompt's token ids, the completion budget, the
+    constraints on its tokens (None: none) and the prompt tokens that truncation dropped."""
 
     prompt: list[int]
     max_tokens: int
     constraints: RequestConstraints | None
+    dropped_prompt_tokens: int = 0
 
 
 def template_message(message: TextMessage) -> dict[str, Any]:
@@ -273,26 +277,42 @@ class TransformersTextEngine(TextEngine):
         return await asyncio.to_thread(self._prepare, request)
 
     def _prepare(self, request: GenerateRequest) -> Prepared:
-        ids = self.prompt_ids(request)
-        max_tokens = self.max_tokens(request, len(ids))
-        return Prepared(ids, max_tokens, build_constraints(request, self.vocab_size, self.grammars))
+        constraints = build_constraints(request, self.vocab_size, self.grammars)
+        if request.prompt is not None:
+            ids = self._raw_prompt(request.prompt)
+            return Prepared(ids, self.max_tokens(request, len(ids)), constraints)
+        rendered: dict[tuple[int, ...], list[int]] = {}  # the chats `fit_context` counted, by their messages
+
+        def count(messages: list[TextMessage]) -> int:
+            key = tuple(map(id, messages))
+            if key not in rendered:
+                rendered[key] = self._chat_ids(messages, request.tools)
+            return len(rendered[key])
+
+        fitted = fit_context(request.messages, count, self.limits(request), self.params.context_overflow)
+        ids = rendered[tuple(map(id, fitted.messages))]
+        return Prepared(ids, fitted.max_tokens, constraints, fitted.dropped_prompt_tokens)
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
         """A legacy completion's prompt as it is (text tokenized with the tokenizer's own special
-        tokens, e.g. a BOS where it adds one; token ids checked against the vocabulary), or the chat
-        rendered by the model's template with `tools`."""
+        tokens, e.g. a BOS where it adds one; token ids checked against the vocabulary), or the whole
+        chat rendered by the model's template with `tools`."""
         if request.prompt is not None:
             return self._raw_prompt(request.prompt)
+        return self._chat_ids(request.messages, request.tools)
+
+    def _chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Messages rendered by the model's template (with the generation prompt) and `tools`."""
         extra: dict[str, Any] = {}
-        if request.tools:
+        if tools:
             if not self.supports_tools:
                 raise InvalidRequestError(
                     "This model's chat template does not support tools; send the request without `tools`.",
                     param="tools",
                 )
-            extra["tools"] = request.tools
-        messages = [template_message(m) for m in request.messages]
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, **extra)
+            extra["tools"] = tools
+        chat = [template_message(m) for m in messages]
+        encoded = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, **extra)
         return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
 
     def _raw_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -307,18 +327,13 @@ class TransformersTextEngine(TextEngine):
         return ids
 
     def max_tokens(self, request: GenerateRequest, prompt_len: int) -> int:
-        """The request's `max_tokens`, or the default cut to the context left. `ContextLengthError` (400,
-        nothing truncated) when the prompt and the requested tokens cannot fit."""
-        room = self.max_model_len - prompt_len
-        wanted = request.max_tokens or min(self.params.max_tokens, room)
-        if wanted > room or room < 1:
-            field = "prompt" if request.prompt is not None else "messages"
-            raise ContextLengthError(
-                f"This model's context is {self.max_model_len} tokens; the prompt has {prompt_len} and "
-                f"{wanted} completion tokens were requested. Shorten the {field} or max_tokens.",
-                param=field,
-            )
-        return wanted
+        """A legacy prompt's completion limit: the request's `max_tokens`, or the default cut to the
+        context left. `ContextLengthError` (400, nothing truncated) when they cannot fit."""
+        return self.limits(request).completion(prompt_len, "prompt")
+
+    def limits(self, request: GenerateRequest) -> Limits:
+        """The request's room in this model's context (`context.Limits`)."""
+        return Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
 
     def _setting(self, request: GenerateRequest, name: str) -> Any:
         """The request's value of a sampling field, or the model's default when the request left it unset."""
@@ -400,6 +415,13 @@ class SequentialTextEngine(TransformersTextEngine):
                     yield EngineOutput(delta, n, len(prompt), logprobs=logprobs.take(n))
             finish = self.finish_reason(len(text.ids), max_tokens)
             n = len(text.ids)
-            yield EngineOutput(text.flush(), n, len(prompt), finish_reason=finish, logprobs=logprobs.take(n))
+            yield EngineOutput(
+                text.flush(),
+                n,
+                len(prompt),
+                finish_reason=finish,
+                logprobs=logprobs.take(n),
+                truncated_prompt_tokens=prepared.dropped_prompt_tokens,
+            )
         finally:
             cancel.set()

@@ -70,6 +70,7 @@ class _Choice:
     finish: ChoiceFinish | None = None
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    truncated_prompt_tokens: int = 0
     started: bool = False
 
 
@@ -113,6 +114,7 @@ class ChatChoices:
             deltas.append(self._delta(choice, Delta(tool_calls=tool_deltas)))
         choice.finish = "tool_calls" if calls else chunk.finish_reason
         choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        choice.truncated_prompt_tokens = chunk.truncated_prompt_tokens
         deltas.append(self._delta(choice, Delta(), finish=choice.finish))
         return deltas
 
@@ -139,10 +141,17 @@ class ChatChoices:
         return whole
 
     def usage(self) -> Usage:
-        """The prompt once (the choices share it), the completions added up."""
+        """The prompt once (the choices share it), the completions added up; `truncated_prompt_tokens`
+        only when the chat was truncated to fit the context."""
         prompt = self._choices[0].prompt_tokens
         completion = sum(choice.completion_tokens for choice in self._choices)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        truncated = self._choices[0].truncated_prompt_tokens or None
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            truncated_prompt_tokens=truncated,
+        )
 
 
 async def completion(

@@ -53,6 +53,7 @@ class DecoderStream:
         self._record.first_token()
         if chunk.finish_reason is not None:  # the end of one of the request's sequences
             self._record.prompt_tokens = chunk.prompt_tokens
+            self._record.truncated_prompt_tokens = chunk.truncated_prompt_tokens or None
             self._record.completion_tokens = (self._record.completion_tokens or 0) + chunk.completion_tokens
         return chunk
 

@@ -62,6 +62,7 @@ class RequestRecord:
     error_status: int | None = None  # the error's status when the HTTP status had already gone out as 200
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    truncated_prompt_tokens: int | None = None  # dropped to fit the context (context_overflow: truncate)
     ttft_s: float | None = None
     images: ImageStats = field(default_factory=ImageStats)
     cache_hits: int = 0
@@ -81,6 +82,7 @@ class RequestRecord:
             "status": self.status,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "truncated_prompt_tokens": self.truncated_prompt_tokens,
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
             "duration_s": round(duration_s, 4),
             "images": self.images.count,

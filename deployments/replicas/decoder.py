@@ -1,9 +1,12 @@
 """PrimaryDecoder: the GPU-pinned LLM. Streams `GenerateChunk`s back through its handle; stop
-strings (`stopping`) and `stream_interval_ms` are applied here, engines know nothing of them."""
+strings (`stopping`) and `stream_interval_ms` are applied here, engines know nothing of them. A
+request whose chat the engine truncated to fit the context (`context_overflow: truncate`) gets one
+log line here."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -18,10 +21,13 @@ from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 
+logger = logging.getLogger("ray.serve")
+
 
 @serve.deployment  # its options are the builder's (deployments/options.py)
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
+        self._model = model.name
         self._metrics = Recorder(DECODER + ENGINE, model.name)
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._slot: EngineSlot[TextEngine] = EngineSlot(
@@ -72,6 +78,14 @@ class PrimaryDecoder:
                     async for chunk in chunks:
                         outcome = chunk.finish_reason
                         chunk.index = index
+                        if chunk.truncated_prompt_tokens and index == 0:  # once per request
+                            logger.info(
+                                "model %s: chat truncated to fit the context: %d prompt tokens of earlier turns "
+                                "dropped, %d kept",
+                                self._model,
+                                chunk.truncated_prompt_tokens,
+                                chunk.prompt_tokens,
+                            )
                         yield chunk
             finally:
                 self._seqs.release()
@@ -111,6 +125,7 @@ class PrimaryDecoder:
                     prompt_tokens=piece.prompt_tokens,
                     completion_tokens=piece.completion_tokens,
                     logprobs=logprobs if wants_logprobs else None,
+                    truncated_prompt_tokens=piece.truncated_prompt_tokens,
                 )
                 return  # closes the engine's stream: a stop string cancels the sequence at once
 

@@ -19,10 +19,17 @@ class FakeStream:
     """A streaming call's answer: `pieces` as chunks, each after `delay_s`, then the final chunk, for
     each of the request's `n` sequences in turn (sequence i's text starts with "i:" when n > 1); with
     `logprobs`, one fake entry per piece (logprob -0.1 * position, alternatives sorted). `error` is
-    raised in place of the chunk numbered `fail_at`."""
+    raised in place of the chunk numbered `fail_at`. The final chunks say `truncated` prompt tokens
+    were dropped to fit the context."""
 
     def __init__(
-        self, pieces: list[str], delay_s: float, error: BaseException | None, fail_at: int, request: GenerateRequest
+        self,
+        pieces: list[str],
+        delay_s: float,
+        error: BaseException | None,
+        fail_at: int,
+        request: GenerateRequest,
+        truncated: int = 0,
     ) -> None:
         self._chunks: list[GenerateChunk] = []
         for index in range(request.n):
@@ -30,7 +37,13 @@ class FakeStream:
             for position, text in enumerate(texts):
                 logprobs = None if request.logprobs is None else [fake_logprob(text, position, request.logprobs)]
                 self._chunks.append(GenerateChunk(index=index, text=text, logprobs=logprobs))
-            final = GenerateChunk(index=index, finish_reason="stop", prompt_tokens=3, completion_tokens=len(texts))
+            final = GenerateChunk(
+                index=index,
+                finish_reason="stop",
+                prompt_tokens=3,
+                completion_tokens=len(texts),
+                truncated_prompt_tokens=truncated,
+            )
             self._chunks.append(final)
         self._delay_s, self._error, self._fail_at = delay_s, error, fail_at
         self.sent = 0
@@ -69,6 +82,7 @@ class FakeDecoder:
         self.pieces, self.delay_s, self.error = list(pieces), delay_s, error
         self.fail_at = 0
         self.down = False  # `status()` says not ready
+        self.truncated = 0  # prompt tokens the final chunks say were dropped to fit the context
         self.requests: list[GenerateRequest] = []
         self.streams: list[FakeStream] = []
         self.generate = SimpleNamespace(remote=self._generate)
@@ -80,7 +94,7 @@ class FakeDecoder:
 
     def _generate(self, request: GenerateRequest) -> FakeStream:
         self.requests.append(request)
-        self.streams.append(FakeStream(self.pieces, self.delay_s, self.error, self.fail_at, request))
+        self.streams.append(FakeStream(self.pieces, self.delay_s, self.error, self.fail_at, request, self.truncated))
         return self.streams[-1]
 
     async def _status(self) -> ComponentStatus:
