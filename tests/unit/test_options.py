@@ -9,7 +9,7 @@ import yaml
 
 from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, ModelConfig, cpu_cores, parse_models
 from deployments.errors import ConfigError
-from deployments.options import INGRESS, captioner_options, decoder_layout, decoder_options
+from deployments.options import DECODER, INGRESS, captioner_options, decoder_layout, decoder_options, deployment_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -320,3 +320,33 @@ def test_every_autoscaling_knob_has_a_default_and_a_description():
         assert field.description, name
         assert not field.is_required(), name
     assert DeploymentConfig().autoscaling is None
+
+
+def test_a_model_s_own_gpu_share_beats_the_builder_arg():
+    own = ModelConfig.model_validate({"name": "llm", "hf_id": "org/llm", "deployment": {"num_gpus": 1}})
+    options, _ = decoder_options(AppArgs(decoder_gpus=0.5), own, 4)
+    assert options["ray_actor_options"]["num_gpus"] == 1
+    cpu = ModelConfig.model_validate({"name": "cap", "hf_id": "org/cap", "deployment": {"num_gpus": 0}})
+    assert captioner_options(AppArgs(captioner_gpus=0.5), cpu)["ray_actor_options"]["num_gpus"] == 0
+    options, _ = decoder_options(AppArgs(decoder_gpus=0.25), model(), 4)
+    assert options["ray_actor_options"]["num_gpus"] == 0.25
+
+
+def test_several_cpu_decoders_split_the_ray_cpu_and_their_cores():
+    # build_app gives each of n primaries cores // n and 1 / n of the one Ray CPU decoders ask for.
+    options, placed = decoder_options(AppArgs(decoder_gpus=0), model(cpu_threads="all"), 8, 0.5)
+    assert options["num_replicas"] == 2 and options["ray_actor_options"]["num_cpus"] == 0.25
+    assert placed.params.cpu_threads == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "several", "expected"),
+    [
+        ("llm", False, "PrimaryDecoder"),
+        ("llm", True, "PrimaryDecoder-llm"),
+        ("Org/Qwen2.5 #3", True, "PrimaryDecoder-Org-Qwen2.5--3"),
+    ],
+)
+def test_deployment_names_carry_the_model_only_when_there_are_several(name, several, expected):
+    llm = ModelConfig.model_validate({"name": name, "hf_id": "org/llm"})
+    assert deployment_name(DECODER, llm, several) == expected

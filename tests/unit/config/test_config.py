@@ -261,3 +261,77 @@ def test_a_fake_section_needs_engine_fake(tmp_path):
     assert "applies only to engine: fake" in message and "model 'a' has engine 'transformers'" in message
     path = write(tmp_path, {"models": [{"name": "a", "engine": "fake", "fake": {"token_delay_ms": 20}}]})
     assert resolve_plan({"models_file": str(path)}).primary.fake.token_delay_ms == 20
+
+
+# --- several models behind one endpoint ----------------------------------------------------------
+
+
+def several(tmp_path: Path, **file_level) -> Path:
+    fake = {"engine": "fake"}
+    return write(
+        tmp_path,
+        {
+            "models": [
+                {"name": "a", **fake, "capabilities": {"vision_mode": "proxy", "captioner": "cap"}},
+                {"name": "b", **fake, "capabilities": {"vision_mode": "proxy", "captioner": "cap"}},
+                {"name": "c/v2#1", **fake, "capabilities": {"vision_mode": "proxy", "captioner": "other"}},
+                {"name": "d", **fake},
+                {"name": "cap", **fake},
+                {"name": "other", **fake},
+            ],
+            **file_level,
+        },
+    )
+
+
+def test_primaries_are_served_in_order_with_their_captioners_each_once(tmp_path):
+    plan = resolve_plan(
+        {"models_file": str(several(tmp_path, primaries=["b", "a", "c/v2#1", "d"])), "decoder.max_tokens": 7}
+    )
+    assert [m.name for m in plan.primaries] == ["b", "a", "c/v2#1", "d"] and plan.primary.name == "b"
+    assert [c.name for c in plan.captioners] == ["cap", "other"]
+    assert [getattr(plan.captioner_of(m), "name", None) for m in plan.primaries] == ["cap", "cap", "other", None]
+    assert {m.params.max_tokens for m in plan.primaries} == {7}  # builder overrides apply to every primary
+    # Builder arg `model` serves one entry alone; without `primaries`, the first entry alone.
+    assert [
+        m.name
+        for m in resolve_plan({"models_file": str(several(tmp_path, primaries=["a", "b"])), "model": "d"}).primaries
+    ] == ["d"]
+    alone = resolve_plan({"models_file": str(several(tmp_path))})
+    assert [m.name for m in alone.primaries] == ["a"] and [c.name for c in alone.captioners] == ["cap"]
+
+
+@pytest.mark.parametrize(
+    ("primaries", "message"),
+    [(["a", "zzz"], "primaries: no entry named 'zzz'"), (["a", "a"], "a model is named twice"), ([], "at least 1")],
+)
+def test_primaries_must_name_entries_once(tmp_path, primaries, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_plan({"models_file": str(several(tmp_path, primaries=primaries))})
+
+
+def test_the_builders_make_a_deployment_per_primary_and_per_captioner(tmp_path):
+    args = {"models_file": str(several(tmp_path, primaries=["a", "b", "c/v2#1", "d"])), "decoder_gpus": 0}
+    main = build_app(args)
+    names = {d.name for d in _deployments(main)}
+    assert names == {"Ingress", "PrimaryDecoder-a", "PrimaryDecoder-b", "PrimaryDecoder-c-v2-1", "PrimaryDecoder-d"}
+    assert {d.name for d in _deployments(build_captioner_app(args))} == {"VisionCaptioner-cap", "VisionCaptioner-other"}
+    # The ingress finds each primary's captioner by its deployment name.
+    ingress_config = main._bound_deployment.init_args[0]
+    assert [(m.name, m.captioner_deployment) for m in ingress_config.models] == [
+        ("a", "VisionCaptioner-cap"),
+        ("b", "VisionCaptioner-cap"),
+        ("c/v2#1", "VisionCaptioner-other"),
+        ("d", "VisionCaptioner"),
+    ]
+    # One primary keeps the names every tool and serve_config.yaml override knows.
+    one = {"models_file": str(several(tmp_path)), "decoder_gpus": 0}
+    assert {d.name for d in _deployments(build_app(one))} == {"Ingress", "PrimaryDecoder"}
+    assert {d.name for d in _deployments(build_captioner_app(one))} == {"VisionCaptioner"}
+
+
+def _deployments(app) -> list:
+    """The deployments Serve would deploy for an application: its root and every bound one in its args."""
+    from ray.serve._private.build_app import build_app as serve_build
+
+    return serve_build(app, name="test").deployments
