@@ -5,6 +5,9 @@ model's ``deployment:`` section in models.yaml sets its queue bounds; `serve_con
 override any option (Serve applies its ``deployments:`` entries over these).
 
 - Ingress: a cheap async router, autoscaled on open connections, with no CPU reserved.
+Several primaries (models.yaml `primaries`) get a decoder each, named by `deployment_name`, their
+GPU share from `model_gpus`; on CPU `build_app` gives each its part of the cores and of the CPU.
+
 - PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a set of CPU replicas sharing
   the cores: fixed, or autoscaled when the model's `deployment.autoscaling` is given); it takes up
   to twice `max_num_seqs` requests (one batch running, one waiting in the replica) and never fewer
