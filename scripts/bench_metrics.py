@@ -153,7 +153,7 @@ async def main() -> None:
     parser.add_argument("--cpu-threads", type=int, default=2)
     args = parser.parse_args()
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     count_steps()
     model = load_models_file(args.models_file).models[0]
     params = model.params.model_copy(update={"cpu_threads": args.cpu_threads, "max_num_seqs": args.concurrency})

@@ -209,7 +209,13 @@ def main() -> None:
     parser.add_argument("--metrics-interval-s", type=float, default=1.0)
     args = parser.parse_args()
 
-    ray.init(num_cpus=max(4, os.cpu_count() or 1), num_gpus=args.gpus, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=max(4, os.cpu_count() or 1),
+        num_gpus=args.gpus,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     try:
         with tempfile.TemporaryDirectory() as tmp:
