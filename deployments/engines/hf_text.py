@@ -45,7 +45,8 @@ from deployments.engines.constraints import (
 )
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.progress import LoadProgress
-from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
+from deployments.engines.text_limits import completion_budget, raw_prompt_ids
+from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
 _END = object()
@@ -296,29 +297,15 @@ class TransformersTextEngine(TextEngine):
         return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
 
     def _raw_prompt(self, prompt: str | list[int]) -> list[int]:
-        ids = list(self.tokenizer(prompt).input_ids) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise InvalidRequestError("The prompt is empty.", param="prompt")
-        if isinstance(prompt, list) and (bad := sorted({t for t in ids if not 0 <= t < self.vocab_size})):
-            raise InvalidRequestError(
-                f"The prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1}): {bad[:5]}",
-                param="prompt",
-            )
-        return ids
+        return raw_prompt_ids(self.tokenizer, prompt, self.vocab_size)
 
     def max_tokens(self, request: GenerateRequest, prompt_len: int) -> int:
         """The request's `max_tokens`, or the default cut to the context left. `ContextLengthError` (400,
         nothing truncated) when the prompt and the requested tokens cannot fit."""
-        room = self.max_model_len - prompt_len
-        wanted = request.max_tokens or min(self.params.max_tokens, room)
-        if wanted > room or room < 1:
-            field = "prompt" if request.prompt is not None else "messages"
-            raise ContextLengthError(
-                f"This model's context is {self.max_model_len} tokens; the prompt has {prompt_len} and "
-                f"{wanted} completion tokens were requested. Shorten the {field} or max_tokens.",
-                param=field,
-            )
-        return wanted
+        field = "prompt" if request.prompt is not None else "messages"
+        return completion_budget(
+            self.max_model_len, prompt_len, request.max_tokens, self.params.max_tokens, field=field
+        )
 
     def _setting(self, request: GenerateRequest, name: str) -> Any:
         """The request's value of a sampling field, or the model's default when the request left it unset."""

@@ -32,6 +32,7 @@ class IngressConfig(BaseModel):
     captioner: ModelConfig | None = None  # proxy vision: the captioner and how to call it
     vision: ProxyVisionConfig | None = None
     captioner_app: str = "vision"
+    native_max_images: int | None = None  # native vision: the primary's own image limit
     images: ImageInputConfig = ImageInputConfig()
     server: ServerConfig = ServerConfig()
 
@@ -52,6 +53,7 @@ class Ingress:
             images=config.images,
             vision=config.vision,
             max_n=config.server.max_n,
+            native_max_images=config.native_max_images,
         )
         self._completions = CompletionService(
             decoder,
