@@ -8,9 +8,7 @@ import pytest
 
 from tests.serve.conftest import deploy, undeploy, write_models
 from tests.serve.test_hostile_input import (  # noqa: F401 - collected here, against this module's service
-    KEY,
-    MAX_BODY,
-    MAX_IMAGE_BYTES,
+    LIMITS,
     MODEL,
     http,
     test_health_is_open_without_a_key,
@@ -32,15 +30,7 @@ def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
                 "capabilities": {"vision_mode": "native"},
             }
         ],
-        server={"api_keys": [KEY], "max_body_bytes": MAX_BODY},
-        images={
-            "max_image_bytes": MAX_IMAGE_BYTES,
-            "max_image_pixels": 1_000_000,
-            "max_images_per_message": 2,
-            "max_images_per_request": 3,
-            "connect_timeout_s": 2,
-            "total_timeout_s": 3,
-        },
+        **LIMITS,
     )
     deploy(models, decoder_cpu_replicas=1)
     yield
