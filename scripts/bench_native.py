@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import ray
 import yaml
 from openai import AsyncOpenAI
@@ -111,6 +112,9 @@ async def bench(args: argparse.Namespace, model_dir: Path, work: Path) -> list[d
         started = time.perf_counter()
         serve.run(build_app({"models_file": str(path), "decoder_cpu_replicas": 1}), name="default", route_prefix="/")
         load_s = round(time.perf_counter() - started, 1)
+        health = httpx.get(f"http://127.0.0.1:{args.port}/health", timeout=30).json()
+        profile = health["components"]["decoder"]["details"]["memory_profile"]
+        print(json.dumps({"path": label, "memory_profile": profile}), flush=True)
         await one(client, 10_000, 2)  # warm-up
         for concurrency in args.concurrency:
             record = {"path": label, "max_num_seqs": seqs, "load_s": load_s}
@@ -136,7 +140,7 @@ def main() -> None:
     # The shipped serve_config.yaml's environment (OpenMP threads that sleep, so the proxy and the
     # ingress get a core on a small machine; bounded oneDNN caches).
     env = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["runtime_env"]["env_vars"]
-    ray.init(include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": env})
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": env})
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     try:
         records = asyncio.run(bench(args, model_dir, work))
