@@ -68,6 +68,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         models=served,
         vision=plan.vision,
         captioner_app=plan.captioner_app,
+        native_max_images=primary.capabilities.max_images_per_request
+        if primary.capabilities.vision_mode == "native"
+        else None,
         images=plan.images,
         server=plan.server,
     )

@@ -448,14 +448,35 @@ class ToolCall(BaseModel):
     function: ToolCallFunction
 
 
+class MessageText(BaseModel):
+    """Native vision: a run of a message's text."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class MessageImage(BaseModel):
+    """Native vision: an image's place in a message; `index` is its position in `GenerateRequest.images`."""
+
+    type: Literal["image"] = "image"
+    index: int = Field(ge=0)
+
+
+MessagePart = Annotated[MessageText | MessageImage, Field(discriminator="type")]
+
+
 class TextMessage(BaseModel):
-    """A chat message after proxy vision: text only, ready for a chat template. An assistant message
-    may carry the tool calls it made; a `tool` message answers the call `tool_call_id`."""
+    """A chat message ready for a chat template: text only after proxy vision. An assistant message
+    may carry the tool calls it made; a `tool` message answers the call `tool_call_id`.
+
+    Native vision: a user message with images also has `parts`, its text runs and image slots in
+    order (what a VLM's chat template renders); `content` is then its text alone."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    parts: list[MessagePart] | None = None
 
 
 class GrammarSpec(BaseModel):
@@ -483,9 +504,11 @@ class GenerateRequest(BaseModel):
     """Ingress -> PrimaryDecoder. Unset sampling fields take the model's configured defaults.
 
     A chat is `messages` (rendered by the model's chat template, with `tools` when given); a legacy
-    completion is `prompt`, text or token ids used as they are, with no template."""
+    completion is `prompt`, text or token ids used as they are, with no template. Native vision: the
+    checked, encoded bytes of the chat's images, sent once, which the messages' image slots name."""
 
     messages: list[TextMessage] = Field(default_factory=list)
+    images: list[bytes] = Field(default_factory=list)
     prompt: str | list[int] | None = None
     tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = None

@@ -7,7 +7,7 @@ the builder args or the plan:
 - the file is YAML; `local_path`, `weight_file` and `images.file_root` exist (and become absolute);
 - a `captioning:` section is only on an entry that an entry names in `capabilities.captioner`;
 - builder args (`parse_args`) are valid, and their overrides are valid together with the file's params;
-- the primary named by builder arg `model` exists; native vision is refused for now.
+- the primary named by builder arg `model` exists.
 
 The plan serves the file's `primaries` (else its first entry), or builder arg `model` alone.
 
@@ -101,6 +101,7 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
     captioners = {m.capabilities.captioner for m in parsed.models if m.capabilities.captioner is not None}
     models = []
     for i, m in enumerate(parsed.models):
+        m = _with_image_limit(m, parsed.images)
         if "captioning" in m.model_fields_set and m.name not in captioners:
             raise ConfigError(_unused_captioning(path, i, m, parsed))
         if m.local_path is not None:
@@ -118,6 +119,15 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
             raise ConfigError(f"{path}: images.file_root: {root} is not a directory")
         images = images.model_copy(update={"file_root": str(root)})
     return parsed.model_copy(update={"models": models, "images": images})
+
+
+def _with_image_limit(model: ModelConfig, images: ImageInputConfig) -> ModelConfig:
+    """`capabilities.max_images_per_request` resolved: unset, it is the file-level `images` one."""
+    caps = model.capabilities
+    if caps.max_images_per_request is not None:
+        return model
+    limit = caps.model_copy(update={"max_images_per_request": images.max_images_per_request})
+    return model.model_copy(update={"capabilities": limit})
 
 
 def _unused_captioning(path: Path, i: int, model: ModelConfig, parsed: ModelsFile) -> str:
@@ -149,7 +159,7 @@ def _with_params(model: ModelConfig, overrides: EngineParams, where: str) -> Mod
 
 
 def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> ModelConfig:
-    """The primary with builder arg `vision_mode` applied; native vision is refused for now."""
+    """The primary with builder arg `vision_mode` applied."""
     caps = primary.capabilities
     if app_args.vision_mode is not None:
         try:
@@ -157,11 +167,6 @@ def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> Mo
         except ValidationError as exc:
             raise _format_validation("builder args", exc) from None
         primary = primary.model_copy(update={"capabilities": caps})
-    if caps.vision_mode == "native":
-        raise ConfigError(
-            f"{where}: {primary.name}.capabilities.vision_mode: native vision is not available yet; "
-            "use proxy (a captioner describes images for the text-only primary)"
-        )
     return primary
 
 

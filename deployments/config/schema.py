@@ -98,6 +98,27 @@ class EngineParams(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI frequency penalty.")
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI presence penalty.")
     max_tokens: int = Field(256, gt=0, description="Default completion length when a request sets none.")
+    mem_budget_mb: int | None = Field(
+        None,
+        gt=0,
+        description="Native vision: the replica's memory budget, MB, checked at start against the peak of a "
+        "worst-case batch (max_num_seqs requests, each with the model's image limit at the processor's largest "
+        "size and text up to max_model_len): the peak RSS of the process on CPU, the CUDA allocator's peak on a "
+        "GPU. Over it, the replica refuses to start. Default: none on CPU (measured and reported only); on a GPU "
+        "the card's memory times the replica's GPU share.",
+    )
+    processor_cache_mb: float = Field(
+        256.0,
+        ge=0,
+        description="Native vision: processed image tensors kept per replica, keyed by the image's SHA-256, "
+        "bounded in MB (least recently used first out); 0 disables.",
+    )
+    batch_wait_ms: float = Field(
+        10.0,
+        ge=0,
+        le=10_000,
+        description="Native vision: how long an idle replica waits for more requests to fill a batch.",
+    )
     stream_interval_ms: float = Field(
         0.0,
         ge=0,
@@ -248,7 +269,16 @@ class Capabilities(_Strict):
     captioner: str | None = Field(
         None, description="Proxy mode: the captioner, a models.yaml entry name or a Hugging Face model id."
     )
-    image_token: str | None = Field(None, description="Image placeholder token of a native VLM.")
+    image_token: str | None = Field(
+        None, description="Native vision: the image placeholder token. Default: the processor's own (image_token)."
+    )
+    max_images_per_request: int | None = Field(
+        None,
+        ge=0,
+        description="Native vision: most images in one request for this model (vLLM's limit_mm_per_prompt); "
+        "400 beyond. Also the image count of the worst-case batch profiled at start. Default: the file-level "
+        "images.max_images_per_request.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -109,14 +109,21 @@ def turns(messages: Sequence[Message]) -> list[list[int]]:
     return grouped
 
 
-def fit_context(messages: list[M], count: Callable[[list[M]], int], limits: Limits, overflow: Overflow) -> Fitted[M]:
+def fit_context(
+    messages: list[M],
+    count: Callable[[list[M]], int],
+    limits: Limits,
+    overflow: Overflow,
+    note: Callable[[list[M]], str] = lambda _: "",
+) -> Fitted[M]:
     """The chat as it will be prompted and its completion limit (see the module's docstring).
     `count(messages)`: the prompt tokens of those messages as the engine renders them (what it
     raises, e.g. a 400 for tools the template cannot render, propagates). Raises
-    `ContextLengthError` (400) with the numbers."""
+    `ContextLengthError` (400) with the numbers; `note(messages)` is said after the prompt's size
+    (e.g. how many of its tokens are image tokens)."""
     total = count(messages)
     if overflow == "error" or total + limits.reserve <= limits.max_model_len:
-        return Fitted(messages, total, limits.completion(total))
+        return Fitted(messages, total, limits.completion(total, note=note(messages)))
 
     groups = turns(messages)
     counts: dict[int, int] = {0: total}  # turns dropped -> prompt tokens
@@ -138,7 +145,7 @@ def fit_context(messages: list[M], count: Callable[[list[M]], int], limits: Limi
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         chosen, wanted = hi, limits.reserve
     else:  # even the minimal chat leaves no room for `reserve`: the rule of `error` on it
-        note = f" after dropping every turn but the last ({total} before)" if most else ""
-        chosen, wanted = most, limits.completion(counts[most], note=note)
+        dropped = f" after dropping every turn but the last ({total} before)" if most else ""
+        chosen, wanted = most, limits.completion(counts[most], note=note(kept(most)) + dropped)
     chat = kept(chosen)
     return Fitted(chat, counts[chosen], wanted, len(messages) - len(chat), max(total - counts[chosen], 0))

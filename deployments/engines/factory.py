@@ -29,12 +29,16 @@ def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig],
 
 
 def create_text_engine(model: ModelConfig) -> TextEngine:
-    """The decoder engine named by `model.engine`; for transformers, continuous batching unless
-    `params.batching` is `sequential`."""
+    """The decoder engine named by `model.engine`; for transformers, the native VLM engine under
+    `vision_mode: native`, else continuous batching unless `params.batching` is `sequential`."""
     if model.engine == "fake":
         return FakeTextEngine(model)
     if model.engine != "transformers":
         return _custom_engine(model, TextEngine)(model)  # type: ignore[type-abstract]
+    if model.capabilities.vision_mode == "native":
+        from deployments.engines.hf_native import NativeVisionEngine
+
+        return NativeVisionEngine(model)
     if model.params.batching == "sequential":
         from deployments.engines.hf_text import SequentialTextEngine
 

@@ -48,6 +48,7 @@ from deployments.engines.constraints import (
 from deployments.engines.context import Limits, fit_context
 from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.progress import LoadProgress
+from deployments.engines.text_limits import raw_prompt_ids
 from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -316,15 +317,7 @@ class TransformersTextEngine(TextEngine):
         return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]
 
     def _raw_prompt(self, prompt: str | list[int]) -> list[int]:
-        ids = list(self.tokenizer(prompt).input_ids) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise InvalidRequestError("The prompt is empty.", param="prompt")
-        if isinstance(prompt, list) and (bad := sorted({t for t in ids if not 0 <= t < self.vocab_size})):
-            raise InvalidRequestError(
-                f"The prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1}): {bad[:5]}",
-                param="prompt",
-            )
-        return ids
+        return raw_prompt_ids(self.tokenizer, prompt, self.vocab_size)
 
     def max_tokens(self, request: GenerateRequest, prompt_len: int) -> int:
         """A legacy prompt's completion limit: the request's `max_tokens`, or the default cut to the

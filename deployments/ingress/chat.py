@@ -3,13 +3,15 @@
 captioner client, so that it runs, and is tested, without Ray and without HTTP.
 
 One request (routed here by its `model`, `served.ServedModels`): with images, the captioner
-describes them and the chat is rewritten to text (proxy vision), or, when the captioner is down,
-the request is a 503 (``reject``) or is answered without them (``degrade``): the decoder is told
-that the images were not seen, and the response says which and why (`vision` field,
-`system_fingerprint`, `X-Vision-Degraded` header, and `proxy_vision.degraded_notice` before the
-text when set). The decoder's first chunk is awaited before anything is sent, so errors before the
-first byte keep their status. Everything runs before one deadline (`server.request_timeout_s`): a
-408 before the first byte, an error event after; the generation is cancelled either way.
+describes them and the chat is rewritten to text (proxy vision), or the images, checked here, go
+to the decoder itself with their places in the chat (native vision, up to the model's own image
+limit); when the captioner is down, the request is a 503 (``reject``) or is answered without them
+(``degrade``): the decoder is told that the images were not seen, and the response says which and
+why (`vision` field, `system_fingerprint`, `X-Vision-Degraded` header, and
+`proxy_vision.degraded_notice` before the text when set). The decoder's first chunk is awaited
+before anything is sent, so errors before the first byte keep their status. Everything runs before
+one deadline (`server.request_timeout_s`): a 408 before the first byte, an error event after; the
+generation is cancelled either way.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from deployments.ingress.stream import DecoderStream
 from deployments.ingress.tools import ToolPlan, plan_tools, response_grammar
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.collect import collect_images, count_images
+from deployments.ingress.vision.native import native_messages
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol import (
@@ -60,12 +63,18 @@ class ChatReply:
 
 
 def generate_request(
-    body: ChatCompletionRequest, messages: list[TextMessage], plan: ToolPlan, max_n: int = 1
+    body: ChatCompletionRequest,
+    messages: list[TextMessage],
+    plan: ToolPlan,
+    max_n: int = 1,
+    images: list[bytes] | None = None,
 ) -> GenerateRequest:
-    """What the decoder gets: the text-only chat, the tools its template renders, and the request's
-    own generation settings (a grammar for `response_format` or a forced tool call)."""
+    """What the decoder gets: the chat (text only, or with image slots and `images` for a native VLM),
+    the tools its template renders, and the request's own generation settings (a grammar for
+    `response_format` or a forced tool call)."""
     return GenerateRequest(
         messages=messages,
+        images=images or [],
         tools=plan.tools,
         max_tokens=body.completion_limit,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -85,10 +94,12 @@ class ChatService:
         images: ImageInputConfig,
         vision: ProxyVisionConfig | None = None,
         max_n: int = 8,
+        native_max_images: int | None = None,
     ) -> None:
         """`decoder`: a handle to the decoder deployment (or a fake with the same calls);
-        `captioner`: None when the model takes no images; `vision`: the failure policy and notice;
-        `max_n`: the most choices a request may ask for."""
+        `captioner`: None when the model takes no images through a captioner; `vision`: the failure
+        policy and notice; `max_n`: the most choices a request may ask for; `native_max_images`: set
+        when the decoder sees images itself (native vision): the most images one request may carry."""
         self._decoder = decoder
         self._captioner = captioner
         self._model = model_name
@@ -96,20 +107,30 @@ class ChatService:
         self._images = images
         self._vision = vision or ProxyVisionConfig()
         self._max_n = max_n
+        self._native_images = (
+            None
+            if native_max_images is None
+            else images.model_copy(update={"max_images_per_request": native_max_images})
+        )
 
     async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> ChatReply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         plan = plan_tools(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         timeout = asyncio.timeout_at(deadline)
+        images: list[bytes] = []
+        degraded: Degraded | None = None
         try:
             async with timeout:
-                messages, degraded = await self._text_messages(body.messages, record)
+                if self._native_images is not None:
+                    messages, images = await self._native_messages(body.messages, self._native_images, record)
+                else:
+                    messages, degraded = await self._text_messages(body.messages, record)
         except TimeoutError:
             if timeout.expired():
                 raise self._timed_out() from None
             raise
-        request = generate_request(body, messages, plan, self._max_n)
+        request = generate_request(body, messages, plan, self._max_n, images)
         chunks = self._decoder.options(stream=True).generate.remote(request)
         stream = DecoderStream(chunks, deadline, self._timed_out, record)
         first = await stream.next()  # errors before the first byte keep their status
@@ -151,6 +172,17 @@ class ChatService:
         finally:
             record.cache_hits, record.cache_misses = cache.hits, cache.misses
         return rewrite(messages, captions), None
+
+    @staticmethod
+    async def _native_messages(
+        messages: list[ChatMessage], limits: ImageInputConfig, record: RequestRecord
+    ) -> tuple[list[TextMessage], list[bytes]]:
+        """Native vision: the images, fetched and checked as in proxy mode (within the model's own
+        per-request limit), and the chat with each image's slot where it was."""
+        if not count_images(messages):
+            return native_messages(messages), []
+        images = await collect_images(messages, limits, record.images)
+        return native_messages(messages), [image.data for image in images]
 
     def _timed_out(self) -> RequestTimeoutError:
         return timed_out(self._timeout_s)

@@ -37,6 +37,7 @@ class ServedModelConfig(BaseModel):
     name: str
     captioner: ModelConfig | None = None
     captioner_deployment: str = CAPTIONER  # the captioner's deployment in `IngressConfig.captioner_app`
+    native_max_images: int | None = None  # native vision: the model's own image limit
 
 
 class IngressConfig(BaseModel):
@@ -72,6 +73,7 @@ class Ingress:
                 images=config.images,
                 vision=config.vision,
                 max_n=server.max_n,
+                native_max_images=model.native_max_images,
             )
             completions = CompletionService(
                 decoder, model_name=model.name, request_timeout_s=server.request_timeout_s, max_n=server.max_n

@@ -276,6 +276,17 @@ IMAGES_AND_CACHE = [
     ),
     _latency_panel(37, "Image fetch latency", "image_fetch_latency_seconds", by="deployment"),
     _panel(
+        39,
+        "Processor cache hits and misses / s (native vision)",
+        "processor_cache_hits",
+        "short",
+        [
+            Target(expr=_rate("processor_cache_hits"), legend="hits"),
+            Target(expr=_rate("processor_cache_misses"), legend="misses"),
+        ],
+        note=_spec("processor_cache_misses").description,
+    ),
+    _panel(
         38,
         "Image fetch failures / s by scheme",
         "image_fetch_failures",

@@ -86,6 +86,8 @@ DECODER = (
     _spec("num_requests_running", "gauge", "Decoder: sequences in the running batch."),
     _spec("num_requests_waiting", "gauge", "Decoder: requests waiting for a slot or for KV-cache pages."),
     _spec("kv_cache_usage_perc", "gauge", "Decoder: KV-cache pages in use / pages in total (0 to 1)."),
+    _spec("processor_cache_hits", "counter", "Native vision: images whose processed tensors came from the cache."),
+    _spec("processor_cache_misses", "counter", "Native vision: images the replica's processor processed."),
 )
 CAPTIONER = (
     _spec(

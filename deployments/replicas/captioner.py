@@ -13,15 +13,14 @@ worker threads, so the event loop keeps queueing the next batch while one runs.
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 
-from PIL import Image
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import CaptionEngine, create_caption_engine
+from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER, ENGINE, Recorder
 from deployments.protocol import CaptionRequest, ComponentStatus
@@ -29,15 +28,6 @@ from deployments.replicas.batcher import Batcher
 from deployments.replicas.lifecycle import EngineSlot
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
-
-
-def decode_rgb(data: bytes) -> Image.Image:
-    """Full decode of image bytes the ingress checked: first frame, RGB."""
-    with Image.open(io.BytesIO(data)) as img:
-        img.seek(0)
-        if img.mode == "P" and "transparency" in img.info:  # PIL wants palette transparency via RGBA
-            return img.convert("RGBA").convert("RGB")
-        return img.convert("RGB")
 
 
 def failure_kind(exc: Exception) -> str:

@@ -30,6 +30,7 @@ class PrimaryDecoder:
         self._model = model.name
         self._metrics = Recorder(DECODER + ENGINE, model.name)
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
+        self._cache_counts: dict[str, int] = {}  # the processor cache's totals at the last tick
         self._slot: EngineSlot[TextEngine] = EngineSlot(
             "decoder",
             model.name,
@@ -137,6 +138,17 @@ class PrimaryDecoder:
         self._metrics.set("num_requests_running", stats.get("running", 0))
         self._metrics.set("num_requests_waiting", stats.get("waiting", 0) + self._queued)
         self._metrics.set("kv_cache_usage_perc", stats.get("kv_cache_usage", 0.0))
+        self._count_processor_cache(stats.get("processor_cache"))
+
+    def _count_processor_cache(self, cache: dict | None) -> None:
+        """Native vision: the processor cache's hits and misses since the last tick, as counters."""
+        if not cache:
+            return
+        for kind in ("hits", "misses"):
+            delta = cache[kind] - self._cache_counts.get(kind, 0)
+            if delta > 0:
+                self._metrics.inc(f"processor_cache_{kind}", delta)
+            self._cache_counts[kind] = cache[kind]
 
     def status(self) -> ComponentStatus:
         return self._slot.status()

@@ -30,3 +30,66 @@ def test_caption_engine_on_gpu(tiny_vlm_dir):
     assert engine.device == "cuda:0"
     captions = engine.caption([Image.new("RGB", (32, 32), (1, 2, 3))] * 2, ["Describe.", "Describe."])
     assert len(captions) == 2 and captions[0] == captions[1]
+
+
+# A real small VLM for the native engine, when one is on the machine: MMSERVE_NATIVE_VLM (a local
+# directory or hub id), else the first of these in the local hub cache. None is downloaded.
+NATIVE_CANDIDATES = (
+    "Qwen/Qwen2-VL-2B-Instruct",
+    "llava-hf/llava-interleave-qwen-0.5b-hf",
+    "HuggingFaceTB/SmolVLM-256M-Instruct",
+)
+
+
+def _local_vlm() -> ModelConfig | None:
+    import os
+    from pathlib import Path
+
+    from huggingface_hub import snapshot_download
+
+    given = os.environ.get("MMSERVE_NATIVE_VLM")
+    if given and Path(given).is_dir():
+        return ModelConfig(name="vlm", local_path=given, capabilities={"vision_mode": "native"})
+    for hub_id in ([given] if given else []) + list(NATIVE_CANDIDATES):
+        try:
+            snapshot_download(hub_id, local_files_only=True)
+        except Exception:  # not in the cache
+            continue
+        return ModelConfig(name="vlm", hf_id=hub_id, capabilities={"vision_mode": "native"})
+    return None
+
+
+def _native_request(image: Image.Image) -> GenerateRequest:
+    import io
+
+    from deployments.protocol import MessageImage, MessageText
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    parts = [MessageImage(index=0), MessageText(text="What colour is this image? Answer in one word.")]
+    message = TextMessage(role="user", content=parts[1].text, parts=parts)
+    return GenerateRequest(messages=[message], images=[buf.getvalue()], temperature=0, max_tokens=8)
+
+
+async def test_native_engine_on_gpu_with_the_tiny_vlm(tiny_vlm_dir):
+    model = ModelConfig(
+        name="v", local_path=str(tiny_vlm_dir), params={"max_num_seqs": 2}, capabilities={"vision_mode": "native"}
+    )
+    engine = create_text_engine(model)
+    assert engine.device == "cuda:0"
+    info = engine.describe()
+    assert info["memory_profile"]["measured"] == "cuda_max_allocated" and info["memory_budget_mb"] > 0
+    pieces = [p async for p in engine.generate(_native_request(Image.new("RGB", (32, 32), (200, 0, 0))))]
+    assert pieces[-1].prompt_tokens > 16 and pieces[-1].finish_reason in ("stop", "length")
+
+
+async def test_native_engine_on_gpu_with_a_real_vlm():
+    model = _local_vlm()
+    if model is None:
+        pytest.skip(f"no real VLM on this machine (MMSERVE_NATIVE_VLM, or one of {NATIVE_CANDIDATES} cached)")
+    engine = create_text_engine(
+        model.model_copy(update={"params": model.params.model_copy(update={"max_model_len": 4096})})
+    )
+    pieces = [p async for p in engine.generate(_native_request(Image.new("RGB", (256, 256), (220, 20, 20))))]
+    answer = "".join(p.text for p in pieces).lower()
+    assert "red" in answer, answer

@@ -32,6 +32,18 @@ MAX_BODY = 256 * 1024
 MAX_IMAGE_BYTES = 64 * 1024
 # A valid image: its base64 must never appear in a log.
 SECRET_IMAGE = data_url(png_bytes((13, 37, 42), size=(40, 40)))
+# models.yaml's file-level sections: keys required, and tight limits that small requests reach.
+LIMITS: dict[str, Any] = {
+    "server": {"api_keys": [KEY], "max_body_bytes": MAX_BODY},
+    "images": {
+        "max_image_bytes": MAX_IMAGE_BYTES,
+        "max_image_pixels": 1_000_000,
+        "max_images_per_message": 2,
+        "max_images_per_request": 3,
+        "connect_timeout_s": 2,
+        "total_timeout_s": 3,
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +59,7 @@ def service(serve_cluster, tmp_path_factory, tiny_llm_dir, tiny_vlm_dir):
             },
             {"name": "tiny-vlm", "local_path": str(tiny_vlm_dir), "captioning": {"max_new_tokens": 4}},
         ],
-        server={"api_keys": [KEY], "max_body_bytes": MAX_BODY},
-        images={
-            "max_image_bytes": MAX_IMAGE_BYTES,
-            "max_image_pixels": 1_000_000,
-            "max_images_per_message": 2,
-            "max_images_per_request": 3,
-            "connect_timeout_s": 2,
-            "total_timeout_s": 3,
-        },
+        **LIMITS,
     )
     deploy(models)
     yield

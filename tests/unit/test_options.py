@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, ModelConfig, cpu_cores, parse_models
+from deployments.config import (
+    AppArgs,
+    AutoscalingConfig,
+    DeploymentConfig,
+    ModelConfig,
+    ModelsFile,
+    cpu_cores,
+    parse_models,
+)
 from deployments.errors import ConfigError
 from deployments.options import DECODER, INGRESS, captioner_options, decoder_layout, decoder_options, deployment_name
 
@@ -72,13 +80,25 @@ def test_the_decoder_takes_two_batches_by_default_and_never_less_than_one():
     assert str(err.value).startswith(f"{Path('conf/models.yaml').resolve()}: model 'llm': deployment.")
 
 
+def commented_profile(header: str) -> ModelsFile:
+    """A commented-out profile of models.yaml, from its `# --- ...` header to the next one, parsed."""
+    path = ROOT / "models.yaml"
+    text = path.read_text()
+    block = text[text.index(header) :].split("\n# --- ", 1)[0]
+    lines = [line[2:] for line in block.splitlines() if line.startswith("#")]
+    return parse_models(yaml.safe_load("\n".join(lines[lines.index("models:") :])), path)
+
+
+def test_the_commented_native_profile_is_a_native_vlm_primary():
+    primary = commented_profile("# --- Native vision GPU profile").models[0]
+    assert primary.capabilities.vision_mode == "native" and primary.capabilities.max_images_per_request == 4
+    assert primary.capabilities.captioner is None
+
+
 def test_the_commented_gpu_profile_keeps_one_batch_per_decoder_replica():
     """models.yaml's GPU profile (commented out) is valid, and its decoder takes 32 requests per
     replica as the old serve_config.yaml gave it, not the default 2 x max_num_seqs = 64."""
-    path = ROOT / "models.yaml"
-    text = path.read_text()
-    lines = [line[2:] for line in text[text.index("# --- GPU profile") :].splitlines() if line.startswith("#")]
-    profile = parse_models(yaml.safe_load("\n".join(lines[lines.index("models:") :])), path)
+    profile = commented_profile("# --- GPU profile")
     primary = profile.models[0]
     options, _ = decoder_options(AppArgs(decoder_gpus=0.5), primary, 16)
     assert options["max_ongoing_requests"] == primary.params.max_num_seqs == 32

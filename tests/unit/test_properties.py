@@ -41,12 +41,12 @@ from hypothesis import strategies as st
 from PIL import Image
 from pydantic import TypeAdapter, ValidationError
 
+from deployments.engines.images import decode_rgb
 from deployments.errors import InvalidImageError, to_openai_error
 from deployments.ingress.vision.check import load_image_url
 from deployments.ingress.vision.collect import count_images
 from deployments.ingress.vision.rewrite import rewrite
 from deployments.protocol import ChatCompletionRequest, ChatMessage
-from deployments.replicas.captioner import decode_rgb
 from deployments.replicas.stopping import StopMatcher
 from tests.conftest import data_url
 

@@ -47,7 +47,6 @@ def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessag
     out = []
     n = 0
     for msg in messages:
-        role = "system" if msg.role == "developer" else msg.role
         if isinstance(msg, UserMessage) and isinstance(msg.content, list):
             lines = []
             for part in msg.content:
@@ -57,14 +56,20 @@ def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessag
                 elif part.text:
                     lines.append(part.text)
             out.append(TextMessage(role="user", content="\n".join(lines)))
-        elif isinstance(msg, AssistantMessage) and msg.tool_calls:
-            calls = [
-                ToolCall(id=c.id, function=ToolCallFunction(name=c.function.name, arguments=c.function.arguments))
-                for c in msg.tool_calls
-            ]
-            out.append(TextMessage(role="assistant", content=text_of(msg.content), tool_calls=calls))
-        elif isinstance(msg, ToolMessage):
-            out.append(TextMessage(role="tool", content=text_of(msg.content), tool_call_id=msg.tool_call_id))
         else:
-            out.append(TextMessage(role=role, content=text_of(msg.content)))
+            out.append(plain_message(msg))
     return out
+
+
+def plain_message(msg: ChatMessage) -> TextMessage:
+    """A message as it is, in text (list content joined; an assistant's tool calls and a tool
+    message's call id kept; `developer` is `system`). Its image parts, if any, are dropped."""
+    if isinstance(msg, AssistantMessage) and msg.tool_calls:
+        calls = [
+            ToolCall(id=c.id, function=ToolCallFunction(name=c.function.name, arguments=c.function.arguments))
+            for c in msg.tool_calls
+        ]
+        return TextMessage(role="assistant", content=text_of(msg.content), tool_calls=calls)
+    if isinstance(msg, ToolMessage):
+        return TextMessage(role="tool", content=text_of(msg.content), tool_call_id=msg.tool_call_id)
+    return TextMessage(role="system" if msg.role == "developer" else msg.role, content=text_of(msg.content))

@@ -136,10 +136,17 @@ def test_captioner_may_be_a_bare_hub_id(tmp_path):
     assert plan.captioner is not None and plan.captioner.hf_id == "Qwen/Qwen2-VL-2B-Instruct"
 
 
-def test_native_vision_is_refused_clearly(tmp_path):
-    path = write(tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": {"vision_mode": "native"}}]})
-    with pytest.raises(ConfigError, match="native vision is not available yet"):
-        resolve_plan({"models_file": str(path)})
+def test_native_vision_has_no_captioner_and_a_per_model_image_limit(tmp_path):
+    models = [
+        {"name": "a", "hf_id": "x/y", "capabilities": {"vision_mode": "native"}},
+        {"name": "b", "hf_id": "x/z", "capabilities": {"vision_mode": "native", "max_images_per_request": 2}},
+    ]
+    path = write(tmp_path, {"models": models, "images": {"max_images_per_request": 5}})
+    plan = resolve_plan({"models_file": str(path)})
+    assert plan.captioner is None and plan.primary.capabilities.vision_mode == "native"
+    assert plan.primary.capabilities.max_images_per_request == 5  # unset: the file-level limit
+    other = resolve_plan({"models_file": str(path), "model": "b"})
+    assert other.primary.capabilities.max_images_per_request == 2
 
 
 def test_primary_selection(tmp_path):
