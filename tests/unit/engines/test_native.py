@@ -116,3 +116,32 @@ def test_the_profile_is_described_and_a_too_small_budget_refuses_to_start(engine
     assert info["memory_profile"]["images_per_seq"] == 2 and info["memory_profile"]["seqs"] == 4
     with pytest.raises(ConfigError, match=r"over the budget of 1 MB.*lower params\.max_num_seqs"):
         NativeVisionEngine(native(tiny_vlm_dir, mem_budget_mb=1))
+
+
+async def test_truncation_drops_old_turns_with_their_images_and_keeps_the_last_image_whole(tiny_vlm_dir):
+    truncating = create_text_engine(native(tiny_vlm_dir, context_overflow="truncate", max_model_len=96))
+    assert isinstance(truncating, NativeVisionEngine)
+    try:
+
+        def turn(text: str, index: int) -> list[TextMessage]:
+            asked = TextMessage(role="user", content=text, parts=[MessageText(text=text), MessageImage(index=index)])
+            return [asked, TextMessage(role="assistant", content="seen")]
+
+        system = TextMessage(role="system", content="be brief")
+        chat = [system, *turn("first", 0), *turn("second", 1), *turn("third", 2)[:1]]
+        request = GenerateRequest(
+            messages=chat, images=[png((1, 1, 1)), png((2, 2, 2)), png((3, 3, 3))], temperature=0, max_tokens=8
+        )
+        whole = truncating.prompt(request)  # all three images: over 96 tokens with 8 to generate
+        assert whole.image_tokens == 48 and len(whole.ids) + 8 > 96
+        text, last = await complete(truncating, request)
+        kept = len(whole.ids) - last.truncated_prompt_tokens
+        assert last.truncated_prompt_tokens > 0 and last.prompt_tokens == kept
+        # What was kept is a real chat of whole turns: the system prompt, the last turn and its image,
+        # with every placeholder run complete (16 tokens an image).
+        alone = truncating.prompt(request.model_copy(update={"messages": [system, chat[-1]]}))
+        with_second = truncating.prompt(request.model_copy(update={"messages": [system, *chat[3:]]}))
+        assert kept in {len(alone.ids), len(with_second.ids)}
+        assert kept + 8 <= 96
+    finally:
+        truncating.close()
