@@ -134,7 +134,7 @@ async def test_truncation_drops_old_turns_with_their_images_and_keeps_the_last_i
         )
         whole = truncating.prompt(request)  # all three images: over 96 tokens with 8 to generate
         assert whole.image_tokens == 48 and len(whole.ids) + 8 > 96
-        text, last = await complete(truncating, request)
+        _, last = await complete(truncating, request)
         kept = len(whole.ids) - last.truncated_prompt_tokens
         assert last.truncated_prompt_tokens > 0 and last.prompt_tokens == kept
         # What was kept is a real chat of whole turns: the system prompt, the last turn and its image,
