@@ -62,15 +62,15 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
                 name=primary.name,
                 captioner=captioner,
                 captioner_deployment=deployment_name(CAPTIONER, captioner, several_captioners),
+                native_max_images=primary.capabilities.max_images_per_request
+                if primary.capabilities.vision_mode == "native"
+                else None,
             )
         )
     config = IngressConfig(
         models=served,
         vision=plan.vision,
         captioner_app=plan.captioner_app,
-        native_max_images=primary.capabilities.max_images_per_request
-        if primary.capabilities.vision_mode == "native"
-        else None,
         images=plan.images,
         server=plan.server,
     )

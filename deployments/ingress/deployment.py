@@ -12,7 +12,7 @@ import logging
 import time
 
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -34,6 +34,8 @@ logger = logging.getLogger("ray.serve")
 class ServedModelConfig(BaseModel):
     """One model behind the endpoint: its name, and its captioner under proxy vision."""
 
+    model_config = ConfigDict(extra="forbid")
+
     name: str
     captioner: ModelConfig | None = None
     captioner_deployment: str = CAPTIONER  # the captioner's deployment in `IngressConfig.captioner_app`
@@ -41,6 +43,8 @@ class ServedModelConfig(BaseModel):
 
 
 class IngressConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     models: list[ServedModelConfig]  # the first is the default model
     vision: ProxyVisionConfig | None = None  # how to call the captioners
     captioner_app: str = "vision"
