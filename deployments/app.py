@@ -19,7 +19,7 @@ from ray.serve import Application
 
 from deployments.config import cpu_cores, parse_args, resolve_plan
 from deployments.ingress.deployment import Ingress, IngressConfig
-from deployments.options import INGRESS, captioner_options, decoder_options
+from deployments.options import INGRESS, captioner_options, decoder_options, for_replicas
 from deployments.replicas.captioner import VisionCaptioner
 from deployments.replicas.decoder import PrimaryDecoder
 
@@ -38,7 +38,10 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         options,
         primary.params.cpu_threads,
     )
-    decoder = PrimaryDecoder.options(**options).bind(primary, plan.lifecycle)
+    deadline = plan.server.request_timeout_s  # a replacement waits for the requests in flight
+    decoder = PrimaryDecoder.options(**for_replicas(PrimaryDecoder.name, options, drain_s=deadline)).bind(
+        primary, plan.lifecycle
+    )
     config = IngressConfig(
         model_name=primary.name,
         captioner=plan.captioner,
@@ -47,11 +50,14 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         images=plan.images,
         server=plan.server,
     )
-    return Ingress.options(**INGRESS).bind(config, decoder)
+    return Ingress.options(**for_replicas(Ingress.name, INGRESS, drain_s=deadline)).bind(config, decoder)
 
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
     """Captioner application. Without a proxy-vision captioner configured, it only reports so."""
     app_args = parse_args(args)
     plan = resolve_plan(app_args)
-    return VisionCaptioner.options(**captioner_options(app_args, plan.captioner)).bind(plan.captioner, plan.lifecycle)
+    options = for_replicas(
+        VisionCaptioner.name, captioner_options(app_args, plan.captioner), drain_s=plan.proxy_vision.timeout_s
+    )
+    return VisionCaptioner.options(**options).bind(plan.captioner, plan.lifecycle)
