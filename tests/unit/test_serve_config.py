@@ -56,3 +56,14 @@ def test_the_replicas_environment_is_left_to_the_builder(config):
     for application in config.applications:
         env = (application.runtime_env or {}).get("env_vars", {})
         assert not builders & set(env), application.name
+
+
+def test_the_revision_arg_is_shared_and_read_by_nothing(config, monkeypatch, smollm2):
+    """Serve rebuilds an application only when its entry in the config changes: bumping `revision`
+    (shared by both applications) is how an edited models.yaml gets read again."""
+    monkeypatch.chdir(ROOT)
+    revisions = {application.name: application.args.get("revision") for application in config.applications}
+    assert set(revisions) == {"default", "vision"} and len(set(revisions.values()) - {None}) == 1, revisions
+    main = next(a for a in config.applications if a.name == "default")
+    plans = [resolve_plan(AppArgs.model_validate({**main.args, "revision": r})) for r in (1, "2025-01-02")]
+    assert plans[0] == plans[1]
