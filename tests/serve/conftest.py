@@ -25,7 +25,9 @@ BASE_URL = f"http://127.0.0.1:{PORT}"
 
 @pytest.fixture(scope="session")
 def serve_cluster():
-    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False)
+    # address="local": a new cluster even where /tmp/ray/ray_current_cluster names another (a `ray start`
+    # or a test's cluster left it), which ray.init() would join, refusing num_cpus and num_gpus.
+    ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     yield
     serve.shutdown()
