@@ -28,6 +28,7 @@ from deployments.options import (
     captioner_options,
     decoder_options,
     deployment_name,
+    for_replicas,
 )
 from deployments.replicas.captioner import VisionCaptioner
 from deployments.replicas.decoder import PrimaryDecoder
@@ -40,6 +41,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     share the cores and one Ray CPU equally."""
     app_args = parse_args(args)
     plan = resolve_plan(app_args)
+    deadline = plan.server.request_timeout_s  # a replacement waits for the requests in flight
     several, share = len(plan.primaries) > 1, len(plan.primaries)
     several_captioners = len(plan.captioners) > 1
     decoders = {}
@@ -55,6 +57,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             options,
             primary.params.cpu_threads,
         )
+        options = for_replicas(PrimaryDecoder.name, options, drain_s=deadline)
         decoders[primary.name] = PrimaryDecoder.options(name=name, **options).bind(primary, plan.lifecycle)
         captioner = plan.captioner_of(primary)
         served.append(
@@ -74,7 +77,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         images=plan.images,
         server=plan.server,
     )
-    return Ingress.options(**INGRESS).bind(config, decoders)
+    return Ingress.options(**for_replicas(Ingress.name, INGRESS, drain_s=deadline)).bind(config, decoders)
 
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
@@ -88,7 +91,9 @@ def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
 
     def captioner(model: ModelConfig | None, *others: Application) -> Application:
         name = deployment_name(CAPTIONER, model, bool(rest))
-        options = captioner_options(app_args, model)
+        options = for_replicas(
+            VisionCaptioner.name, captioner_options(app_args, model), drain_s=plan.proxy_vision.timeout_s
+        )
         return VisionCaptioner.options(name=name, **options).bind(model, plan.lifecycle, *others)
 
     return captioner(first, *(captioner(model) for model in rest))

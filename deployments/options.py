@@ -25,6 +25,10 @@ what the builder used before the section existed: so without the section nothing
 
 Every queue is bounded: beyond `max_queued_requests`, callers get a 503 with Retry-After at once,
 and a crashed model replica is noticed (and replaced) within `HEALTH_CHECK_S`.
+
+Replica processes (`for_replicas`, applied last to every deployment): the environment variables they
+need (`REPLICA_ENV`), merged under the application's runtime_env, and a graceful shutdown as long as
+a call's deadline, so that a redeploy or a downscale lets requests in flight finish.
 """
 
 from __future__ import annotations
@@ -225,3 +229,53 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
         **count,
         "ray_actor_options": {"num_cpus": 1, "num_gpus": share},
     }
+
+
+# --- Replica processes: environment and draining --------------------------------------------------
+# Kept apart from the placement above: every deployment's options pass through `for_replicas` last.
+
+# Variables a replica's process must have when it starts (read by libgomp, oneDNN and Serve at import).
+# CPU torch: OpenMP threads spin briefly, then sleep, so that Serve's proxy and ingress still get a core
+# (the default spin made a 2-core machine 4x slower); bounded oneDNN kernel caches: continuous batching
+# gives most steps a new matmul shape, and at the default 1024 entries per cache a decoder grew ~0.5 MB a
+# request, to hundreds of MB (docs/reliability.md); 16 keeps it flat.
+TORCH_ENV = {"GOMP_SPINCOUNT": "20000", "LRU_CACHE_CAPACITY": "16", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16"}
+# Replica code on the replica's own event loop: one thread hop less for every streamed chunk (both
+# deployments keep their blocking work in worker threads).
+SAME_LOOP = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+REPLICA_ENV: dict[str, dict[str, str]] = {
+    "Ingress": SAME_LOOP,
+    "PrimaryDecoder": {**TORCH_ENV, **SAME_LOOP},
+    "VisionCaptioner": TORCH_ENV,
+}
+DRAIN_MARGIN_S = 5.0  # beyond a request's own deadline: its error event, the cancellation reaching the engine
+
+
+def application_runtime_env() -> dict[str, Any]:
+    """The runtime_env this builder runs under: the application's (serve_config.yaml's `runtime_env`,
+    which Serve gives the build task), or `serve run`'s job's; empty before Ray is initialized (`serve
+    run module:app` calls the builder first)."""
+    if not ray.is_initialized():
+        return {}
+    return dict(ray.get_runtime_context().runtime_env or {})
+
+
+def for_replicas(
+    deployment: str, options: dict[str, Any], *, drain_s: float, inherited: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`options` with what the deployment's replica processes need:
+
+    - `REPLICA_ENV[deployment]` in `ray_actor_options.runtime_env.env_vars`, under the application's
+      runtime_env (`inherited`; by default `application_runtime_env()`). Serve gives a deployment that
+      sets a runtime_env nothing of the application's but its working_dir, so the builder copies the
+      application's runtime_env in whole and lays its own variables under the application's: a
+      variable set in serve_config.yaml wins, and none is lost.
+    - `graceful_shutdown_timeout_s`: `drain_s` (the deadline of a call to the deployment) plus
+      `DRAIN_MARGIN_S`. A replica that Serve replaces (a redeploy, a downscale) takes no new requests
+      and finishes those it has for up to this long before it is killed; Serve's default, 20 s, cut
+      streams off mid-answer.
+    """
+    runtime_env = dict(application_runtime_env() if inherited is None else inherited)
+    runtime_env["env_vars"] = {**REPLICA_ENV[deployment], **(runtime_env.get("env_vars") or {})}
+    actor = {**options.get("ray_actor_options", {}), "runtime_env": runtime_env}
+    return {**options, "ray_actor_options": actor, "graceful_shutdown_timeout_s": drain_s + DRAIN_MARGIN_S}

@@ -541,6 +541,11 @@ class AppArgs(_Strict):
         "cores. auto: 2 on a machine with 2 or more cores, else 1. Under deployment.autoscaling, the default "
         "max_replicas.",
     )
+    revision: str | int | None = Field(
+        None,
+        description="Read by nothing: `serve deploy` rebuilds an application only when its entry in the "
+        "config changes, so bump this after editing models.yaml to have it read again (a rolling restart).",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -25,7 +25,8 @@ BASE_URL = f"http://127.0.0.1:{PORT}"
 
 @pytest.fixture(scope="session")
 def serve_cluster():
-    # address="local": a cluster of its own, even where `ray start` runs one on this machine.
+    # address="local": a new cluster even where /tmp/ray/ray_current_cluster names another (a `ray start`
+    # or a test's cluster left it), which ray.init() would join, refusing num_cpus and num_gpus.
     ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     yield

@@ -1,6 +1,7 @@
 """Every deployment's Serve options, set by the builder (`deployments/options.py`): the decoder's
 placement and torch threads by GPU or CPU, and the queue and scaling bounds of each deployment."""
 
+import copy
 import os
 from pathlib import Path
 
@@ -17,7 +18,18 @@ from deployments.config import (
     parse_models,
 )
 from deployments.errors import ConfigError
-from deployments.options import DECODER, INGRESS, captioner_options, decoder_layout, decoder_options, deployment_name
+from deployments.options import (
+    DECODER,
+    DRAIN_MARGIN_S,
+    INGRESS,
+    REPLICA_ENV,
+    application_runtime_env,
+    captioner_options,
+    decoder_layout,
+    decoder_options,
+    deployment_name,
+    for_replicas,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -370,3 +382,91 @@ def test_several_cpu_decoders_split_the_ray_cpu_and_their_cores():
 def test_deployment_names_carry_the_model_only_when_there_are_several(name, several, expected):
     llm = ModelConfig.model_validate({"name": name, "hf_id": "org/llm"})
     assert deployment_name(DECODER, llm, several) == expected
+
+
+# --- replica processes: environment and draining -------------------------------------------------
+
+
+def bound_deployments(app) -> dict:
+    """Every deployment an Application binds (it and those in its constructor arguments, in lists
+    and dicts too), by name, as Serve collects them (a private module: a Ray upgrade that moves it
+    fails here, loudly)."""
+    from ray.serve._private.build_app import build_app as serve_build
+
+    return {deployment.name: deployment for deployment in serve_build(app, name="test").deployments}
+
+
+def test_every_deployment_the_builders_make_gets_its_replica_env_and_drains_for_its_callers_deadline(tmp_path):
+    from deployments.app import build_app, build_captioner_app
+
+    models = {
+        "server": {"request_timeout_s": 42},
+        "proxy_vision": {"timeout_s": 7},
+        "models": [
+            {"name": "echo", "engine": "fake", "capabilities": {"vision_mode": "proxy", "captioner": "cap"}},
+            {"name": "cap", "engine": "fake"},
+        ],
+    }
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(models))
+    args = {"models_file": str(path), "decoder_gpus": 0, "captioner_gpus": 0}
+    built = {**bound_deployments(build_app(args)), **bound_deployments(build_captioner_app(args))}
+    assert set(built) == set(REPLICA_ENV) == {"Ingress", "PrimaryDecoder", "VisionCaptioner"}
+    for name, deployment in built.items():
+        assert deployment.ray_actor_options["runtime_env"] == {"env_vars": REPLICA_ENV[name]}, name
+    drains = {name: d._deployment_config.graceful_shutdown_timeout_s for name, d in built.items()}
+    assert drains == {"Ingress": 42 + DRAIN_MARGIN_S, "PrimaryDecoder": 42 + DRAIN_MARGIN_S, "VisionCaptioner": 12}
+    # The placement is the builder's as before: only the runtime_env was added.
+    assert {k: v for k, v in built["Ingress"].ray_actor_options.items() if k != "runtime_env"} == {"num_cpus": 0}
+
+
+def test_torch_replicas_spin_briefly_and_bound_the_kernel_caches():
+    """oneDNN caches one kernel per matmul shape, 1024 by default; under continuous batching nearly
+    every step is a new shape, and a decoder grew by hundreds of MB until the caches filled. OpenMP's
+    default spin made a 2-core machine 4x slower. The ingress never imports torch."""
+    for name in ("PrimaryDecoder", "VisionCaptioner"):
+        env = REPLICA_ENV[name]
+        for cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+            assert 0 < int(env[cache]) <= 64, (name, cache)
+        assert int(env["GOMP_SPINCOUNT"]) <= 20000, name
+    assert "GOMP_SPINCOUNT" not in REPLICA_ENV["Ingress"]
+    for name in ("Ingress", "PrimaryDecoder"):  # the streaming hops: user code on the replica's loop
+        assert REPLICA_ENV[name]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+
+
+def test_the_application_runtime_env_is_kept_whole_and_its_variables_win():
+    """Serve gives a deployment that sets its own runtime_env nothing of the application's but the
+    working_dir: the builder copies the application's in, under which its own variables go."""
+    inherited = {
+        "working_dir": "gcs://_ray_pkg_abc.zip",
+        "pip": ["some-package"],
+        "env_vars": {"GOMP_SPINCOUNT": "0", "HF_HOME": "/data/hf"},
+    }
+    options = {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0}}
+    before = copy.deepcopy((inherited, options))
+    result = for_replicas("PrimaryDecoder", options, drain_s=10, inherited=inherited)
+    assert result == {
+        "num_replicas": 2,
+        "graceful_shutdown_timeout_s": 10 + DRAIN_MARGIN_S,
+        "ray_actor_options": {
+            "num_cpus": 0.5,
+            "num_gpus": 0,
+            "runtime_env": {
+                "working_dir": "gcs://_ray_pkg_abc.zip",
+                "pip": ["some-package"],
+                "env_vars": {**REPLICA_ENV["PrimaryDecoder"], "GOMP_SPINCOUNT": "0", "HF_HOME": "/data/hf"},
+            },
+        },
+    }
+    assert (inherited, options) == before  # neither is changed
+
+
+def test_before_ray_is_initialized_the_builder_inherits_nothing(monkeypatch):
+    """`serve run module:app` calls the builder before it connects to Ray."""
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert application_runtime_env() == {}
+    options = for_replicas("Ingress", INGRESS, drain_s=1)
+    assert options["ray_actor_options"] == {"num_cpus": 0, "runtime_env": {"env_vars": REPLICA_ENV["Ingress"]}}
+    assert INGRESS["ray_actor_options"] == {"num_cpus": 0}

@@ -9,7 +9,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments import app as app_module
 from deployments.config import AppArgs, cpu_cores, resolve_plan
-from deployments.options import decoder_options
+from deployments.options import REPLICA_ENV, decoder_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,21 @@ def test_builders_accept_the_shared_args(config, monkeypatch, smollm2):
         assert built is not None
 
 
-def test_every_application_bounds_the_cpu_kernel_caches(config):
-    """oneDNN caches one kernel per matmul shape, 1024 by default; under continuous batching nearly
-    every step is a new shape, and a decoder grew by hundreds of MB until the caches filled."""
+def test_the_replicas_environment_is_left_to_the_builder(config):
+    """The builder sets what each replica's process needs (`REPLICA_ENV`), so that `serve run
+    deployments.app:build_app` and other configs get it too; the shipped config repeats none of it."""
+    builders = set().union(*REPLICA_ENV.values())
     for application in config.applications:
         env = (application.runtime_env or {}).get("env_vars", {})
-        for cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
-            assert 0 < int(env.get(cache, "0")) <= 64, (application.name, cache)
+        assert not builders & set(env), application.name
+
+
+def test_the_revision_arg_is_shared_and_read_by_nothing(config, monkeypatch, smollm2):
+    """Serve rebuilds an application only when its entry in the config changes: bumping `revision`
+    (shared by both applications) is how an edited models.yaml gets read again."""
+    monkeypatch.chdir(ROOT)
+    revisions = {application.name: application.args.get("revision") for application in config.applications}
+    assert set(revisions) == {"default", "vision"} and len(set(revisions.values()) - {None}) == 1, revisions
+    main = next(a for a in config.applications if a.name == "default")
+    plans = [resolve_plan(AppArgs.model_validate({**main.args, "revision": r})) for r in (1, "2025-01-02")]
+    assert plans[0] == plans[1]

@@ -6,6 +6,7 @@ import yaml
 from deployments.app import build_app, build_captioner_app
 from deployments.config import AppArgs, EngineParams, load_models_file, resolve_plan
 from deployments.errors import ConfigError
+from tests.unit.test_options import bound_deployments
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -338,7 +339,4 @@ def test_the_builders_make_a_deployment_per_primary_and_per_captioner(tmp_path):
 
 
 def _deployments(app) -> list:
-    """The deployments Serve would deploy for an application: its root and every bound one in its args."""
-    from ray.serve._private.build_app import build_app as serve_build
-
-    return serve_build(app, name="test").deployments
+    return list(bound_deployments(app).values())
