@@ -168,6 +168,18 @@ def _arguments(text: str) -> Any:
 _TOOL_PROBE = "mmserve_tool_probe"
 
 
+def template_tools(tools: list[dict[str, Any]] | None, supported: bool) -> dict[str, Any]:
+    """`apply_chat_template`'s arguments for a request's `tools`; a 400 when the model's template
+    does not render them (`template_supports_tools`)."""
+    if not tools:
+        return {}
+    if not supported:
+        raise InvalidRequestError(
+            "This model's chat template does not support tools; send the request without `tools`.", param="tools"
+        )
+    return {"tools": tools}
+
+
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the chat template renders a tool list: a probe tool's name must appear in the prompt
     (SmolLM2's template never reads `tools`, so a tool list would vanish silently)."""
@@ -304,14 +316,7 @@ class TransformersTextEngine(TextEngine):
 
     def _chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> list[int]:
         """Messages rendered by the model's template (with the generation prompt) and `tools`."""
-        extra: dict[str, Any] = {}
-        if tools:
-            if not self.supports_tools:
-                raise InvalidRequestError(
-                    "This model's chat template does not support tools; send the request without `tools`.",
-                    param="tools",
-                )
-            extra["tools"] = tools
+        extra = template_tools(tools, self.supports_tools)
         chat = [template_message(m) for m in messages]
         encoded = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, **extra)
         return list(encoded["input_ids"])  # type: ignore[index,call-overload,arg-type]

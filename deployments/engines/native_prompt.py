@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from deployments.engines.hf_text import template_message, template_supports_tools
+from deployments.engines.hf_text import template_message, template_supports_tools, template_tools
 from deployments.engines.images import decode_rgb
 from deployments.engines.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
@@ -80,14 +80,7 @@ class NativePromptBuilder:
                 else:
                     content.append({"type": "text", "text": part.text})
             rendered.append({"role": message.role, "content": content})
-        extra: dict[str, Any] = {}
-        if tools:
-            if not self.supports_tools:
-                raise InvalidRequestError(
-                    "This model's chat template does not support tools; send the request without `tools`.",
-                    param="tools",
-                )
-            extra["tools"] = tools
+        extra = template_tools(tools, self.supports_tools)
         text = self.processor.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra)
         ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
         processed = [self.image(images[k], param=f"messages[{i}].content") for i, k in slots]
