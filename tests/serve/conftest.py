@@ -23,10 +23,16 @@ PORT = int(os.environ.get("MMSERVE_TEST_PORT", "8731"))  # another port where an
 BASE_URL = f"http://127.0.0.1:{PORT}"
 
 
-@pytest.fixture(scope="session")
-def serve_cluster():
+def start_local_cluster() -> None:
+    """The session's Ray: this machine as one node with 8 CPUs and one fake GPU, Serve on PORT.
+    (test_cluster.py stops it for its own multi-node cluster and calls this to start it again.)"""
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+
+
+@pytest.fixture(scope="session")
+def serve_cluster():
+    start_local_cluster()
     yield
     serve.shutdown()
     ray.shutdown()
