@@ -23,12 +23,18 @@ PORT = int(os.environ.get("MMSERVE_TEST_PORT", "8731"))  # another port where an
 BASE_URL = f"http://127.0.0.1:{PORT}"
 
 
-@pytest.fixture(scope="session")
-def serve_cluster():
-    # address="local": a new cluster even where /tmp/ray/ray_current_cluster names another (a `ray start`
-    # or a test's cluster left it), which ray.init() would join, refusing num_cpus and num_gpus.
+def start_local_cluster() -> None:
+    """The session's Ray: this machine as one node with 8 CPUs and one fake GPU, Serve on PORT.
+    (test_cluster.py stops it for its own multi-node cluster and calls this to start it again.)
+    address="local": a new cluster even where /tmp/ray/ray_current_cluster names another (a `ray
+    start` or a test's cluster left it), which ray.init() would join, refusing num_cpus and num_gpus."""
     ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+
+
+@pytest.fixture(scope="session")
+def serve_cluster():
+    start_local_cluster()
     yield
     serve.shutdown()
     ray.shutdown()
