@@ -21,6 +21,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.base import EngineOutput, TextEngine
+from deployments.engines.batcher import Batcher
 from deployments.engines.constraints import GrammarCompiler, LogprobStream, TokenTexts, build_constraints
 from deployments.engines.context import Limits, fit_context
 from deployments.engines.hf_text import IncrementalText, Sampling
@@ -39,7 +40,6 @@ from deployments.engines.progress import LoadProgress
 from deployments.engines.text_limits import raw_prompt_ids
 from deployments.errors import DecoderUnavailable
 from deployments.protocol import GenerateRequest, TextMessage
-from deployments.replicas.batcher import Batcher
 
 
 class NativeVisionEngine(TextEngine):

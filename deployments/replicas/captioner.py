@@ -20,11 +20,11 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import CaptionEngine, create_caption_engine
+from deployments.engines.batcher import Batcher
 from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER, ENGINE, Recorder
 from deployments.protocol import CaptionRequest, ComponentStatus
-from deployments.replicas.batcher import Batcher
 from deployments.replicas.lifecycle import EngineSlot
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from deployments.replicas.batcher import Batcher
+from deployments.engines.batcher import Batcher
 
 
 class Model:
