@@ -170,7 +170,9 @@ def test_the_decoder_scales_from_min_to_max_and_back_without_a_failed_request(de
 
 # --- the captioner: scale to zero ---------------------------------------------------------------
 
-ZERO = {"min_replicas": 0, "max_replicas": 1, "downscale_to_zero_delay_s": 1, **FAST}
+# 5 s at one idle replica before zero: room for the next request after retry_after_s on a loaded machine
+# (at 1 s, a replica Serve showed RUNNING late was already going back to zero in CI).
+ZERO = {"min_replicas": 0, "max_replicas": 1, "downscale_to_zero_delay_s": 5, **FAST}
 
 
 def proxy_file(directory: Path, **proxy_vision: Any) -> Path:
