@@ -51,10 +51,8 @@ class ServedModels:
         reports = await asyncio.gather(*(model.health.report() for model in self._models.values()))
         if len(reports) == 1:
             return reports[0]
-        states = [body["status"] for body, _ in reports]
-        overall = "ok" if all(s == "ok" for s in states) else "degraded"
         code = 200 if any(code == 200 for _, code in reports) else 503
-        if code == 503:
-            overall = "unavailable"
+        everything_ok = all(body["status"] == "ok" for body, _ in reports)
+        overall = "unavailable" if code == 503 else ("ok" if everything_ok else "degraded")
         models = {name: body for name, (body, _) in zip(self._models, reports, strict=True)}
         return {"status": overall, "components": reports[0][0]["components"], "models": models}, code
