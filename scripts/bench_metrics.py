@@ -34,7 +34,7 @@ from pathlib import Path
 import ray
 
 from deployments.config import Lifecycle, load_models_file
-from deployments.engines import hf_batching
+from deployments.engines.transformers import continuous
 from deployments.monitoring.access_log import AccessLog, RequestRecord
 from deployments.monitoring.metrics import INGRESS, Recorder
 from deployments.protocol import GenerateRequest, TextMessage
@@ -84,7 +84,7 @@ STEPS = 0
 
 def count_steps() -> None:
     """Count forward steps: the batch's sampler runs once per step."""
-    sampler = hf_batching._PerRequestSampler
+    sampler = continuous.PerRequestSampler
     call = sampler.__call__
 
     def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config import load_models_file
-from deployments.engines import constraints, create_text_engine, hf_batching
+from deployments.engines import create_text_engine
 from deployments.engines.base import TextEngine
+from deployments.engines.transformers import constraints, continuous
 from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage
 
 THINGS = ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
@@ -74,9 +75,9 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def instrument() -> None:
     """Times the sampler (one call per forward step) and its constraint parts, where they run."""
-    hf_batching._PerRequestSampler.__call__ = timed("sampler", hf_batching._PerRequestSampler.__call__)  # type: ignore[method-assign]
+    continuous.PerRequestSampler.__call__ = timed("sampler", continuous.PerRequestSampler.__call__)  # type: ignore[method-assign]
     constraints.Grammar.fill_mask = timed("mask", constraints.Grammar.fill_mask)  # type: ignore[method-assign]
-    hf_batching.constrain = timed("apply", hf_batching.constrain)
+    continuous.constrain = timed("apply", continuous.constrain)
     constraints.ConstrainedStep.accept = timed("accept", constraints.ConstrainedStep.accept)  # type: ignore[method-assign]
 
 

@@ -1,7 +1,7 @@
-"""Model engines behind two small ABCs (`base`); `factory` picks one from a `ModelConfig`: the
-transformers engines (`hf_text`, `hf_batching`, `hf_vision`, with `loading`, `int4_cpu`, and
-`constraints`: logprobs, logit bias and JSON grammars per request), the deterministic `fake`, or
-your own. Replicas only see `TextEngine` and `CaptionEngine`."""
+"""Model engines behind two small ABCs (`base`); `factory` picks one from a `ModelConfig`: an engine
+library's folder (`transformers/`), the deterministic `fake`, or your own `module:Class`. What every
+library shares sits here: the context fitting (`context`), the request batcher (`batcher`) and image
+decoding (`images`). Replicas only see `TextEngine` and `CaptionEngine`."""
 
 from deployments.engines.base import CaptionEngine, Engine, EngineOutput, TextEngine
 from deployments.engines.factory import create_caption_engine, create_text_engine

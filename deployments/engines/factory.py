@@ -36,14 +36,14 @@ def create_text_engine(model: ModelConfig) -> TextEngine:
     if model.engine != "transformers":
         return _custom_engine(model, TextEngine)(model)  # type: ignore[type-abstract]
     if model.capabilities.vision_mode == "native":
-        from deployments.engines.hf_native import NativeVisionEngine
+        from deployments.engines.transformers.native import NativeVisionEngine
 
         return NativeVisionEngine(model)
     if model.params.batching == "sequential":
-        from deployments.engines.hf_text import SequentialTextEngine
+        from deployments.engines.transformers.sequential import SequentialTextEngine
 
         return SequentialTextEngine(model)
-    from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+    from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 
     return ContinuousBatchingTextEngine(model)
 
@@ -54,6 +54,6 @@ def create_caption_engine(model: ModelConfig) -> CaptionEngine:
         return FakeCaptionEngine(model)
     if model.engine != "transformers":
         return _custom_engine(model, CaptionEngine)(model)  # type: ignore[type-abstract]
-    from deployments.engines.hf_vision import TransformersCaptionEngine
+    from deployments.engines.transformers.captioner import TransformersCaptionEngine
 
     return TransformersCaptionEngine(model)

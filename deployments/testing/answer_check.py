@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from deployments.config import load_models_file
-from deployments.protocol import GenerateRequest, TextMessage
+from deployments.protocol import TextMessage
 
 DEFAULT_TOL = 1.0  # logits; measured drift stays under 0.2 (docs/reliability.md)
 
@@ -43,7 +43,7 @@ class AnswerScorer:
     """The primary model of a models.yaml, loaded through the service's own loading code in float32."""
 
     def __init__(self, models_file: Path) -> None:
-        from deployments.engines.hf_text import SequentialTextEngine
+        from deployments.engines.transformers.sequential import SequentialTextEngine
 
         primary = load_models_file(models_file).models[0]
         params = primary.params.model_copy(update={"quantization": "none", "dtype": "float32"})
@@ -54,8 +54,7 @@ class AnswerScorer:
         """The largest gap over the answer's tokens, teacher-forced after the chat prompt."""
         key = (repr(messages), answer)
         if key not in self._cache:
-            request = GenerateRequest(messages=[TextMessage(**m) for m in messages])
-            prompt = self.engine.prompt_ids(request)
+            prompt = self.engine.chat_ids([TextMessage(**m) for m in messages], tools=None)
             tokens = self.engine.tokenizer(answer, add_special_tokens=False)["input_ids"]
             if not tokens:
                 return 0.0

@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 from deployments.config import ModelConfig
-from deployments.engines.hf_native import NativeVisionEngine
-from deployments.engines.processor_cache import ProcessedImage
+from deployments.engines.transformers.native import NativeVisionEngine
+from deployments.engines.transformers.processor_cache import ProcessedImage
 
 REFUSED_COLOUR = (255, 0, 255)
 

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor
 
-from deployments.engines.native_prompt import NativePromptBuilder
-from deployments.engines.processor_cache import ProcessorCache
+from deployments.engines.transformers.native_prompt import NativePromptBuilder
+from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.ingress.vision.native import native_messages
 from deployments.protocol import ChatCompletionRequest
 from deployments.testing.native_probe import REFUSED_COLOUR, pixel_sha256

@@ -14,9 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import EngineParams, ModelConfig
-from deployments.engines import TextEngine, create_text_engine, int4_cpu
-from deployments.engines.constraints import TokenTexts, _bytes_to_unicode
-from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+from deployments.engines import TextEngine, create_text_engine
+from deployments.engines.transformers import int4_cpu
+from deployments.engines.transformers.constraints import TokenTexts, _bytes_to_unicode
+from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 from deployments.errors import ContextLengthError, InvalidRequestError
 from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage, ToolCall, ToolCallFunction
 
@@ -112,7 +113,7 @@ async def test_logprobs_are_the_models_raw_distribution(tiny_llm, reference, tem
     before temperature (sampled at 1.5, they are still the raw distribution's)."""
     float32_only(tiny_llm)
     request = ask("what comes next", temperature=temperature, max_tokens=3, logprobs=4)
-    expected = first_token_logprobs(reference, tiny_llm.prompt_ids(request))
+    expected = first_token_logprobs(reference, tiny_llm.chat_ids(request.messages, request.tools))
     _, pieces = await complete(tiny_llm, request)
     first = entries(pieces)[0]
     values, ids = expected.topk(4)
@@ -202,7 +203,7 @@ async def test_invalid_schemas_are_400s_with_the_librarys_message(tiny_llm):
 
 async def test_a_text_prompt_is_used_without_the_chat_template(tiny_llm):
     request = GenerateRequest(prompt="Once upon a time", temperature=0, max_tokens=6)
-    ids = tiny_llm.prompt_ids(request)
+    ids = (await tiny_llm.prepare(request)).prompt
     assert ids == tiny_llm.tokenizer("Once upon a time").input_ids  # SmolLM2's tokenizer adds no BOS
     assert "<|im_start|>" not in tiny_llm.tokenizer.decode(ids)
     text, pieces = await complete(tiny_llm, request)
@@ -283,7 +284,7 @@ async def test_tools_and_a_tool_call_history_reach_the_template(tool_llm):
         max_tokens=4,
     )
     assert tool_llm.describe()["tools"] is True
-    prompt = tool_llm.tokenizer.decode(tool_llm.prompt_ids(request))
+    prompt = tool_llm.tokenizer.decode(tool_llm.chat_ids(request.messages, request.tools))
     assert '"name": "get_weather"' in prompt and "The weather in a city." in prompt  # the tool list
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert "<tool_response>\n18C and sunny\n</tool_response>" in prompt

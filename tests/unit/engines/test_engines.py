@@ -11,9 +11,10 @@ import pytest
 from PIL import Image
 
 from deployments.config import CaptioningConfig, EngineParams, ModelConfig, cpu_cores
-from deployments.engines import TextEngine, create_caption_engine, create_text_engine, int4_cpu
+from deployments.engines import TextEngine, create_caption_engine, create_text_engine
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
-from deployments.engines.hf_batching import ContinuousBatchingTextEngine
+from deployments.engines.transformers import int4_cpu
+from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -119,7 +120,7 @@ async def test_context_length_checked_before_generation(tiny_llm):
 
 async def test_default_max_tokens_shrinks_to_the_context_left(tiny_llm):
     request = ask("word " * 400)  # no max_tokens: the default (256) does not fit in 512
-    room = tiny_llm.max_model_len - len(tiny_llm.prompt_ids(request))
+    room = tiny_llm.max_model_len - len(tiny_llm.chat_ids(request.messages, request.tools))
     assert 0 < room < tiny_llm.params.max_tokens
     _, pieces = await complete(tiny_llm, request)
     assert 0 < pieces[-1].completion_tokens <= room
@@ -325,7 +326,7 @@ def test_both_engines_apply_cpu_threads(tiny_llm_dir, tiny_vlm_dir, torch_thread
 def test_openai_penalties_are_additive_over_completion_tokens():
     import torch
 
-    from deployments.engines.hf_text import OpenAIPenalties
+    from deployments.engines.transformers.sequential import OpenAIPenalties
 
     scores = torch.zeros(1, 10)
     input_ids = torch.tensor([[3, 5, 3, 3, 7]])  # prompt [3, 5], completion [3, 3, 7]

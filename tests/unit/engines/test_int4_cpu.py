@@ -7,8 +7,9 @@ from PIL import Image
 from torch import nn
 
 from deployments.config import CaptioningConfig, EngineParams, ModelConfig
-from deployments.engines import create_caption_engine, int4_cpu
-from deployments.engines.loading import load_kwargs, quantization_kwargs, quantize_loaded
+from deployments.engines import create_caption_engine
+from deployments.engines.transformers import int4_cpu
+from deployments.engines.transformers.loading import load_kwargs, quantization_kwargs, quantize_loaded
 from deployments.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")

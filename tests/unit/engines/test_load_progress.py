@@ -12,8 +12,9 @@ import torch
 from huggingface_hub import constants
 
 from deployments.config import EngineParams, ModelConfig
-from deployments.engines import create_caption_engine, create_text_engine, int4_cpu
-from deployments.engines.progress import LoadProgress, module_bytes, tree_size
+from deployments.engines import create_caption_engine, create_text_engine
+from deployments.engines.transformers import int4_cpu
+from deployments.engines.transformers.progress import LoadProgress, module_bytes, tree_size
 
 NEEDS_INT4 = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
 SECONDS = r"(\d+\.\d) s"

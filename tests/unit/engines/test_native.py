@@ -14,8 +14,8 @@ from PIL import Image
 
 from deployments.config import ModelConfig
 from deployments.engines import create_text_engine
-from deployments.engines.hf_native import NativeVisionEngine
-from deployments.engines.processor_cache import ProcessedImage, ProcessorCache
+from deployments.engines.transformers.native import NativeVisionEngine
+from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
 from deployments.protocol import GenerateRequest, MessageImage, MessageText, TextMessage
 

@@ -9,7 +9,7 @@ import pytest
 from deployments.config import EngineParams, ModelConfig
 from deployments.engines import create_text_engine
 from deployments.engines.fake import echoed_prompt
-from deployments.engines.hf_text import TransformersTextEngine
+from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import ContextLengthError
 from deployments.protocol import GenerateRequest, TextMessage
 
@@ -53,7 +53,7 @@ def engines(request, tiny_llm_dir):
 async def test_a_long_chat_is_a_400_under_error_and_truncated_whole_turns_under_truncate(engines):
     request = long_chat(max_tokens=8, temperature=0)
     error, truncate = engines["error"], engines["truncate"]
-    whole = len(truncate.prompt_ids(request))
+    whole = len(truncate.chat_ids(request.messages, request.tools))
     assert whole > 256
     with pytest.raises(ContextLengthError, match=f"context is 256 tokens; the prompt has {whole} and 8"):
         await complete(error, request)

@@ -13,85 +13,58 @@ the budget; the figure is in the engine-ready line and on /health.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from typing import Any
 
-import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ImageInputConfig, ModelConfig
-from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.batcher import Batcher
-from deployments.engines.constraints import GrammarCompiler, LogprobStream, TokenTexts, build_constraints
-from deployments.engines.context import Limits, fit_context
-from deployments.engines.hf_text import IncrementalText, Sampling
-from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
-from deployments.engines.memory_profile import (
+from deployments.engines.context import fit_context
+from deployments.engines.transformers.base import TransformersDecoder
+from deployments.engines.transformers.chat_template import raw_prompt_ids
+from deployments.engines.transformers.constraints import build_constraints
+from deployments.engines.transformers.memory_profile import (
     MemoryProfile,
     check_budget,
     default_budget_mb,
     largest_image,
     measure,
 )
-from deployments.engines.native_batch import END, NativeJob, queue_sink, run_batch
-from deployments.engines.native_prompt import NativePrompt, NativePromptBuilder
-from deployments.engines.processor_cache import ProcessorCache
-from deployments.engines.progress import LoadProgress
-from deployments.engines.text_limits import raw_prompt_ids
+from deployments.engines.transformers.native_batch import END, NativeJob, queue_sink, run_batch
+from deployments.engines.transformers.native_prompt import NativePrompt, NativePromptBuilder
+from deployments.engines.transformers.processor_cache import ProcessorCache
+from deployments.engines.transformers.sampling import Sampling
+from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
 from deployments.protocol import GenerateRequest, TextMessage
 
 
-class NativeVisionEngine(TextEngine):
-    device: str
+class NativeVisionEngine(TransformersDecoder):
+    FRONT = ("processor", AutoProcessor)
+    MODEL = AutoModelForImageTextToText
 
     def __init__(self, model: ModelConfig) -> None:
-        self.params = model.params
+        super().__init__("decoder", model)
+        self.processor = self.front
         limit = model.capabilities.max_images_per_request
         self.max_images = ImageInputConfig().max_images_per_request if limit is None else limit
-        progress = LoadProgress("decoder", model)
-        self.device, shared, kwargs = load_kwargs(model)
-        self.processor = progress.pretrained("processor", AutoProcessor.from_pretrained, model.source, **shared)
-        self.tokenizer = self.processor.tokenizer
-        vlm = progress.pretrained("model", AutoModelForImageTextToText.from_pretrained, model.source, **kwargs)
-        self.model = place(vlm, self.device, kwargs).eval()
-        progress.loaded(self.model, kwargs)
-        self.int4_layers = quantize_loaded(self.model, self.params, self.device, progress)
-        self.cpu_threads = set_cpu_threads(self.params, self.device)
-        text = self.model.config.get_text_config()
-        own_len = getattr(text, "max_position_embeddings", None) or 2048
-        self.max_model_len = min(self.params.max_model_len or own_len, own_len)
-        gen: Any = self.model.generation_config
-        eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
-        self.eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-        pad = gen.pad_token_id if gen.pad_token_id is not None else self.tokenizer.pad_token_id
-        self._special = {"eos_token_id": self.eos_ids, "pad_token_id": self.eos_ids[0] if pad is None else pad}
-        self.vocab_size = min(len(self.tokenizer), int(text.vocab_size))
-        self.grammars = GrammarCompiler(self.tokenizer, int(text.vocab_size), self.eos_ids)
-        self.token_texts = TokenTexts(self.tokenizer)
         self.cache = ProcessorCache(int(self.params.processor_cache_mb * 2**20))
         self.prompts = NativePromptBuilder(self.processor, model.capabilities.image_token, self.cache)
-        self.source = model.source
         self._batcher: Batcher[NativeJob, None] = Batcher(
             self._run_batch, self.params.max_num_seqs, self.params.batch_wait_ms / 1000
         )
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
         self.profile = self._profile_memory()
         check_budget(self.profile)
-        progress.done(self.model)
+        self.progress.done(self.model)
 
     def describe(self) -> dict[str, Any]:
         return {
-            **self.params.model_dump(),
+            **super().describe(),
             "engine": "native-vision",
-            "source": self.source,
-            "device": self.device,
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "max_model_len": self.max_model_len,
             "max_images_per_request": self.max_images,
             "image_token": self.prompts.image_token,
-            "int4_layers": self.int4_layers,
-            "cpu_threads": self.cpu_threads,
             "tools": self.prompts.supports_tools,
             "memory_profile_peak_mb": self.profile.peak_mb,
             "memory_budget_mb": self.profile.budget_mb,
@@ -105,11 +78,6 @@ class NativeVisionEngine(TextEngine):
             "memory_profile": self.profile.describe(),
         }
 
-    def close(self) -> None:
-        del self.model
-        if self.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-
     # ------------------------------------------------------------------ requests
 
     def prompt(self, request: GenerateRequest) -> NativePrompt:
@@ -122,9 +90,9 @@ class NativeVisionEngine(TextEngine):
         """The request's prompt fitted to the context (`context.fit_context`: a 400 with the numbers,
         or under `context_overflow: truncate` its oldest turns dropped whole, with their images), and
         its settings."""
-        limits = Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
+        limits = self.limits(request)
         if request.prompt is not None:
-            prompt = self.prompts.text(raw_prompt_ids(self.tokenizer, request.prompt, self.vocab_size))
+            prompt = self.prompt(request)
             max_tokens, dropped = limits.completion(len(prompt.ids), "prompt"), 0
         else:
             built: dict[tuple[int, ...], NativePrompt] = {}  # the chats counted, by their messages
@@ -147,48 +115,33 @@ class NativeVisionEngine(TextEngine):
             prompt=prompt,
             max_tokens=max_tokens,
             dropped_prompt_tokens=dropped,
-            sampling=Sampling(*(self._setting(request, name) for name in ("temperature", "top_p", "top_k"))),
-            penalties=(self._setting(request, "frequency_penalty"), self._setting(request, "presence_penalty")),
+            sampling=self.sampling(request),
+            penalties=self.penalties(request),
             seed=request.seed,
             constraints=build_constraints(request, self.vocab_size, self.grammars),
         )
 
-    def _setting(self, request: GenerateRequest, name: str) -> Any:
-        value = getattr(request, name)
-        return value if value is not None else getattr(self.params, name)
-
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+    async def start(self, request: GenerateRequest) -> TokenStream:
         job = await asyncio.to_thread(self._job, request)
-        queue: asyncio.Queue = asyncio.Queue()
-        job.sink = queue_sink(queue)
-        submitted = asyncio.ensure_future(self._batcher.submit(job))
-        text = IncrementalText(self.tokenizer)
-        logprobs = LogprobStream(job.constraints, self.token_texts)
-        prompt_len = len(job.prompt.ids)
-        try:
-            while (item := await queue.get()) is not END:
-                if isinstance(item, BaseException):
-                    raise _request_error(item)
-                if delta := text.feed([item]):
-                    n = len(text.ids)
-                    yield EngineOutput(delta, n, prompt_len, logprobs=logprobs.take(n))
-            n = len(text.ids)
-            finish: Literal["stop", "length"] = "length" if n >= job.max_tokens else "stop"
-            yield EngineOutput(
-                text.flush(),
-                n,
-                prompt_len,
-                finish_reason=finish,
-                logprobs=logprobs.take(n),
-                truncated_prompt_tokens=job.dropped_prompt_tokens,
-            )
-        finally:
-            job.cancelled.set()  # a row still decoding ends at the next step
-            submitted.cancel()  # a job still waiting for its batch never joins one
+
+        async def tokens() -> AsyncIterator[list[int]]:
+            queue: asyncio.Queue = asyncio.Queue()
+            job.sink = queue_sink(queue)
+            submitted = asyncio.ensure_future(self._batcher.submit(job))
+            try:
+                while (item := await queue.get()) is not END:
+                    if isinstance(item, BaseException):
+                        raise _request_error(item)
+                    yield [item]
+            finally:
+                job.cancelled.set()  # a row still decoding ends at the next step
+                submitted.cancel()  # a job still waiting for its batch never joins one
+
+        return TokenStream(tokens(), len(job.prompt.ids), job.max_tokens, job.constraints, job.dropped_prompt_tokens)
 
     async def _run_batch(self, jobs: list[NativeJob]) -> list[None]:
         self.batches = [*self.batches[-99:], len(jobs)]
-        await asyncio.to_thread(run_batch, self.model, jobs, self._special, self.eos_ids)
+        await asyncio.to_thread(run_batch, self.model, jobs, self.special, self.eos_ids)
         return [None] * len(jobs)
 
     # ------------------------------------------------------------------ load-time profile
@@ -207,7 +160,7 @@ class NativeVisionEngine(TextEngine):
             NativeJob(prompt=prompt, max_tokens=2, sampling=Sampling(0.0, 1.0, 0), sink=items.append)
             for _ in range(self.params.max_num_seqs)
         ]
-        peak, seconds = measure(self.device, lambda: run_batch(self.model, jobs, self._special, self.eos_ids))
+        peak, seconds = measure(self.device, lambda: run_batch(self.model, jobs, self.special, self.eos_ids))
         if errors := [item for item in items if isinstance(item, BaseException)]:
             raise errors[0]
         budget = self.params.mem_budget_mb or default_budget_mb(self.device)

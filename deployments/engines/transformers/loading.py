@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 import torch
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
-from deployments.engines import int4_cpu
-from deployments.engines.progress import LoadProgress
+from deployments.engines.transformers import int4_cpu
+from deployments.engines.transformers.progress import LoadProgress
 from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")

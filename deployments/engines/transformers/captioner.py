@@ -11,45 +11,30 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine
-from deployments.engines.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
-from deployments.engines.progress import LoadProgress
+from deployments.engines.transformers.base import TransformersEngine
 
 
-class TransformersCaptionEngine(CaptionEngine):
-    device: str
+class TransformersCaptionEngine(TransformersEngine, CaptionEngine):
+    FRONT = ("processor", AutoProcessor)
+    MODEL = AutoModelForImageTextToText
 
     def __init__(self, model: ModelConfig) -> None:
+        super().__init__("captioner", model)
+        self.processor = self.front
         self.max_new_tokens = model.captioning.max_new_tokens
-        progress = LoadProgress("captioner", model)
-        self.device, shared, kwargs = load_kwargs(model)
-        self.processor = progress.pretrained("processor", AutoProcessor.from_pretrained, model.source, **shared)
-        tokenizer = getattr(self.processor, "tokenizer", None)
+        self.progress.done(self.model)
+
+    def check_front(self, model: ModelConfig) -> None:
+        tokenizer = getattr(self.front, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.padding_side = "left"  # batched generation appends after the prompt
-        vlm = progress.pretrained("model", AutoModelForImageTextToText.from_pretrained, model.source, **kwargs)
-        self.model = place(vlm, self.device, kwargs).eval()
-        progress.loaded(self.model, kwargs)
-        self.source = model.source
-        self.params = model.params
-        self.int4_layers = quantize_loaded(self.model, self.params, self.device, progress)
-        self.cpu_threads = set_cpu_threads(self.params, self.device)
-        progress.done(self.model)
 
     def describe(self) -> dict[str, Any]:
         return {
             **self.params.model_dump(include={"quantization", "device_ids", "max_num_seqs"}),
-            "source": self.source,
-            "device": self.device,
-            "dtype": str(self.model.dtype).removeprefix("torch."),
+            **super().describe(),
             "max_new_tokens": self.max_new_tokens,
-            "int4_layers": self.int4_layers,
-            "cpu_threads": self.cpu_threads,
         }
-
-    def close(self) -> None:
-        del self.model
-        if self.device.startswith("cuda"):
-            torch.cuda.empty_cache()
 
     def _prompt(self, text: str) -> str:
         if getattr(self.processor, "chat_template", None):

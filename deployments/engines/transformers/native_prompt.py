@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from PIL import Image
 
-from deployments.engines.hf_text import template_message, template_supports_tools, template_tools
 from deployments.engines.images import decode_rgb
-from deployments.engines.processor_cache import ProcessedImage, ProcessorCache
+from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
+from deployments.engines.transformers.text import template_message, template_supports_tools, template_tools
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
 from deployments.protocol import MessageImage, TextMessage
 

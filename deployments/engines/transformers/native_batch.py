@@ -30,9 +30,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from deployments.engines.constraints import RequestConstraints, constrain
-from deployments.engines.hf_text import Sampling
-from deployments.engines.native_prompt import NativePrompt
+from deployments.engines.transformers.constraints import RequestConstraints, constrain
+from deployments.engines.transformers.native_prompt import NativePrompt
+from deployments.engines.transformers.sampling import Sampling, penalize, warp
 
 END = object()  # the last item of a job's queue
 
@@ -92,20 +92,6 @@ def batch_inputs(jobs: Sequence[NativeJob], pad_id: int, device: str, dtype: tor
     return inputs
 
 
-def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """One row's logits after temperature, top-k and top-p (tokens left out are -inf)."""
-    logits = logits / sampling.temperature
-    if sampling.top_k and sampling.top_k < logits.numel():
-        kth = torch.topk(logits, sampling.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        ordered, order = torch.sort(logits, descending=True)
-        cumulative = ordered.softmax(-1).cumsum(-1)
-        drop = cumulative - ordered.softmax(-1) > sampling.top_p  # keep the token that crosses top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
-
-
 class RowSampler(LogitsProcessor):
     """Per-row sampling inside one `generate` (which then only takes the argmax): penalties, constraints,
     then each sampled row's draw becomes a one-hot; a step whose rows are all greedy and unconstrained
@@ -126,11 +112,9 @@ class RowSampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self._penalties:
-            generated = input_ids[:, self._width :]
-            counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
             frequency = scores.new_tensor([job.penalties[0] for job in self._jobs]).unsqueeze(1)
             presence = scores.new_tensor([job.penalties[1] for job in self._jobs]).unsqueeze(1)
-            scores = scores - frequency * counts - presence * (counts > 0).to(scores.dtype)  # type: ignore[assignment]
+            scores = penalize(scores, input_ids[:, self._width :], frequency, presence)  # type: ignore[assignment]
         step = constrain(scores, self._rows)
         if self._greedy:
             if step is not None:

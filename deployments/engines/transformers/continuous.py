@@ -6,7 +6,7 @@ tokens), finished and cancelled ones leave it, and every step's tokens are hande
 replica's event loop, where each request's stream picks up its own.
 
 Sampling is per request in one manager: every request brings its own temperature, top-k and
-top-p, and `_PerRequestSampler` draws the tokens, leaving the manager an argmax. Greedy
+top-p, and `PerRequestSampler` draws the tokens, leaving the manager an argmax. Greedy
 (temperature 0) is top-k 1, an exact argmax, so a temperature is never divided by zero; a step
 whose sequences are all greedy and unconstrained is only the argmax. Seeds and penalties are not
 supported by the batched sampler; such requests get a 400 that says to use `batching: sequential`.
@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import logging
 import queue
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -40,9 +40,10 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 from transformers.generation.continuous_batching.requests import FutureRequestState
 
 from deployments.config import ModelConfig
-from deployments.engines.base import EngineOutput
-from deployments.engines.constraints import ConstraintRegistry, LogprobStream, RequestConstraints, constrain
-from deployments.engines.hf_text import IncrementalText, Sampling, TransformersTextEngine
+from deployments.engines.transformers.constraints import ConstraintRegistry, RequestConstraints, constrain
+from deployments.engines.transformers.sampling import Sampling
+from deployments.engines.transformers.stream import TokenStream
+from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import DecoderUnavailable, InvalidRequestError
 from deployments.protocol import GenerateRequest
 
@@ -52,7 +53,7 @@ PAGE_SIZE = 256  # tokens per KV-cache page (the library's default)
 DEFAULT_BATCH_TOKENS = 512
 
 
-class _PerRequestSampler(ContinuousBatchingLogitsProcessorList):
+class PerRequestSampler(ContinuousBatchingLogitsProcessorList):
     """The manager's warpers (temperature, top-k, top-p: two full-vocabulary sorts per token) and the
     draw, so that the manager's own sampler (`do_sample` off) only takes an argmax. A step whose
     sequences are all greedy (top-k 1) and unconstrained leaves the scores as they are: an argmax,
@@ -97,14 +98,16 @@ class _PerRequestSampler(ContinuousBatchingLogitsProcessorList):
 
 
 class ContinuousBatchingTextEngine(TransformersTextEngine):
+    """The default transformers decoder (`batching: continuous`)."""
+
     def __init__(self, model: ModelConfig) -> None:
         super().__init__(model, attn_implementation="sdpa")  # the manager moves it to paged (or flash) attention
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.num_blocks = self._num_blocks()
         self.batch_tokens = self.params.prefill_chunk_size or DEFAULT_BATCH_TOKENS
-        # The manager takes an argmax of what `_PerRequestSampler` leaves. The sampling values below only
+        # The manager takes an argmax of what `PerRequestSampler` leaves. The sampling values below only
         # make the temperature, top-k and top-p steps exist; every request passes its own (`_knobs`).
-        generation = GenerationConfig(do_sample=False, max_new_tokens=self.params.max_tokens, **self._special)
+        generation = GenerationConfig(do_sample=False, max_new_tokens=self.params.max_tokens, **self.special)
         warpers = GenerationConfig(do_sample=True, temperature=0.5, top_k=50, top_p=0.5)
         batching = ContinuousBatchingConfig(
             page_size=PAGE_SIZE,
@@ -122,7 +125,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         )
         # Read by the batch processor that `start` creates.
         self._constraints = ConstraintRegistry()
-        self._manager.logit_processor = _PerRequestSampler(self.model._get_logits_processor(warpers), self._constraints)
+        self._manager.logit_processor = PerRequestSampler(self.model._get_logits_processor(warpers), self._constraints)
         self._manager.start()
         self._ids = itertools.count()
 
@@ -194,57 +197,48 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         top_k = min(sampling.top_k, self.vocab_size) if sampling.top_k else self.vocab_size
         return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": float(sampling.top_p)}
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+    async def start(self, request: GenerateRequest) -> TokenStream:
         prepared = await self.prepare(request)
-        prompt, max_tokens = prepared.prompt, prepared.max_tokens
         knobs = self._knobs(request, self.sampling(request))
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
-
         request_id = f"seq-{next(self._ids)}"
-        outputs: asyncio.Queue = asyncio.Queue()
-        self._manager.register_result_handler(request_id, outputs.put_nowait)
-        if prepared.constraints is not None:  # before the sequence can be scheduled
-            self._constraints.add(request_id, prepared.constraints)
-        finished = False
-        try:
-            accepted = self._manager.add_request(
-                prompt, request_id=request_id, max_new_tokens=max_tokens, streaming=True, **knobs
-            )
-            if accepted is None:
-                raise DecoderUnavailable("The decoder is shutting down and accepts no new requests.")
-            text = IncrementalText(self.tokenizer)
-            logprobs = LogprobStream(prepared.constraints, self.token_texts)
-            while not finished:
-                output = await outputs.get()
-                while not outputs.empty():  # outputs are cumulative: when behind, the latest says it all
-                    output = outputs.get_nowait()
-                finished = output.is_finished()
-                if output.error is not None:
-                    if self.failure() is not None:
-                        raise DecoderUnavailable(f"The decoder failed: {output.error}")
-                    raise RuntimeError(f"generation failed: {output.error}")
-                delta = text.feed(output.generated_tokens[len(text.ids) :])
-                n = len(text.ids)
-                if finished:
-                    finish = self.finish_reason(n, max_tokens)
-                    yield EngineOutput(
-                        delta + text.flush(),
-                        n,
-                        len(prompt),
-                        finish_reason=finish,
-                        logprobs=logprobs.take(n),
-                        truncated_prompt_tokens=prepared.dropped_prompt_tokens,
-                    )
-                elif delta:
-                    yield EngineOutput(delta, n, len(prompt), logprobs=logprobs.take(n))
-        finally:
-            if not finished:  # stop string, client gone or error: free the sequence's slot and pages now
-                self._manager.cancel_request(request_id)
-                with self._manager.output_router._lock:  # a cancelled request gets no final output
-                    self._manager.output_router.result_handlers.pop(request_id, None)
-            self._constraints.remove(request_id)
-            self._drop_orphans()
+
+        async def tokens() -> AsyncIterator[list[int]]:
+            outputs: asyncio.Queue = asyncio.Queue()
+            finished, seen = False, 0
+            try:
+                self._manager.register_result_handler(request_id, outputs.put_nowait)
+                if prepared.constraints is not None:  # before the sequence can be scheduled
+                    self._constraints.add(request_id, prepared.constraints)
+                accepted = self._manager.add_request(
+                    prepared.prompt, request_id=request_id, max_new_tokens=prepared.max_tokens, streaming=True, **knobs
+                )
+                if accepted is None:
+                    raise DecoderUnavailable("The decoder is shutting down and accepts no new requests.")
+                while not finished:
+                    output = await outputs.get()
+                    while not outputs.empty():  # outputs are cumulative: when behind, the latest says it all
+                        output = outputs.get_nowait()
+                    finished = output.is_finished()
+                    if output.error is not None:
+                        if self.failure() is not None:
+                            raise DecoderUnavailable(f"The decoder failed: {output.error}")
+                        raise RuntimeError(f"generation failed: {output.error}")
+                    new = output.generated_tokens[seen:]
+                    seen += len(new)
+                    yield new
+            finally:
+                if not finished:  # stop string, client gone or error: free the sequence's slot and pages now
+                    self._manager.cancel_request(request_id)
+                    with self._manager.output_router._lock:  # a cancelled request gets no final output
+                        self._manager.output_router.result_handlers.pop(request_id, None)
+                self._constraints.remove(request_id)
+                self._drop_orphans()
+
+        return TokenStream(
+            tokens(), len(prepared.prompt), prepared.max_tokens, prepared.constraints, prepared.dropped_prompt_tokens
+        )
 
     def _drop_orphans(self) -> None:
         """Outputs that a cancelled sequence produced after its handler was removed go to the manager's

@@ -1,0 +1,120 @@
+"""What every transformers engine shares. `TransformersEngine`: set-up (the tokenizer or processor
+and the model from `model.source`, on the device Ray gave the replica, in its dtype, int4 on a CPU
+where asked, torch's CPU threads; each step a logged load-progress line), the effective settings and
+`close`. `TransformersDecoder` adds what the text-generating engines share: the context length, the
+special tokens, the vocabulary a request may name, the grammar compiler, sampling resolved against
+the model's defaults, and `generate`: each engine `start`s a request's sequence and the one
+token-stream-to-output loop (`stream.stream_outputs`) turns its token ids into pieces."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from collections.abc import AsyncGenerator
+from typing import Any, ClassVar
+
+import torch
+
+from deployments.config import ModelConfig
+from deployments.engines.base import Engine, EngineOutput, TextEngine
+from deployments.engines.context import Limits
+from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
+from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
+from deployments.engines.transformers.progress import LoadProgress
+from deployments.engines.transformers.sampling import Sampling
+from deployments.engines.transformers.stream import TokenStream, stream_outputs
+from deployments.protocol import GenerateRequest
+
+
+class TransformersEngine(Engine):
+    """Loads `FRONT` (a tokenizer or a processor class) and `MODEL` (an auto model class); a subclass
+    calls `self.progress.done(self.model)` once its own set-up is finished."""
+
+    FRONT: ClassVar[tuple[str, Any]]  # (the load step's name, the class whose from_pretrained loads it)
+    MODEL: ClassVar[Any]
+    device: str
+
+    def __init__(self, role: str, model: ModelConfig, **load: Any) -> None:
+        self.params = model.params
+        self.source = model.weight_file or model.source
+        self.progress = LoadProgress(role, model)
+        self.device, shared, kwargs = load_kwargs(model)
+        part, front = self.FRONT
+        self.front = self.progress.pretrained(part, front.from_pretrained, model.source, **shared)
+        self.tokenizer = getattr(self.front, "tokenizer", self.front)  # a processor's, or the tokenizer itself
+        self.check_front(model)
+        loaded = self.progress.pretrained("model", self.MODEL.from_pretrained, model.source, **kwargs, **load)
+        self.model = place(loaded, self.device, kwargs).eval()
+        self.progress.loaded(self.model, kwargs)
+        self.int4_layers = quantize_loaded(self.model, self.params, self.device, self.progress)
+        self.cpu_threads = set_cpu_threads(self.params, self.device)
+
+    def check_front(self, model: ModelConfig) -> None:
+        """Refuse a tokenizer or processor this engine cannot use (before the weights are loaded)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "device": self.device,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "int4_layers": self.int4_layers,
+            "cpu_threads": self.cpu_threads,
+        }
+
+    def close(self) -> None:
+        del self.model
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+class TransformersDecoder(TransformersEngine, TextEngine):
+    """A transformers engine that generates text for a `GenerateRequest`."""
+
+    def __init__(self, role: str, model: ModelConfig, **load: Any) -> None:
+        super().__init__(role, model, **load)
+        text = self.model.config.get_text_config()
+        own_len = getattr(text, "max_position_embeddings", None) or 2048
+        self.max_model_len = min(self.params.max_model_len or own_len, own_len)
+        gen: Any = self.model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        pad = gen.pad_token_id if gen.pad_token_id is not None else self.tokenizer.pad_token_id
+        self.special = {
+            "eos_token_id": self.eos_ids,
+            "pad_token_id": self.eos_ids[0] if pad is None else pad,
+            "bos_token_id": gen.bos_token_id,
+        }
+        # Token ids a request may name (prompt, logit_bias): the tokenizer's, that the model has rows for.
+        self.vocab_size = min(len(self.tokenizer), int(text.vocab_size))
+        self.grammars = GrammarCompiler(self.tokenizer, int(text.vocab_size), self.eos_ids)
+        self.token_texts = TokenTexts(self.tokenizer)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.params.model_dump(), **super().describe(), "max_model_len": self.max_model_len}
+
+    def setting(self, request: GenerateRequest, name: str) -> Any:
+        """The request's value of a sampling field, or the model's default when the request left it unset."""
+        value = getattr(request, name)
+        return value if value is not None else getattr(self.params, name)
+
+    def sampling(self, request: GenerateRequest) -> Sampling:
+        return Sampling(*(self.setting(request, name) for name in ("temperature", "top_p", "top_k")))
+
+    def penalties(self, request: GenerateRequest) -> tuple[float, float]:
+        """`(frequency, presence)` OpenAI penalties of the request, or the model's defaults."""
+        return self.setting(request, "frequency_penalty"), self.setting(request, "presence_penalty")
+
+    def limits(self, request: GenerateRequest) -> Limits:
+        """The request's room in this model's context (`context.Limits`)."""
+        return Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+        stream = await self.start(request)
+        async with contextlib.aclosing(stream_outputs(stream, self.tokenizer, self.token_texts)) as outputs:
+            async for output in outputs:
+                yield output
+
+    @abstractmethod
+    async def start(self, request: GenerateRequest) -> TokenStream:
+        """The request's prompt prepared and checked (errors raise here, before any output); its
+        sequence starts when `tokens` is first iterated."""

@@ -1,0 +1,161 @@
+"""`batching: sequential`: one `model.generate` thread per request, its token ids streamed back to
+the event loop; closing the stream sets a stop flag that `generate` checks after every token. It
+supports seeds and penalties for any model, and applies the request's constraints with a logits
+processor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from transformers.generation.streamers import BaseStreamer
+
+from deployments.engines.transformers.constraints import ConstrainedStep, RequestConstraints, constrain
+from deployments.engines.transformers.sampling import Sampling, penalize
+from deployments.engines.transformers.stream import TokenStream
+from deployments.engines.transformers.text import TransformersTextEngine
+from deployments.protocol import GenerateRequest
+
+_END = object()
+
+
+class _QueueStreamer(BaseStreamer):
+    """Forwards generated token ids from the generate thread to an asyncio queue; `on_token` sees each
+    one first, in that thread (the constraints learn the token a step chose)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        queue: asyncio.Queue,
+        on_token: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        self._loop, self._queue, self._prompt_seen, self._on_token = loop, queue, False, on_token
+
+    def send(self, item: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody listens any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate() first hands over the prompt itself
+            self._prompt_seen = True
+            return
+        if self._on_token is not None:
+            self._on_token(value)
+        self.send(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        pass
+
+
+class _Cancelled(StoppingCriteria):
+    def __init__(self, flag: threading.Event) -> None:
+        self._flag = flag
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        done = torch.full((input_ids.shape[0],), self._flag.is_set(), dtype=torch.bool, device=input_ids.device)
+        return done  # type: ignore[return-value]
+
+
+class OpenAIPenalties(LogitsProcessor):
+    """OpenAI's additive presence/frequency penalties over the completion's tokens so far."""
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
+        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_len :]
+        return penalize(scores, generated, self.frequency, self.presence)  # type: ignore[return-value]
+
+
+class ConstraintsProcessor(LogitsProcessor):
+    """A request's `RequestConstraints` inside `model.generate` (one sequence): listed before the
+    warpers, so its logprobs come from the raw logits and the bias and grammar mask come before
+    temperature, top-k and top-p. `accept` (from the streamer) hands it the token the step chose."""
+
+    def __init__(self, constraints: RequestConstraints) -> None:
+        self._constraints = constraints
+        self._step: ConstrainedStep | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._step = constrain(scores, [self._constraints])
+        return scores
+
+    def accept(self, token: torch.Tensor) -> None:
+        if self._step is not None:
+            self._step.accept(token)
+            self._step = None
+
+
+class SequentialTextEngine(TransformersTextEngine):
+    """One `model.generate` thread per request (`batching: sequential`)."""
+
+    def _generation_config(self, sampling: Sampling, max_tokens: int) -> GenerationConfig:
+        options: dict[str, Any] = {"do_sample": False}
+        if not sampling.greedy:  # 0 means greedy: never divide by it
+            options = {
+                "do_sample": True,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k or None,
+            }
+        return GenerationConfig(max_new_tokens=max_tokens, **options, **self.special)
+
+    async def start(self, request: GenerateRequest) -> TokenStream:
+        prepared = await self.prepare(request)
+        config = self._generation_config(self.sampling(request), prepared.max_tokens)
+        frequency, presence = self.penalties(request)
+        processors = LogitsProcessorList()
+        constrained = None
+        if prepared.constraints is not None:  # first: raw logprobs, then bias and grammar before the penalties
+            constrained = ConstraintsProcessor(prepared.constraints)
+            processors.append(constrained)
+        if frequency or presence:
+            processors.append(OpenAIPenalties(len(prepared.prompt), frequency, presence))
+        input_ids = torch.tensor([prepared.prompt], device=self.device)
+
+        async def tokens() -> AsyncIterator[list[int]]:
+            queue: asyncio.Queue = asyncio.Queue()
+            cancel = threading.Event()
+            streamer = _QueueStreamer(asyncio.get_running_loop(), queue, constrained.accept if constrained else None)
+
+            def run() -> None:
+                try:
+                    if request.seed is not None:
+                        torch.manual_seed(request.seed)
+                    with torch.inference_mode():
+                        self.model.generate(
+                            input_ids=input_ids,
+                            attention_mask=torch.ones_like(input_ids),
+                            generation_config=config,
+                            logits_processor=processors,
+                            stopping_criteria=StoppingCriteriaList([_Cancelled(cancel)]),
+                            streamer=streamer,
+                        )
+                except BaseException as exc:  # surfaces in the request, not in a dead thread
+                    streamer.send(exc)
+                finally:
+                    streamer.send(_END)
+
+            threading.Thread(target=run, name="generate", daemon=True).start()
+            try:
+                while (item := await queue.get()) is not _END:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+            finally:
+                cancel.set()
+
+        return TokenStream(
+            tokens(), len(prepared.prompt), prepared.max_tokens, prepared.constraints, prepared.dropped_prompt_tokens
+        )

@@ -1,0 +1,89 @@
+"""A transformers causal LM (hub id, local directory or GGUF file) as a text decoder: what the
+sequential and the continuous-batching engines share on top of `TransformersDecoder`.
+
+The prompt is a chat rendered by the model's template (with tools when it supports them), or a
+legacy completion's text or token ids used as they are. A chat is fitted to the context by
+`context.fit_context` (a 400, or with `context_overflow: truncate` its oldest turns dropped whole);
+a legacy prompt is never cut. The per-request constraints (`constraints.py`: logit bias, JSON
+grammar, logprobs) are built here, off the event loop, with the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from deployments.config import ModelConfig
+from deployments.engines.context import fit_context
+from deployments.engines.transformers.base import TransformersDecoder
+from deployments.engines.transformers.chat_template import (
+    raw_prompt_ids,
+    template_message,
+    template_supports_tools,
+    template_tools,
+)
+from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
+from deployments.errors import ConfigError
+from deployments.protocol import GenerateRequest, TextMessage
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request made ready for an engine: the prompt's token ids, the completion budget, the
+    constraints on its tokens (None: none) and the prompt tokens that truncation dropped."""
+
+    prompt: list[int]
+    max_tokens: int
+    constraints: RequestConstraints | None
+    dropped_prompt_tokens: int = 0
+
+
+class TransformersTextEngine(TransformersDecoder):
+    """A causal LM's prompt and limits, shared by the sequential and the continuous-batching decoders."""
+
+    FRONT = ("tokenizer", AutoTokenizer)
+    MODEL = AutoModelForCausalLM
+
+    def __init__(self, model: ModelConfig, **load: Any) -> None:
+        super().__init__("decoder", model, **load)
+        self.supports_tools = template_supports_tools(self.tokenizer)
+        self.progress.done(self.model)
+
+    def check_front(self, model: ModelConfig) -> None:
+        if not self.tokenizer.chat_template:
+            raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "tools": self.supports_tools}
+
+    async def prepare(self, request: GenerateRequest) -> Prepared:
+        """The prompt's token ids, the completion budget and the constraints (tokenizing and compiling
+        a grammar happen off the event loop)."""
+        return await asyncio.to_thread(self._prepare, request)
+
+    def _prepare(self, request: GenerateRequest) -> Prepared:
+        constraints = build_constraints(request, self.vocab_size, self.grammars)
+        if request.prompt is not None:
+            ids = raw_prompt_ids(self.tokenizer, request.prompt, self.vocab_size)
+            return Prepared(ids, self.limits(request).completion(len(ids), "prompt"), constraints)
+        rendered: dict[tuple[int, ...], list[int]] = {}  # the chats `fit_context` counted, by their messages
+
+        def count(messages: list[TextMessage]) -> int:
+            key = tuple(map(id, messages))
+            if key not in rendered:
+                rendered[key] = self.chat_ids(messages, request.tools)
+            return len(rendered[key])
+
+        fitted = fit_context(request.messages, count, self.limits(request), self.params.context_overflow)
+        ids = rendered[tuple(map(id, fitted.messages))]
+        return Prepared(ids, fitted.max_tokens, constraints, fitted.dropped_prompt_tokens)
+
+    def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Messages rendered by the model's template (with the generation prompt) and `tools`."""
+        extra = template_tools(tools, self.supports_tools)
+        chat = [template_message(m) for m in messages]
+        encoded = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, **extra)
+        return list(encoded["input_ids"])
