@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ import psutil
 import yaml
 from openai import AsyncOpenAI
 
-from deployments.testing.bench import ROOT, Server, image_url, pct, start_ours, start_peer, write_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
+
+from tests.support.bench import ROOT, Server, image_url, pct, start_ours, start_peer, write_models
 
 PROMPTS = [
     f"Write a short story about a {thing}."
@@ -101,7 +104,7 @@ async def engine_run(concurrency: list[int], rounds: int, max_tokens: int, quant
     """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
-    from deployments.protocol import GenerateRequest, TextMessage
+    from deployments.protocol.payloads import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
     params = model.params.model_copy(update={"quantization": quantization or model.params.quantization})
@@ -243,7 +246,7 @@ async def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     captioner = args.captioner
     if captioner is None:
-        from deployments.testing.tiny_models import SMALL_VLM, build_tiny_vlm
+        from tests.support.tiny_models import SMALL_VLM, build_tiny_vlm
 
         captioner = build_tiny_vlm(work / "small-vlm", SMALL_VLM)
     emit(

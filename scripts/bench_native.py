@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deployments.app import build_app  # noqa: E402
-from deployments.testing.bench import image_url  # noqa: E402
-from deployments.testing.tiny_models import SMALL_VLM, TINY_VLM, build_tiny_vlm  # noqa: E402
+from tests.support.bench import image_url  # noqa: E402
+from tests.support.tiny_models import SMALL_VLM, TINY_VLM, build_tiny_vlm  # noqa: E402
 
 MODEL = "bench-vlm"
 

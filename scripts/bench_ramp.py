@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))  # this checkout, here and (below) in Ray's worker
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 from deployments.app import build_app  # noqa: E402
-from deployments.testing.bench import pct  # noqa: E402
+from tests.support.bench import pct  # noqa: E402
 
 APP, DEPLOYMENT, MODEL = "ramp", "PrimaryDecoder", "ramp"
 

@@ -56,12 +56,13 @@ from PIL import Image
 
 # Clusters started by `serve run` use token auth; Ray reads this when it is first imported.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 
-from deployments.testing.answer_check import DEFAULT_TOL, AnswerScorer, Reference
-from deployments.testing.bench import Server, image_url, start_ours, write_models
-from deployments.testing.faults import TARGETS, Fault, connect_ray, gcs_address, inject
-from deployments.testing.load_report import Outcome, Spec, drift_rates, report, verdicts
-from deployments.testing.service_watch import ResourceWatch, health, slots_free_after_s, watch_health, watch_resources
+from tests.support.answer_check import DEFAULT_TOL, AnswerScorer, Reference
+from tests.support.bench import Server, image_url, start_ours, write_models
+from tests.support.faults import TARGETS, Fault, connect_ray, gcs_address, inject
+from tests.support.load_report import Outcome, Spec, drift_rates, report, verdicts
+from tests.support.service_watch import ResourceWatch, health, slots_free_after_s, watch_health, watch_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -369,7 +370,7 @@ def main() -> None:
     port = urlparse(args.url).port or 80
     server: Server | None = None
     if args.serve:
-        from deployments.testing.tiny_models import SMALL_VLM, build_tiny_vlm
+        from tests.support.tiny_models import SMALL_VLM, build_tiny_vlm
 
         work = ROOT / "models" / "loadtest"
         work.mkdir(parents=True, exist_ok=True)

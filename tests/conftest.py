@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from deployments.testing.tiny_models import build_tiny_llm, build_tiny_vlm, smollm2_gguf
+from tests.support.tiny_models import build_tiny_llm, build_tiny_vlm, smollm2_gguf
+
+# Ray's workers (Serve replicas running a test engine such as tests.support.native_probe) and the
+# services tests start in subprocesses import the test helpers from this checkout.
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 def png_bytes(color: tuple[int, int, int] = (255, 0, 0), size: tuple[int, int] = (48, 32)) -> bytes:

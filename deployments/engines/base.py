@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from PIL import Image
 
-from deployments.protocol import GenerateRequest, TokenLogprob
+from deployments.protocol.payloads import GenerateRequest
+from deployments.protocol.responses import TokenLogprob
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
 from deployments.engines.context import Limits, fit_context
 from deployments.errors import InvalidRequestError
-from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage, TokenLogprob, TopLogprob
+from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.responses import TokenLogprob, TopLogprob
 
 TICK = " tick"
 

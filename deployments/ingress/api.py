@@ -33,7 +33,8 @@ from deployments.ingress.guard import GuardSettings, RequestGuard
 from deployments.ingress.served import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
+from deployments.protocol.requests import ChatCompletionRequest, CompletionRequest
+from deployments.protocol.responses import ErrorResponse, ModelCard, ModelList
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     error.status: {"model": ErrorResponse, "description": error.__name__}

@@ -22,14 +22,13 @@ from deployments.ingress.ports import DecoderHandle
 from deployments.ingress.sse import framed
 from deployments.ingress.stream import DecoderStream
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol import (
+from deployments.protocol.payloads import GenerateChunk, GenerateRequest
+from deployments.protocol.requests import CompletionRequest
+from deployments.protocol.responses import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
-    CompletionRequest,
     FinishReason,
-    GenerateChunk,
-    GenerateRequest,
     TokenLogprob,
     Usage,
 )

@@ -26,7 +26,7 @@ from deployments.ingress.served import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.monitoring.metrics import INGRESS, Recorder
 from deployments.options import CAPTIONER
-from deployments.protocol import ModelCard
+from deployments.protocol.responses import ModelCard
 
 logger = logging.getLogger("ray.serve")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
-from deployments.protocol import _SamplingFields
+from deployments.protocol.requests import _SamplingFields
 
 
 def sampling_fields(body: _SamplingFields, max_n: int) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from deployments.errors import to_openai_error
 from deployments.ingress.stream import DecoderStream
 from deployments.ingress.tools import ToolCallText, ToolPlan
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol import (
+from deployments.protocol.payloads import GenerateChunk
+from deployments.protocol.responses import (
     DEGRADED_FINGERPRINT,
     ChatCompletion,
     ChatCompletionChunk,
@@ -37,7 +38,6 @@ from deployments.protocol import (
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
-    GenerateChunk,
     ResponseMessage,
     TokenLogprob,
     ToolCallDelta,

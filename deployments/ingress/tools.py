@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol import (
+from deployments.protocol.payloads import GrammarSpec
+from deployments.protocol.requests import (
     ChatCompletionRequest,
-    GrammarSpec,
     JsonObjectFormat,
     JsonSchemaResponseFormat,
     NamedToolChoice,
-    ToolCall,
-    ToolCallFunction,
 )
+from deployments.protocol.responses import ToolCall, ToolCallFunction
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -24,7 +24,7 @@ from deployments.engines.batcher import Batcher
 from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER, ENGINE, Recorder
-from deployments.protocol import CaptionRequest, ComponentStatus
+from deployments.protocol.payloads import CaptionRequest, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"

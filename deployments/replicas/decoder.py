@@ -17,7 +17,8 @@ from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
 from deployments.errors import DecoderUnavailable
 from deployments.monitoring.metrics import DECODER, ENGINE, DecoderRequestTimer, Recorder
-from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest, TokenLogprob
+from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.protocol.responses import TokenLogprob
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 

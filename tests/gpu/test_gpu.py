@@ -6,7 +6,7 @@ from PIL import Image
 
 from deployments.config import ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
-from deployments.protocol import GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateRequest, TextMessage
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,7 +62,7 @@ def _local_vlm() -> ModelConfig | None:
 def _native_request(image: Image.Image) -> GenerateRequest:
     import io
 
-    from deployments.protocol import MessageImage, MessageText
+    from deployments.protocol.payloads import MessageImage, MessageText
 
     buf = io.BytesIO()
     image.save(buf, format="PNG")

@@ -1,7 +1,7 @@
 """Native vision through the real service, with the official openai client: a tiny LLaVA (built
 locally, loaded by the same code as real VLMs) is the primary and receives the images itself.
 
-The primary is `ProbedNativeEngine` (deployments/testing/native_probe.py): the real native engine
+The primary is `ProbedNativeEngine` (tests/support/native_probe.py): the real native engine
 that also reports a hash of the pixel values its vision tower received, and whose processor refuses
 one colour. One deployment serves the whole module."""
 
@@ -18,10 +18,10 @@ from transformers import AutoProcessor
 from deployments.engines.transformers.native_prompt import NativePromptBuilder
 from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.ingress.vision.native import native_messages
-from deployments.protocol import ChatCompletionRequest
-from deployments.testing.native_probe import REFUSED_COLOUR, pixel_sha256
+from deployments.protocol.requests import ChatCompletionRequest
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
+from tests.support.native_probe import REFUSED_COLOUR, pixel_sha256
 
 MODEL = "tiny-vlm"
 CONTEXT = 96
@@ -36,7 +36,7 @@ def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
             {
                 "name": MODEL,
                 "local_path": str(tiny_vlm_dir),
-                "engine": "deployments.testing.native_probe:ProbedNativeEngine",
+                "engine": "tests.support.native_probe:ProbedNativeEngine",
                 "params": {
                     "max_tokens": 6,
                     "max_num_seqs": 4,

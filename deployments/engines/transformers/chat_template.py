@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol import TextMessage
+from deployments.protocol.payloads import TextMessage
 
 _TOOL_PROBE = "mmserve_tool_probe"
 

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol import GenerateRequest, GrammarSpec, TokenLogprob, TopLogprob
+from deployments.protocol.payloads import GenerateRequest, GrammarSpec
+from deployments.protocol.responses import TokenLogprob, TopLogprob
 
 logger = logging.getLogger("ray.serve")
 

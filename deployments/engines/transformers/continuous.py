@@ -45,7 +45,7 @@ from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import DecoderUnavailable, InvalidRequestError
-from deployments.protocol import GenerateRequest
+from deployments.protocol.payloads import GenerateRequest
 
 logger = logging.getLogger("ray.serve")
 

@@ -37,7 +37,7 @@ from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
-from deployments.protocol import GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateRequest, TextMessage
 
 
 class NativeVisionEngine(TransformersDecoder):

@@ -22,7 +22,7 @@ from deployments.engines.images import decode_rgb
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.engines.transformers.text import template_message, template_supports_tools, template_tools
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol import MessageImage, TextMessage
+from deployments.protocol.payloads import MessageImage, TextMessage
 
 _TEXT_INPUTS = ("input_ids", "attention_mask")
 

@@ -27,7 +27,7 @@ from deployments.engines.transformers.chat_template import (
 )
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
 from deployments.errors import ConfigError
-from deployments.protocol import GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateRequest, TextMessage
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
 from deployments.options import CAPTIONER
-from deployments.protocol import CaptionRequest, ComponentStatus
+from deployments.protocol.payloads import CaptionRequest, ComponentStatus
 
 logger = logging.getLogger("ray.serve")
 

@@ -7,15 +7,8 @@ from __future__ import annotations
 
 from deployments.ingress.vision.collect import text_of
 from deployments.ingress.vision.rewrite import plain_message
-from deployments.protocol import (
-    ChatMessage,
-    ImagePart,
-    MessageImage,
-    MessagePart,
-    MessageText,
-    TextMessage,
-    UserMessage,
-)
+from deployments.protocol.payloads import MessageImage, MessagePart, MessageText, TextMessage
+from deployments.protocol.requests import ChatMessage, ImagePart, UserMessage
 
 
 def native_messages(messages: list[ChatMessage]) -> list[TextMessage]:

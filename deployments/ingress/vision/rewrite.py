@@ -12,17 +12,9 @@ be described: ...]" stated.
 from __future__ import annotations
 
 from deployments.ingress.vision.collect import count_images, text_of
-from deployments.protocol import (
-    AssistantMessage,
-    ChatMessage,
-    ImagePart,
-    TextMessage,
-    ToolCall,
-    ToolCallFunction,
-    ToolMessage,
-    UnseenReason,
-    UserMessage,
-)
+from deployments.protocol.payloads import TextMessage
+from deployments.protocol.requests import AssistantMessage, ChatMessage, ImagePart, ToolMessage, UserMessage
+from deployments.protocol.responses import ToolCall, ToolCallFunction, UnseenReason
 
 _WHY: dict[UnseenReason, str] = {
     "captioner_unavailable": "the vision model is unavailable",

@@ -13,7 +13,8 @@ from PIL import Image
 from deployments.config import FakeEngineConfig, ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.errors import InvalidRequestError
-from deployments.protocol import GenerateRequest, GrammarSpec, TextMessage, ToolCall, ToolCallFunction
+from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.responses import ToolCall, ToolCallFunction
 
 
 def ask(text: str, **kw) -> GenerateRequest:

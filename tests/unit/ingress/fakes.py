@@ -12,7 +12,8 @@ from typing import Any
 from deployments.errors import CaptionerUnavailable
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol import ComponentStatus, GenerateChunk, GenerateRequest, TokenLogprob, TopLogprob
+from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.protocol.responses import TokenLogprob, TopLogprob
 
 
 class FakeStream:

@@ -22,7 +22,8 @@ from deployments.errors import (
 from deployments.ingress.chat import DEGRADED_HEADER, ChatReply, ChatService
 from deployments.ingress.vision.rewrite import unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol import DEGRADED_FINGERPRINT, ChatCompletionRequest
+from deployments.protocol.requests import ChatCompletionRequest
+from deployments.protocol.responses import DEGRADED_FINGERPRINT
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 

@@ -8,7 +8,7 @@ import logging
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol import GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.ingress.fakes import FakeDecoder
 from tests.unit.ingress.test_chat import chat, events, payloads, service

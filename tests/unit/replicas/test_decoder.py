@@ -6,7 +6,7 @@ from contextlib import aclosing
 import pytest
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
-from deployments.protocol import GenerateChunk, GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateChunk, GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.fake_metrics import FakeMetrics
 

@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.testing.answer_check import AnswerScorer, Reference, classify
-from deployments.testing.bench import pct
-from deployments.testing.faults import Fault
+from tests.support.answer_check import AnswerScorer, Reference, classify
+from tests.support.bench import pct
+from tests.support.faults import Fault
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A native VLM engine for tests (``engine: deployments.testing.native_probe:ProbedNativeEngine``):
+"""A native VLM engine for tests (``engine: tests.support.native_probe:ProbedNativeEngine``):
 the real `NativeVisionEngine`, plus what a test needs to see from outside the replica.
 
 - `pixel_hashes` (on /health, the decoder's details): a SHA-256 of each image's `pixel_values` as

@@ -1,0 +1,105 @@
+"""What the deployments send each other through handles: the ingress's request to a decoder and the
+chunks it streams back, the captioner's request, and a deployment's status on /health."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from deployments.protocol.responses import FinishReason, TokenLogprob, ToolCall
+
+
+class MessageText(BaseModel):
+    """Native vision: a run of a message's text."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class MessageImage(BaseModel):
+    """Native vision: an image's place in a message; `index` is its position in `GenerateRequest.images`."""
+
+    type: Literal["image"] = "image"
+    index: int = Field(ge=0)
+
+
+MessagePart = Annotated[MessageText | MessageImage, Field(discriminator="type")]
+
+
+class TextMessage(BaseModel):
+    """A chat message ready for a chat template: text only after proxy vision. An assistant message
+    may carry the tool calls it made; a `tool` message answers the call `tool_call_id`.
+
+    Native vision: a user message with images also has `parts`, its text runs and image slots in
+    order (what a VLM's chat template renders); `content` is then its text alone."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    parts: list[MessagePart] | None = None
+
+
+class GrammarSpec(BaseModel):
+    """Constrained decoding: output that is a JSON object (`json_object`), or JSON valid against
+    `json_schema` (the schema as JSON text)."""
+
+    kind: Literal["json_object", "json_schema"]
+    json_schema: str | None = None
+
+
+class GenerateRequest(BaseModel):
+    """Ingress -> PrimaryDecoder. Unset sampling fields take the model's configured defaults.
+
+    A chat is `messages` (rendered by the model's chat template, with `tools` when given); a legacy
+    completion is `prompt`, text or token ids used as they are, with no template. Native vision: the
+    checked, encoded bytes of the chat's images, sent once, which the messages' image slots name."""
+
+    messages: list[TextMessage] = Field(default_factory=list)
+    images: list[bytes] = Field(default_factory=list)
+    prompt: str | list[int] | None = None
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    n: int = Field(1, ge=1, description="Independent sequences; the decoder replica runs each as its own.")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="None: no logprobs; k: each token's logprob and the k most likely tokens."
+    )
+    logit_bias: dict[int, float] | None = None
+    grammar: GrammarSpec | None = None
+
+
+class GenerateChunk(BaseModel):
+    """PrimaryDecoder -> Ingress, streamed. The last chunk of each sequence (`index`, 0 to n-1) has
+    `finish_reason` set; `logprobs` covers the tokens whose text this chunk carries."""
+
+    index: int = 0
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    truncated_prompt_tokens: int = 0  # prompt tokens dropped to fit the context, on the last chunk
+
+
+class CaptionRequest(BaseModel):
+    """Ingress -> VisionCaptioner: encoded image bytes (sent once) and one prompt per image."""
+
+    images: list[bytes]
+    prompts: list[str]
+
+
+class ComponentStatus(BaseModel):
+    """What a deployment says about itself on /health."""
+
+    ready: bool
+    model: str | None = None
+    reason: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)

@@ -1,1 +1,0 @@
-"""Helpers for tests and benchmarks: tiny local models and servers. Never imported by the service."""
