@@ -1,6 +1,6 @@
 """Loading models.yaml and resolving the builders' arguments into one `ServicePlan`.
 
-Everything is validated at build time, before any weight touches a device. `schema`'s models check
+Everything is validated at build time, before any weight touches a device. The section models check
 each field, section and entry, and duplicate names; this module checks what needs the file on disk,
 the builder args or the plan:
 
@@ -24,17 +24,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from deployments.config.schema import (
-    AppArgs,
-    Capabilities,
-    EngineParams,
-    ImageInputConfig,
-    Lifecycle,
-    ModelConfig,
-    ModelsFile,
-    ProxyVisionConfig,
-    ServerConfig,
-)
+from deployments.config.models import Lifecycle, ModelConfig, ModelsFile
+from deployments.config.params import EngineParams
+from deployments.config.serving import AppArgs, ServerConfig
+from deployments.config.vision import Capabilities, ImageInputConfig, ProxyVisionConfig
 from deployments.errors import ConfigError, validation_param
 
 
@@ -132,7 +125,7 @@ def _with_image_limit(model: ModelConfig, images: ImageInputConfig) -> ModelConf
 
 def _unused_captioning(path: Path, i: int, model: ModelConfig, parsed: ModelsFile) -> str:
     """Why a `captioning:` section on an entry that no entry names as its captioner is refused:
-    nothing would read it (e.g. the old vision_proxy settings moved into the primary's entry)."""
+    nothing would read it (settings a primary's entry cannot hold)."""
     message = (
         f"{path}: models[{i}].captioning: no entry names {model.name!r} in capabilities.captioner, so this "
         "section would be ignored; captioning belongs on the captioner's own entry, the one named by "

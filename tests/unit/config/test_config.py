@@ -195,17 +195,15 @@ def test_batching_and_cache_settings_are_validated(tmp_path):
     assert plan.primary.params.cpu_threads == "all"
 
 
-def test_an_old_vision_proxy_section_says_what_moved_where(tmp_path):
-    old = {"vision_mode": "proxy", "vision_proxy": {"model": "cap", "max_batch_size": 4, "timeout_s": 5}}
+def test_an_unknown_capabilities_key_is_refused_by_name(tmp_path):
+    caps = {"vision_mode": "proxy", "captioner": "cap", "vision_proxy": {"model": "cap"}}
     path = write(
-        tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": old}, {"name": "cap", "hf_id": "c"}]}
+        tmp_path, {"models": [{"name": "a", "hf_id": "x/y", "capabilities": caps}, {"name": "cap", "hf_id": "c"}]}
     )
     with pytest.raises(ConfigError) as err:
         load_models_file(path)
     message = str(err.value)
-    assert str(path) in message and "models[0].capabilities" in message
-    for moved in ("capabilities.captioner", "captioning:", "max_batch_size", "proxy_vision:", "timeout_s"):
-        assert moved in message, moved
+    assert str(path) in message and "models[0].capabilities.vision_proxy" in message
 
 
 def test_the_captioner_entry_carries_its_own_settings(tmp_path):
@@ -239,7 +237,7 @@ def test_builders_report_bad_args_as_config_errors(builder, tmp_path):
 
 
 def test_captioning_on_an_entry_no_entry_names_as_captioner_is_refused(tmp_path):
-    """The old vision_proxy settings moved into the primary's own entry would be ignored."""
+    """Captioning settings on the primary's own entry would be ignored."""
     path = proxy_file(tmp_path, captioning={"prompt_template": "Describe: {user_text}"})
     with pytest.raises(ConfigError) as err:
         resolve_plan({"models_file": str(path)})

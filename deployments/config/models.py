@@ -1,0 +1,129 @@
+"""models.yaml itself: an entry (`ModelConfig`, with `engine: fake`'s settings), the file-level
+lifecycle settings and the whole file (`ModelsFile`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from deployments.config.params import EngineParams
+from deployments.config.serving import DeploymentConfig, ServerConfig
+from deployments.config.strict import StrictModel
+from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig
+
+
+class FakeToolCall(StrictModel):
+    """The tool call `engine: fake` answers with (``fake.tool_call``)."""
+
+    name: str = Field(min_length=1, description="The function's name.")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments (a JSON object).")
+
+
+class FakeEngineConfig(StrictModel):
+    """Settings of ``engine: fake``, the deterministic engine shipped for tests and demos."""
+
+    token_delay_ms: float = Field(0.0, ge=0, description="Wait before each generated token: a slow decoder.")
+    fill_to_max_tokens: bool = Field(
+        False, description="After echoing the prompt, go on with ' tick' tokens up to max_tokens: a long generation."
+    )
+    tool_call: FakeToolCall | None = Field(
+        None,
+        description="When a request brings `tools`, answer with this call in the Hermes form "
+        '(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) instead of the echo: tool-call parsing tests.',
+    )
+
+
+class ModelConfig(StrictModel):
+    """One entry of ``models:``."""
+
+    name: str = Field(min_length=1, description="Name clients send as `model`.")
+    hf_id: str | None = Field(None, description="Hugging Face model id.")
+    local_path: str | None = Field(None, description="Local model directory (relative to models.yaml).")
+    weight_file: str | None = Field(None, description="GGUF file inside hf_id or local_path.")
+    engine: str = Field(
+        "transformers",
+        description="transformers; fake (deterministic: echoes the prompt, captions by pixel colour); or "
+        "`module:Class` of your own TextEngine/CaptionEngine.",
+    )
+    params: EngineParams = Field(default_factory=EngineParams)
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    captioning: CaptioningConfig = Field(
+        default_factory=CaptioningConfig, description="Settings used when this model is a captioner."
+    )
+    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options.")
+    fake: FakeEngineConfig = Field(default_factory=FakeEngineConfig, description="Settings of engine: fake.")
+
+    @field_validator("fake")
+    @classmethod
+    def _fake_needs_fake_engine(cls, fake: FakeEngineConfig, info: ValidationInfo) -> FakeEngineConfig:
+        # Only a `fake:` section that was given is validated; the engine is validated before it.
+        engine = info.data.get("engine")
+        if engine is not None and engine != "fake":
+            raise ValueError(
+                f"this section applies only to engine: fake, and model {info.data.get('name')!r} has engine "
+                f"{engine!r}: remove it or set engine: fake"
+            )
+        return fake
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.hf_id is None) == (self.local_path is None) and self.engine == "transformers":
+            raise ValueError("set exactly one of hf_id and local_path")
+        return self
+
+    @property
+    def source(self) -> str:
+        """What `from_pretrained` loads: the local directory or the hub id."""
+        return self.local_path or self.hf_id or self.name
+
+
+class Lifecycle(StrictModel):
+    """File-level model lifecycle settings, handed to every deployment that holds an engine."""
+
+    idle_unload_secs: float | None = Field(
+        None, gt=0, description="Unload a model after this many idle seconds; reload on next use."
+    )
+    load_retry_secs: float = Field(
+        15.0, gt=0, description="First retry after a model failed to load; doubles up to 5 minutes."
+    )
+
+
+class ModelsFile(Lifecycle):
+    models: list[ModelConfig] = Field(min_length=1)
+    primaries: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The models served behind the endpoint (clients' `model`), by entry name, each with its own "
+        "decoder deployment; the first is the default (its /health components are the top-level ones). null: the "
+        "first entry only. Builder arg `model` serves that entry alone.",
+    )
+    images: ImageInputConfig = Field(
+        default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP limits and API keys.")
+    proxy_vision: ProxyVisionConfig = Field(
+        default_factory=ProxyVisionConfig, description="How the ingress calls the captioner and caches captions."
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ModelsFile:
+        seen: set[str] = set()
+        for m in self.models:
+            if m.name in seen:
+                raise ValueError(f"duplicate model name {m.name!r}")
+            seen.add(m.name)
+        for name in self.primaries or []:
+            if name not in seen:
+                raise ValueError(f"primaries: no entry named {name!r} (entries: {', '.join(sorted(seen))})")
+        if self.primaries is not None and len(set(self.primaries)) != len(self.primaries):
+            raise ValueError(f"primaries: a model is named twice in {self.primaries}")
+        return self
+
+    def get(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)

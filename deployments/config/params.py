@@ -1,0 +1,105 @@
+"""An engine's settings (``params:`` of a models.yaml entry, and the builder's overrides)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from deployments.config.strict import StrictModel
+
+
+class EngineParams(StrictModel):
+    """Engine settings of one model. Every field has a default."""
+
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Weights dtype. auto: bfloat16 on a GPU that supports it, else float32."
+    )
+    quantization: Literal["none", "bnb-4bit", "bnb-8bit", "int4-cpu"] = Field(
+        "none",
+        description="On-the-fly quantization after loading. bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
+        "int4-cpu: weight-only int4 in groups of 32 with bfloat16 activations (torch's CPU kernel), "
+        "every linear layer but the output embedding, whose top logits are recomputed in float32; keeps a "
+        "GGUF Q4 file's weights at 4 bits. On a GPU replica it does nothing (logged): use bnb-4bit there.",
+    )
+    device_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="GPU indices among those Ray assigned to the replica. Empty: all assigned GPUs "
+        "(the model is sharded over them when there are several); CPU when there are none.",
+    )
+    batching: Literal["continuous", "sequential"] = Field(
+        "continuous",
+        description="continuous: one paged-attention batch per replica that requests join and leave at every "
+        "step. sequential: one generate() per request; slower, but supports seed and penalties.",
+    )
+    mem: int | None = Field(
+        None,
+        gt=0,
+        description="KV-cache memory budget in MB (continuous batching). Default: room for max_num_seqs "
+        "sequences of max_model_len tokens.",
+    )
+    max_num_seqs: int = Field(8, gt=0, description="Sequences decoded concurrently by one replica.")
+    prefill_chunk_size: int | None = Field(
+        None, gt=0, description="Most tokens per batching step (prompt chunks + decodes). Default: 512."
+    )
+    cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
+        None,
+        description="torch threads on CPU: a number, all (the cores; a decoder shares them among its CPU "
+        "replicas), or null (Ray's num_cpus).",
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Context length (prompt + completion). Default: the model's own."
+    )
+    context_overflow: Literal["error", "truncate"] = Field(
+        "error",
+        description="A chat that does not fit max_model_len with its max_tokens (the request's, else the default). "
+        "error: a 400 context_length_exceeded with the numbers (the default max_tokens is first cut to the "
+        "context left). truncate: the oldest turns (a user message and the assistant and tool messages answering "
+        "it) are dropped whole until it fits; system messages and the last user turn are always kept, and an "
+        "image (its placeholder run or its caption) is never cut; usage.truncated_prompt_tokens says how many "
+        "prompt tokens were dropped; a 400 when even those do not fit. A legacy completion's prompt is never cut.",
+    )
+    temperature: float = Field(0.7, ge=0, le=2, description="Default sampling temperature; 0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Default nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Default top-k; 0 disables it.")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI frequency penalty.")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI presence penalty.")
+    max_tokens: int = Field(256, gt=0, description="Default completion length when a request sets none.")
+    mem_budget_mb: int | None = Field(
+        None,
+        gt=0,
+        description="Native vision: the replica's memory budget, MB, checked at start against the peak of a "
+        "worst-case batch (max_num_seqs requests, each with the model's image limit at the processor's largest "
+        "size and text up to max_model_len): the peak RSS of the process on CPU, the CUDA allocator's peak on a "
+        "GPU. Over it, the replica refuses to start. Default: none on CPU (measured and reported only); on a GPU "
+        "the card's memory times the replica's GPU share.",
+    )
+    processor_cache_mb: float = Field(
+        256.0,
+        ge=0,
+        description="Native vision: processed image tensors kept per replica, keyed by the image's SHA-256, "
+        "bounded in MB (least recently used first out); 0 disables.",
+    )
+    batch_wait_ms: float = Field(
+        10.0,
+        ge=0,
+        le=10_000,
+        description="Native vision: how long an idle replica waits for more requests to fill a batch.",
+    )
+    stream_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        le=10_000,
+        description="Coalesce streamed text: after a chunk, new text is held until this many ms have passed, "
+        "then sent as one chunk (the first and the last are never held): fewer Serve messages per token. "
+        "0 sends every piece.",
+    )
+
+    @model_validator(mode="after")
+    def _int4_dtype(self) -> EngineParams:
+        if self.quantization == "int4-cpu" and self.dtype not in {"auto", "bfloat16"}:
+            raise ValueError(f"quantization int4-cpu computes in bfloat16; dtype {self.dtype} cannot be used with it")
+        return self
