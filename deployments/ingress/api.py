@@ -30,7 +30,7 @@ from deployments.errors import (
 )
 from deployments.ingress.chat import ChatReply
 from deployments.ingress.guard import GuardSettings, RequestGuard
-from deployments.ingress.served import ServedModels
+from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
 from deployments.protocol.requests import ChatCompletionRequest, CompletionRequest

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
@@ -21,6 +21,7 @@ from deployments.ingress.generation import sampling_fields, timed_out
 from deployments.ingress.ports import DecoderHandle
 from deployments.ingress.sse import framed
 from deployments.ingress.stream import DecoderStream
+from deployments.merge import MergedStreams
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.payloads import GenerateChunk, GenerateRequest
 from deployments.protocol.requests import CompletionRequest
@@ -54,36 +55,18 @@ def _legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> CompletionLogpr
     return out
 
 
-class _Merged:
-    """The chunks of one decoder stream per prompt, as they come, with choice indices made global."""
-
-    def __init__(self, streams: list[DecoderStream], n: int) -> None:
-        self._streams = streams
-        self._queue: asyncio.Queue[GenerateChunk | BaseException] = asyncio.Queue()
-        self._tasks = [asyncio.ensure_future(self._pump(i, stream, n)) for i, stream in enumerate(streams)]
-
-    async def _pump(self, i: int, stream: DecoderStream, n: int) -> None:
-        finished = 0
-        try:
-            while finished < n:
-                chunk = await stream.next()
-                finished += chunk.finish_reason is not None
-                chunk.index += i * n
-                await self._queue.put(chunk)
-        except Exception as exc:
-            await self._queue.put(exc)
-
-    async def next(self) -> GenerateChunk:
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self.cancel()
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for stream in self._streams:
+async def _choices(i: int, stream: DecoderStream, n: int) -> AsyncGenerator[GenerateChunk, None]:
+    """Prompt i's chunks until its n sequences end, with choice indices made global (`i * n + j`);
+    closed early, its generation is cancelled."""
+    finished = 0
+    try:
+        while finished < n:
+            chunk = await stream.next()
+            finished += chunk.finish_reason is not None
+            chunk.index += i * n
+            yield chunk
+    finally:
+        if finished < n:
             stream.cancel()
 
 
@@ -111,9 +94,9 @@ class CompletionService:
             )
             for prompt in prompts
         ]
-        merged = _Merged(streams, body.n)
+        merged = MergedStreams([_choices(i, stream, body.n) for i, stream in enumerate(streams)])
         try:
-            first = await merged.next()  # errors before the first byte keep their status
+            first = await anext(merged)  # errors before the first byte keep their status
         except BaseException:
             merged.cancel()
             raise
@@ -163,14 +146,14 @@ class _Writer:
         completion = sum(c.completion_tokens for c in self._choices)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
-    async def whole(self, first: GenerateChunk, merged: _Merged) -> dict:
+    async def whole(self, first: GenerateChunk, merged: MergedStreams[GenerateChunk]) -> dict:
         pieces: dict[int, list[CompletionChoice]] = {}
         chunk = first
         while True:
             pieces.setdefault(chunk.index, []).append(self._piece(chunk))
             if self._finished:
                 break
-            chunk = await merged.next()
+            chunk = await anext(merged)
         choices = []
         for index in range(len(self._choices)):
             parts = pieces[index]
@@ -190,7 +173,7 @@ class _Writer:
         ).model_dump()
 
     def events(
-        self, first: GenerateChunk, merged: _Merged, include_usage: bool, record: RequestRecord
+        self, first: GenerateChunk, merged: MergedStreams[GenerateChunk], include_usage: bool, record: RequestRecord
     ) -> AsyncIterator[str]:
         async def events() -> AsyncIterator[str]:
             chunk = first
@@ -200,7 +183,7 @@ class _Writer:
                     if include_usage:
                         yield self._event([], usage=self._usage())
                     return
-                chunk = await merged.next()
+                chunk = await anext(merged)
 
         return framed(events(), record, merged.cancel)
 

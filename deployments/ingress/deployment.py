@@ -22,7 +22,7 @@ from deployments.ingress.chat import ChatService
 from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.served import ServedModel, ServedModels
+from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.monitoring.metrics import INGRESS, Recorder
 from deployments.options import CAPTIONER

@@ -11,7 +11,7 @@ from ray.serve.exceptions import BackPressureError
 
 from deployments.errors import unwrap
 from deployments.ingress.ports import Captioner, DecoderHandle
-from deployments.ingress.serve_view import SERVING, deployment_status
+from deployments.ingress.serve_status import SERVING, deployment_status
 from deployments.protocol.payloads import ComponentStatus
 
 DECODER_STATUS_TIMEOUT_S = 5.0

@@ -21,7 +21,7 @@ class RemoteMethod(Protocol):
 
 class DecoderHandle(Protocol):
     """The decoder deployment's handle: streaming `generate`, `status`, and the names by which
-    Serve's view of it is asked when it is too busy to answer (`serve_view.deployment_status`)."""
+    Serve's view of it is asked when it is too busy to answer (`serve_status.deployment_status`)."""
 
     @property
     def app_name(self) -> str: ...

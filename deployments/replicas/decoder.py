@@ -16,6 +16,7 @@ from ray import serve
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
 from deployments.errors import DecoderUnavailable
+from deployments.merge import MergedStreams
 from deployments.monitoring.metrics import DECODER, ENGINE, DecoderRequestTimer, Recorder
 from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
 from deployments.protocol.responses import TokenLogprob
@@ -61,9 +62,12 @@ class PrimaryDecoder:
             )
             for i in range(request.n)
         ]
-        async with aclosing(merged(sequences)) as chunks:
-            async for chunk in chunks:
+        merged = MergedStreams(sequences)
+        try:
+            async for chunk in merged:
                 yield chunk
+        finally:
+            await merged.aclose()
 
     async def _sequence(self, request: GenerateRequest, index: int) -> AsyncGenerator[GenerateChunk, None]:
         timer = DecoderRequestTimer(self._metrics)
@@ -162,35 +166,3 @@ class PrimaryDecoder:
 
     def __del__(self) -> None:
         self._slot.stop()
-
-
-async def merged(streams: list[AsyncGenerator[GenerateChunk, None]]) -> AsyncGenerator[GenerateChunk, None]:
-    """The chunks of several streams as they come. An error in one ends them all (it is raised
-    here); closing this closes every stream, so their sequences are freed at once."""
-    queue: asyncio.Queue[GenerateChunk | BaseException | None] = asyncio.Queue()
-
-    async def pump(stream: AsyncGenerator[GenerateChunk, None]) -> None:
-        try:
-            async with aclosing(stream):
-                async for chunk in stream:
-                    await queue.put(chunk)
-        except Exception as exc:
-            await queue.put(exc)
-        finally:
-            await queue.put(None)
-
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

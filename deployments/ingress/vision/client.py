@@ -29,7 +29,7 @@ from ray.serve.handle import DeploymentResponse
 
 from deployments.config import ModelConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serve, unwrap
-from deployments.ingress.serve_view import FAILED, app_state, deployment_status
+from deployments.ingress.serve_status import FAILED, app_state, deployment_status, scaled_to_zero
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
@@ -132,7 +132,7 @@ class CaptionerClient:
                 done, _ = await asyncio.wait({call}, timeout=min(WATCH_AFTER_S, left))
                 if done:
                     return call.result()
-                status, words = await self._serve_view()
+                status, words = await self._serve_status()
                 if status in FAILED:
                     raise CaptionerUnavailable(words)
         finally:
@@ -140,15 +140,15 @@ class CaptionerClient:
                 call.cancel()
                 response.cancel()
 
-    async def _serve_view(self) -> tuple[str, str]:
-        """`serve_view.deployment_status`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
+    async def _serve_status(self) -> tuple[str, str]:
+        """`serve_status.deployment_status`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
         now = time.monotonic()
         if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
             self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_status, self._app, self._deployment)))
         return await asyncio.shield(self._view[1])
 
     async def status(self) -> ComponentStatus:
-        if self._scales_to_zero and await asyncio.to_thread(_scaled_to_zero, self._app, self._deployment):
+        if self._scales_to_zero and await asyncio.to_thread(scaled_to_zero, self._app, self._deployment):
             # Any call, a status call too, makes Serve start a replica: idle stays idle.
             return ComponentStatus(ready=True, model=self._name, details={"state": "scaled_to_zero", "replicas": 0})
         try:
@@ -158,12 +158,3 @@ class CaptionerClient:
         if status.ready:
             self._mark_up()
         return status
-
-
-def _scaled_to_zero(app: str, deployment: str) -> bool:
-    """Serve shows the captioner healthy with no replica at all (idle, at min_replicas 0)."""
-    try:
-        detail = serve.status().applications[app].deployments[deployment]
-    except Exception:
-        return False
-    return str(getattr(detail.status, "value", detail.status)) == "HEALTHY" and not any(detail.replica_states.values())

@@ -4,6 +4,7 @@ itself cannot help: its replica died, is being replaced, or is too busy to answe
 from __future__ import annotations
 
 from ray import serve
+from ray.serve.schema import DeploymentStatusOverview
 
 SERVING = {"HEALTHY", "UPSCALING", "DOWNSCALING"}
 # Neither: UPDATING (a first start, or a redeploy while old replicas serve) and UNKNOWN.
@@ -27,11 +28,25 @@ def app_state(app: str, deployment: str) -> str:
     return f"Serve application {app!r} is {_value(status.status)}" + (f": {message}" if message else "")
 
 
+def _detail(app: str, deployment: str) -> DeploymentStatusOverview:
+    """The controller's status of one deployment (raises when Serve cannot tell)."""
+    return serve.status().applications[app].deployments[deployment]
+
+
 def deployment_status(app: str, deployment: str) -> tuple[str, str]:
     """(status, Serve's words on it); the status is "UNKNOWN" when Serve cannot tell."""
     try:
-        detail = serve.status().applications[app].deployments[deployment]
+        detail = _detail(app, deployment)
     except Exception as exc:
         return "UNKNOWN", f"Serve's status of {deployment} is unavailable: {type(exc).__name__}: {exc}"
     status = _value(detail.status)
     return status, f"Serve reports {deployment} {status}" + (f": {detail.message}" if detail.message else "")
+
+
+def scaled_to_zero(app: str, deployment: str) -> bool:
+    """Serve shows the deployment healthy with no replica at all (idle, at min_replicas 0)."""
+    try:
+        detail = _detail(app, deployment)
+    except Exception:
+        return False
+    return _value(detail.status) == "HEALTHY" and not any(detail.replica_states.values())
