@@ -22,9 +22,7 @@ from ray.serve import Application
 from deployments.config import ModelConfig, cpu_cores, parse_args, resolve_plan
 from deployments.ingress.deployment import Ingress, IngressConfig, ServedModelConfig
 from deployments.options import (
-    CAPTIONER,
-    DECODER,
-    INGRESS,
+    INGRESS_OPTIONS,
     captioner_options,
     decoder_options,
     deployment_name,
@@ -32,6 +30,7 @@ from deployments.options import (
 )
 from deployments.replicas.captioner import VisionCaptioner
 from deployments.replicas.decoder import PrimaryDecoder
+from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,7 +47,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     served = []
     for model in plan.primaries:
         options, primary = decoder_options(app_args, model, max(1, cpu_cores() // share), 1 / share)
-        name = deployment_name(DECODER, primary, several)
+        name = deployment_name(Role.DECODER, primary, several)
         logger.info(
             "building main app: primary=%s vision=%s deployment=%s options=%s cpu_threads=%s",
             primary.name,
@@ -64,7 +63,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             ServedModelConfig(
                 name=primary.name,
                 captioner=captioner,
-                captioner_deployment=deployment_name(CAPTIONER, captioner, several_captioners),
+                captioner_deployment=deployment_name(Role.CAPTIONER, captioner, several_captioners),
                 native_max_images=primary.capabilities.max_images_per_request
                 if primary.capabilities.vision_mode == "native"
                 else None,
@@ -77,7 +76,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         images=plan.images,
         server=plan.server,
     )
-    return Ingress.options(**for_replicas(Ingress.name, INGRESS, drain_s=deadline)).bind(config, decoders)
+    return Ingress.options(**for_replicas(Ingress.name, INGRESS_OPTIONS, drain_s=deadline)).bind(config, decoders)
 
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
@@ -90,7 +89,7 @@ def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
     first, *rest = models
 
     def captioner(model: ModelConfig | None, *others: Application) -> Application:
-        name = deployment_name(CAPTIONER, model, bool(rest))
+        name = deployment_name(Role.CAPTIONER, model, bool(rest))
         options = for_replicas(
             VisionCaptioner.name, captioner_options(app_args, model), drain_s=plan.proxy_vision.timeout_s
         )

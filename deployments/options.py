@@ -41,6 +41,7 @@ import ray
 
 from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ModelConfig
 from deployments.errors import ConfigError
+from deployments.roles import Role
 
 SHARED_GPU = 0.5  # decoder and captioner packed on one card
 CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto)
@@ -48,7 +49,7 @@ HEALTH_CHECK_S = 2
 BACKPRESSURE = {"retry_after_s": 2}
 QUEUED = 64
 
-INGRESS: dict[str, Any] = {
+INGRESS_OPTIONS: dict[str, Any] = {
     "max_ongoing_requests": 256,
     "max_queued_requests": 512,
     "backpressure_config": BACKPRESSURE,
@@ -59,17 +60,15 @@ CAPTIONER_ONGOING = 16
 GPU_DECODERS = 2  # default max_replicas of a decoder on GPUs
 GPU_CAPTIONERS = 2  # default max_replicas of a captioner with a GPU share (1 on CPU)
 CAPTIONER_TARGET = 4  # default target_ongoing_requests of a captioner
-DECODER = "PrimaryDecoder"
-CAPTIONER = "VisionCaptioner"
 
 
-def deployment_name(role: str, model: ModelConfig | None, several: bool) -> str:
-    """`role` (DECODER, CAPTIONER) alone when the application has one deployment of that role, else
+def deployment_name(role: Role, model: ModelConfig | None, several: bool) -> str:
+    """The role's deployment name alone when the application has one deployment of that role, else
     with the model's name (characters outside ``[A-Za-z0-9._-]`` become ``-``: the name is in
     replica actor and log file names, and Serve reserves ``#``)."""
     if not several or model is None:
-        return role
-    return f"{role}-{re.sub(r'[^A-Za-z0-9._-]', '-', model.name)}"
+        return role.deployment
+    return f"{role.deployment}-{re.sub(r'[^A-Za-z0-9._-]', '-', model.name)}"
 
 
 def model_gpus(model: ModelConfig, default: GpuShare) -> float:

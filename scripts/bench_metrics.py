@@ -36,7 +36,7 @@ import ray
 from deployments.config import Lifecycle, load_models_file
 from deployments.engines.transformers import continuous
 from deployments.monitoring.access_log import AccessLog, RequestRecord
-from deployments.monitoring.metrics import INGRESS, Recorder
+from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
 from deployments.protocol.payloads import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 
@@ -122,7 +122,7 @@ def ingress_cost(records: int, log_path: Path) -> dict:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
-    metrics = TimedRecorder(Recorder(INGRESS, "bench"))
+    metrics = TimedRecorder(Recorder(INGRESS_METRICS, "bench"))
     log = AccessLog(lambda scope, receive, send: None, metrics=metrics, request_id=lambda scope: "x", routes=[])  # type: ignore[arg-type,return-value]
     scope = {"type": "http", "route": None, "path": "/v1/chat/completions"}
     start = time.perf_counter()

@@ -24,9 +24,9 @@ from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
-from deployments.monitoring.metrics import INGRESS, Recorder
-from deployments.options import CAPTIONER
+from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
 from deployments.protocol.responses import ModelCard
+from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
 
@@ -38,7 +38,7 @@ class ServedModelConfig(BaseModel):
 
     name: str
     captioner: ModelConfig | None = None
-    captioner_deployment: str = CAPTIONER  # the captioner's deployment in `IngressConfig.captioner_app`
+    captioner_deployment: str = Role.CAPTIONER.deployment  # the captioner's deployment in `IngressConfig.captioner_app`
     native_max_images: int | None = None  # native vision: the model's own image limit
 
 
@@ -57,7 +57,7 @@ class IngressConfig(BaseModel):
 class Ingress:
     def __init__(self, config: IngressConfig, decoders: dict[str, DeploymentHandle]) -> None:
         """`decoders`: each served model's decoder handle, by model name."""
-        self._metrics = Recorder(INGRESS, config.models[0].name)
+        self._metrics = Recorder(INGRESS_METRICS, config.models[0].name)
         server = config.server
         clients: dict[str, CaptionerClient] = {}
         served = []

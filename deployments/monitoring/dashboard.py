@@ -111,7 +111,7 @@ OVERVIEW = [
     ),
 ]
 
-DECODER = [
+DECODER_PANELS = [
     _latency_panel(11, "Time to first token", "time_to_first_token_seconds"),
     _latency_panel(12, "Time per output token", "time_per_output_token_seconds"),
     _latency_panel(13, "End-to-end request latency", "e2e_request_latency_seconds"),
@@ -171,7 +171,7 @@ DECODER = [
 # cumulative `le` buckets into per-bucket counts).
 _batch_buckets = _series(_spec("caption_batch_size", "histogram"), "_bucket", 'le!="+Inf", ')
 
-CAPTIONER = [
+CAPTIONER_PANELS = [
     _latency_panel(21, "Caption latency", "caption_latency_seconds"),
     _panel(
         22,
@@ -297,8 +297,8 @@ IMAGES_AND_CACHE = [
 
 ROWS = [
     Row(title="Overview", id=100, panels=OVERVIEW),
-    Row(title="Decoder", id=101, panels=DECODER),
-    Row(title="Captioner", id=102, panels=CAPTIONER),
+    Row(title="Decoder", id=101, panels=DECODER_PANELS),
+    Row(title="Captioner", id=102, panels=CAPTIONER_PANELS),
     Row(title="Images and cache", id=103, panels=IMAGES_AND_CACHE),
 ]
 

@@ -52,7 +52,7 @@ def _spec(name: str, kind: Kind, description: str, *tags: str, buckets: tuple[fl
     return MetricSpec(name, kind, description, tags, buckets)
 
 
-DECODER = (
+DECODER_METRICS = (
     _spec(
         "time_to_first_token_seconds",
         "histogram",
@@ -89,7 +89,7 @@ DECODER = (
     _spec("processor_cache_hits", "counter", "Native vision: images whose processed tensors came from the cache."),
     _spec("processor_cache_misses", "counter", "Native vision: images the replica's processor processed."),
 )
-CAPTIONER = (
+CAPTIONER_METRICS = (
     _spec(
         "caption_latency_seconds",
         "histogram",
@@ -102,7 +102,7 @@ CAPTIONER = (
         "caption_failures", "counter", "Captioner: failed caption requests, by kind (unavailable, oom, error).", "kind"
     ),
 )
-ENGINE = (
+ENGINE_METRICS = (
     _spec(
         "engine_loaded",
         "gauge",
@@ -110,7 +110,7 @@ ENGINE = (
         "role",
     ),
 )
-INGRESS = (
+INGRESS_METRICS = (
     _spec("http_requests", "counter", "Ingress: HTTP requests answered, by route and status code.", "route", "status"),
     _spec(
         "requests_rejected",
@@ -143,7 +143,7 @@ INGRESS = (
     ),
     _spec("image_fetch_failures", "counter", "Ingress: image URLs that could not be fetched, by scheme.", "scheme"),
 )
-SPECS: tuple[MetricSpec, ...] = DECODER + CAPTIONER + ENGINE + INGRESS
+SPECS: tuple[MetricSpec, ...] = DECODER_METRICS + CAPTIONER_METRICS + ENGINE_METRICS + INGRESS_METRICS
 
 
 def _create(spec: MetricSpec, model: str) -> Any:

@@ -23,7 +23,7 @@ from deployments.engines import CaptionEngine, create_caption_engine
 from deployments.engines.batcher import Batcher
 from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
-from deployments.monitoring.metrics import CAPTIONER, ENGINE, Recorder
+from deployments.monitoring.metrics import CAPTIONER_METRICS, ENGINE_METRICS, Recorder
 from deployments.protocol.payloads import CaptionRequest, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
 
@@ -43,7 +43,7 @@ class VisionCaptioner:
         """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
         unused: bound here only so that Serve deploys them with this one."""
         self._slot: EngineSlot[CaptionEngine] | None = None
-        self._metrics = Recorder(CAPTIONER + ENGINE, model.name if model else "none")
+        self._metrics = Recorder(CAPTIONER_METRICS + ENGINE_METRICS, model.name if model else "none")
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
         captioning = model.captioning if model else None
         size, wait_s = (captioning.max_batch_size, captioning.batch_wait_timeout_s) if captioning else (1, 0.0)

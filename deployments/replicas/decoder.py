@@ -17,7 +17,7 @@ from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
 from deployments.errors import DecoderUnavailable
 from deployments.merge import MergedStreams
-from deployments.monitoring.metrics import DECODER, ENGINE, DecoderRequestTimer, Recorder
+from deployments.monitoring.metrics import DECODER_METRICS, ENGINE_METRICS, DecoderRequestTimer, Recorder
 from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
 from deployments.protocol.responses import TokenLogprob
 from deployments.replicas.lifecycle import EngineSlot
@@ -30,7 +30,7 @@ logger = logging.getLogger("ray.serve")
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._model = model.name
-        self._metrics = Recorder(DECODER + ENGINE, model.name)
+        self._metrics = Recorder(DECODER_METRICS + ENGINE_METRICS, model.name)
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._cache_counts: dict[str, int] = {}  # the processor cache's totals at the last tick
         self._slot: EngineSlot[TextEngine] = EngineSlot(

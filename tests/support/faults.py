@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from deployments.options import CAPTIONER, DECODER
+from deployments.roles import Role
 
-TARGETS = {"decoder": ("default", DECODER), "captioner": ("vision", CAPTIONER)}
+TARGETS = {"decoder": ("default", Role.DECODER.deployment), "captioner": ("vision", Role.CAPTIONER.deployment)}
 
 
 @dataclass

@@ -19,9 +19,8 @@ from deployments.config import (
 )
 from deployments.errors import ConfigError
 from deployments.options import (
-    DECODER,
     DRAIN_MARGIN_S,
-    INGRESS,
+    INGRESS_OPTIONS,
     REPLICA_ENV,
     application_runtime_env,
     captioner_options,
@@ -30,6 +29,7 @@ from deployments.options import (
     deployment_name,
     for_replicas,
 )
+from deployments.roles import Role
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,9 +150,11 @@ def test_without_a_captioner_the_stub_replica_has_the_same_bounded_queue():
 
 
 def test_the_ingress_autoscales_on_connections_with_no_cpu_reserved():
-    scaling = INGRESS["autoscaling_config"]
-    assert INGRESS["max_ongoing_requests"] >= scaling["target_ongoing_requests"] and scaling["min_replicas"] >= 1
-    assert INGRESS["ray_actor_options"] == {"num_cpus": 0} and INGRESS["max_queued_requests"] > 0
+    scaling = INGRESS_OPTIONS["autoscaling_config"]
+    assert (
+        INGRESS_OPTIONS["max_ongoing_requests"] >= scaling["target_ongoing_requests"] and scaling["min_replicas"] >= 1
+    )
+    assert INGRESS_OPTIONS["ray_actor_options"] == {"num_cpus": 0} and INGRESS_OPTIONS["max_queued_requests"] > 0
 
 
 # --- deployment.autoscaling (issue 22) ---------------------------------------------------------
@@ -381,7 +383,7 @@ def test_several_cpu_decoders_split_the_ray_cpu_and_their_cores():
 )
 def test_deployment_names_carry_the_model_only_when_there_are_several(name, several, expected):
     llm = ModelConfig.model_validate({"name": name, "hf_id": "org/llm"})
-    assert deployment_name(DECODER, llm, several) == expected
+    assert deployment_name(Role.DECODER, llm, several) == expected
 
 
 # --- replica processes: environment and draining -------------------------------------------------
@@ -467,6 +469,6 @@ def test_before_ray_is_initialized_the_builder_inherits_nothing(monkeypatch):
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     assert application_runtime_env() == {}
-    options = for_replicas("Ingress", INGRESS, drain_s=1)
+    options = for_replicas("Ingress", INGRESS_OPTIONS, drain_s=1)
     assert options["ray_actor_options"] == {"num_cpus": 0, "runtime_env": {"env_vars": REPLICA_ENV["Ingress"]}}
-    assert INGRESS["ray_actor_options"] == {"num_cpus": 0}
+    assert INGRESS_OPTIONS["ray_actor_options"] == {"num_cpus": 0}

@@ -24,6 +24,7 @@ from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream, stream_outputs
 from deployments.protocol.payloads import GenerateRequest
+from deployments.roles import Role
 
 
 class TransformersEngine(Engine):
@@ -34,7 +35,7 @@ class TransformersEngine(Engine):
     MODEL: ClassVar[Any]
     device: str
 
-    def __init__(self, role: str, model: ModelConfig, **load: Any) -> None:
+    def __init__(self, role: Role, model: ModelConfig, **load: Any) -> None:
         self.params = model.params
         self.source = model.weight_file or model.source
         self.progress = LoadProgress(role, model)
@@ -70,7 +71,7 @@ class TransformersEngine(Engine):
 class TransformersDecoder(TransformersEngine, TextEngine):
     """A transformers engine that generates text for a `GenerateRequest`."""
 
-    def __init__(self, role: str, model: ModelConfig, **load: Any) -> None:
+    def __init__(self, role: Role, model: ModelConfig, **load: Any) -> None:
         super().__init__(role, model, **load)
         text = self.model.config.get_text_config()
         own_len = getattr(text, "max_position_embeddings", None) or 2048

@@ -12,6 +12,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine
 from deployments.engines.transformers.base import TransformersEngine
+from deployments.roles import Role
 
 
 class TransformersCaptionEngine(TransformersEngine, CaptionEngine):
@@ -19,7 +20,7 @@ class TransformersCaptionEngine(TransformersEngine, CaptionEngine):
     MODEL = AutoModelForImageTextToText
 
     def __init__(self, model: ModelConfig) -> None:
-        super().__init__("captioner", model)
+        super().__init__(Role.CAPTIONER, model)
         self.processor = self.front
         self.max_new_tokens = model.captioning.max_new_tokens
         self.progress.done(self.model)

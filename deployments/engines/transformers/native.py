@@ -38,6 +38,7 @@ from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
 from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.roles import Role
 
 
 class NativeVisionEngine(TransformersDecoder):
@@ -45,7 +46,7 @@ class NativeVisionEngine(TransformersDecoder):
     MODEL = AutoModelForImageTextToText
 
     def __init__(self, model: ModelConfig) -> None:
-        super().__init__("decoder", model)
+        super().__init__(Role.DECODER, model)
         self.processor = self.front
         limit = model.capabilities.max_images_per_request
         self.max_images = ImageInputConfig().max_images_per_request if limit is None else limit

@@ -28,6 +28,7 @@ from deployments.engines.transformers.chat_template import (
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
 from deployments.errors import ConfigError
 from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.roles import Role
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TransformersTextEngine(TransformersDecoder):
     MODEL = AutoModelForCausalLM
 
     def __init__(self, model: ModelConfig, **load: Any) -> None:
-        super().__init__("decoder", model, **load)
+        super().__init__(Role.DECODER, model, **load)
         self.supports_tools = template_supports_tools(self.tokenizer)
         self.progress.done(self.model)
 

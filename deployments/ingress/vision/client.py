@@ -33,8 +33,8 @@ from deployments.ingress.serve_status import FAILED, app_state, deployment_statu
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
-from deployments.options import CAPTIONER
 from deployments.protocol.payloads import CaptionRequest, ComponentStatus
+from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
 
@@ -49,7 +49,7 @@ class CaptionerClient:
         captioner: ModelConfig,
         vision: ProxyVisionConfig,
         metrics: Recorder | None = None,
-        deployment: str = CAPTIONER,
+        deployment: str = Role.CAPTIONER.deployment,
     ) -> None:
         """`app` and `deployment`: where the captioner runs; `metrics`: the ingress's, for the
         cache's size gauges."""
