@@ -265,6 +265,8 @@ MOVED_VISION_PROXY = (
 
 
 class Capabilities(_Strict):
+    """What a model can do as a primary (the ``capabilities:`` section of its entry): how it takes images."""
+
     vision_mode: VisionMode = Field("disabled", description="disabled | proxy | native.")
     captioner: str | None = Field(
         None, description="Proxy mode: the captioner, a models.yaml entry name or a Hugging Face model id."
@@ -431,8 +433,10 @@ class ModelConfig(_Strict):
         description="transformers; fake (deterministic: echoes the prompt, captions by pixel colour); or "
         "`module:Class` of your own TextEngine/CaptionEngine.",
     )
-    params: EngineParams = Field(default_factory=EngineParams)
-    capabilities: Capabilities = Field(default_factory=Capabilities)
+    params: EngineParams = Field(default_factory=EngineParams, description="Engine settings.")
+    capabilities: Capabilities = Field(
+        default_factory=Capabilities, description="What the model can do as a primary: its vision mode."
+    )
     captioning: CaptioningConfig = Field(
         default_factory=CaptioningConfig, description="Settings used when this model is a captioner."
     )
@@ -475,7 +479,9 @@ class Lifecycle(_Strict):
 
 
 class ModelsFile(Lifecycle):
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(
+        min_length=1, description="The model entries; primaries and captioners refer to them by name."
+    )
     primaries: list[str] | None = Field(
         None,
         min_length=1,
