@@ -3,7 +3,7 @@
 # - scripts/run.sh of this checkout: SIGINT, as Ctrl-C (Serve shuts its applications down, then Ray),
 #   or SIGTERM where it ignores SIGINT (started with nohup or `&` from a script): Ray then stops at
 #   once. Either way the Ray processes it started exit with it (any still there 30 s later are killed);
-# - a cluster started here with `ray start` (the README's cluster steps, or run.sh --address=auto):
+# - a cluster started here with `ray start` (docs/clusters.md, or run.sh --address=auto):
 #   `serve shutdown`, then `ray stop` (run `ray stop` on the other nodes yourself).
 set -euo pipefail
 cd "$(dirname "$0")/.."

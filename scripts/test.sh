@@ -7,4 +7,5 @@ scripts/setup.sh test
 .venv/bin/ruff format --check deployments tests scripts
 .venv/bin/ruff check deployments tests scripts
 .venv/bin/mypy
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"  # the docs site: broken links and anchors fail
 exec .venv/bin/python -m pytest tests "$@"

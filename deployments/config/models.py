@@ -51,8 +51,10 @@ class ModelConfig(StrictModel):
         description="transformers; fake (deterministic: echoes the prompt, captions by pixel colour); or "
         "`module:Class` of your own TextEngine/CaptionEngine.",
     )
-    params: EngineParams = Field(default_factory=EngineParams)
-    capabilities: Capabilities = Field(default_factory=Capabilities)
+    params: EngineParams = Field(default_factory=EngineParams, description="Engine settings.")
+    capabilities: Capabilities = Field(
+        default_factory=Capabilities, description="What the model can do as a primary: its vision mode."
+    )
     captioning: CaptioningConfig = Field(
         default_factory=CaptioningConfig, description="Settings used when this model is a captioner."
     )
@@ -86,16 +88,18 @@ class ModelConfig(StrictModel):
 class Lifecycle(StrictModel):
     """File-level model lifecycle settings, handed to every deployment that holds an engine."""
 
-    idle_unload_secs: float | None = Field(
+    idle_unload_s: float | None = Field(
         None, gt=0, description="Unload a model after this many idle seconds; reload on next use."
     )
-    load_retry_secs: float = Field(
+    load_retry_s: float = Field(
         15.0, gt=0, description="First retry after a model failed to load; doubles up to 5 minutes."
     )
 
 
 class ModelsFile(Lifecycle):
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(
+        min_length=1, description="The model entries; primaries and captioners refer to them by name."
+    )
     primaries: list[str] | None = Field(
         None,
         min_length=1,

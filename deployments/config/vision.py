@@ -28,6 +28,8 @@ VisionMode = Annotated[Literal["disabled", "proxy", "native"], BeforeValidator(_
 
 
 class Capabilities(StrictModel):
+    """What a model can do as a primary (the ``capabilities:`` section of its entry): how it takes images."""
+
     vision_mode: VisionMode = Field("disabled", description="disabled | proxy | native.")
     captioner: str | None = Field(
         None, description="Proxy mode: the captioner, a models.yaml entry name or a Hugging Face model id."

@@ -46,8 +46,8 @@ class EngineSlot(Generic[E]):
         self._sample = sample
         self._factory = factory
         self._unavailable = unavailable
-        self._idle_unload_s = lifecycle.idle_unload_secs
-        self._retry_first_s = lifecycle.load_retry_secs
+        self._idle_unload_s = lifecycle.idle_unload_s
+        self._retry_first_s = lifecycle.load_retry_s
         self._lock = threading.RLock()
         self.engine: E | None = None
         self.state = "loading"

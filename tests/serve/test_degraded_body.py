@@ -24,7 +24,7 @@ def service(serve_cluster, tmp_path_factory) -> Iterator[None]:
     models = write_models(
         tmp_path_factory.mktemp("degraded-body"),
         echo_with_captioner(empty),
-        load_retry_secs=60,
+        load_retry_s=60,
         proxy_vision={"timeout_s": 20, "retry_after_s": 0.5, "degraded_notice": NOTICE},
     )
     deploy(models)

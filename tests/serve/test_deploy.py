@@ -1,4 +1,4 @@
-"""Deploying onto a running cluster (README, "Deploying onto a running cluster"), as an operator does it:
+"""Deploying onto a running cluster (docs/clusters.md, "Deploying onto a running cluster"), as an operator does it:
 a `ray start --head` cluster of its own (a temp dir, free ports, one fake GPU, token auth), then the
 Serve CLI against it: `serve deploy` of a config made from serve_config.yaml (its HTTP port changed,
 `models_file` a models.yaml with the fake decoder), `serve status` until RUNNING, and a redeploy.
@@ -316,11 +316,11 @@ def test_a_redeploy_rolls_out_a_changed_param_without_dropping_requests_in_fligh
     )
 
 
-def test_the_readme_shows_the_commands_run_here():
-    """The README's section gives the commands this module runs (there on the default ports)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Deploying onto a running cluster") :]
-    section = section[: section.index("\n## ")]
+def test_the_docs_show_the_commands_run_here():
+    """The docs' section (docs/clusters.md) gives the commands this module runs (there on the default ports)."""
+    page = (ROOT / "docs" / "clusters.md").read_text()
+    section = page[page.index("\n## Deploying onto a running cluster\n") :]
+    section = section[: section.index("\n## ", 1)]
     commands = {line.split("#")[0].strip() for line in section.splitlines() if line.startswith(("ray ", "serve "))}
     wanted = {"ray start --head", "serve deploy serve_config.yaml", "serve status", "serve shutdown -y", "ray stop"}
     assert commands == wanted, commands

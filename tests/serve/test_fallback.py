@@ -30,7 +30,7 @@ def models_file(weights_dir, tmp_path_factory):
     return write_models(
         tmp_path_factory.mktemp("fallback"),
         echo_with_captioner(weights_dir, max_new_tokens=6),
-        load_retry_secs=1,
+        load_retry_s=1,
         proxy_vision={"timeout_s": 20, "retry_after_s": 0.5},
     )
 

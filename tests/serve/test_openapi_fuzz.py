@@ -47,7 +47,7 @@ def test_ingress_conforms_to_its_spec(api_schema, mode):
 
 def breaks_a_rule_across_fields(body: object) -> bool:
     """The documented 400s that depend on two fields at once, which the OpenAPI schema cannot say
-    (README, request fields): schema-valid bodies that break one are not "valid data" to accept.
+    (docs/api.md, request fields): schema-valid bodies that break one are not "valid data" to accept.
     And one the generator gets wrong (below)."""
     if not isinstance(body, dict):
         return False

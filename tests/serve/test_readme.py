@@ -1,11 +1,13 @@
-"""The README's commands, run as written, so that it cannot go stale: the service started the README's
-way (`./scripts/run.sh`, on serve_config.yaml's port), every other shell and Python block in order
-against it, then the README's stop command, after which nothing the service started may be running.
+"""The documentation's commands, run as written, so that it cannot go stale: the README's and those of
+every page under docs/. The service is started the README's way (`./scripts/run.sh`, on
+serve_config.yaml's port), every other shell and Python block runs in order against it (the README
+first, then the pages by path), then the stop command, after which nothing the service started may be
+running.
 
-A README block is marked by an HTML comment on the line before it:
-  <!-- readme-test: service -->         started in the background; its ready line is awaited
+A block is marked by an HTML comment on the line before it:
+  <!-- readme-test: service -->         started in the background; its ready line is awaited (one in all)
   <!-- readme-test: stop -->            run last; the service and every process under it must be gone
-  <!-- readme-test: skip (reason) -->   not run (long-running, multi-node, this suite itself)
+  <!-- readme-test: skip (reason) -->   not run (a cluster, a GPU, root, long-running, this suite itself)
 Every other ```bash block runs in `bash -euo pipefail`, every ```python block in .venv's Python, from
 the repository root, in a new user's environment (no .venv on PATH, no Ray variables). Each must exit
 0 and print something that is not an error.
@@ -41,13 +43,23 @@ READY_TIMEOUT_S = 300
 
 @dataclass
 class Block:
+    source: str  # the file, relative to the repository root
     lang: str
     code: str
     mark: str  # "", "service", "stop" or "skip (reason)"
 
 
-def readme_blocks() -> list[Block]:
-    return [Block(m["lang"], m["code"], m["mark"] or "") for m in BLOCK.finditer(README.read_text())]
+def doc_files() -> list[Path]:
+    """README.md, then every page under docs/ (the site's pages and the run records), by path."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def doc_blocks() -> list[Block]:
+    return [
+        Block(str(path.relative_to(ROOT)), m["lang"], m["code"], m["mark"] or "")
+        for path in doc_files()
+        for m in BLOCK.finditer(path.read_text())
+    ]
 
 
 def user_env() -> dict[str, str]:
@@ -70,7 +82,9 @@ def run_block(block: Block, env: dict[str, str]) -> str:
     else:
         argv = [str(ROOT / ".venv" / "bin" / "python"), "-c", block.code]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
-    shown = f"README block:\n{block.code}\nexit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    shown = (
+        f"{block.source} block:\n{block.code}\nexit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    )
     assert done.returncode == 0, shown
     assert done.stdout.strip(), shown
     try:
@@ -142,17 +156,19 @@ def still_running(processes: list[psutil.Process]) -> list[str]:
 
 
 def test_readme_marks_are_known():
-    blocks = readme_blocks()
+    blocks = doc_blocks()
     marks = [b.mark for b in blocks]
     assert marks.count("service") == 1 and marks.count("stop") == 1, marks
-    for mark in marks:
-        assert mark in ("", "service", "stop") or re.fullmatch(r"skip \(.+\)", mark), mark
+    for block in blocks:
+        assert block.mark in ("", "service", "stop") or re.fullmatch(r"skip \(.+\)", block.mark), block
+    assert {b.source for b in blocks if b.mark in ("service", "stop")} == {"README.md"}
     assert any(b.lang == "python" and not b.mark for b in blocks)
+    assert {b.source for b in blocks} > {"README.md"}, "no block collected from the docs pages"
 
 
 @pytest.mark.timeout(900)
 def test_readme_commands_run_as_written():
-    blocks = readme_blocks()
+    blocks = doc_blocks()
     [start] = [b for b in blocks if b.mark == "service"]
     [stop] = [b for b in blocks if b.mark == "stop"]
     port = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["http_options"]["port"]

@@ -29,3 +29,19 @@ def test_no_torch_or_transformers(module):
 def test_the_ingress_does_not_import_the_replicas_or_the_engines():
     modules = imported_after("deployments.ingress.deployment")
     assert not {m for m in modules if m.startswith(("deployments.replicas", "deployments.engines"))}
+
+
+def test_the_package_map_names_every_package_and_top_level_module_and_nothing_else():
+    """docs/architecture.md's package map is the one map of the code: one row per package folder
+    and per top-level module under deployments/, each path existing."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "architecture.md").read_text()
+    table = page.split("\n## Package map\n", 1)[1].split("\n## ", 1)[0]
+    mapped = set(re.findall(r"^\| `(deployments/[^`]*)` \|", table, re.M))
+    package = root / "deployments"
+    folders = {f"{p.relative_to(root).as_posix()}/" for p in package.rglob("*") if (p / "__init__.py").is_file()}
+    modules = {p.relative_to(root).as_posix() for p in package.glob("*.py") if p.name != "__init__.py"}
+    assert mapped == folders | modules

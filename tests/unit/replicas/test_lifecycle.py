@@ -37,7 +37,7 @@ def wait_for(predicate, timeout=10.0):
 async def test_failed_load_is_reported_and_retried():
     factory = Factory(fail_times=1)
     slot = EngineSlot(
-        "captioner", "cap", factory, unavailable=CaptionerUnavailable, lifecycle=Lifecycle(load_retry_secs=0.2)
+        "captioner", "cap", factory, unavailable=CaptionerUnavailable, lifecycle=Lifecycle(load_retry_s=0.2)
     )
     assert slot.load() is False
     status = slot.status()
@@ -57,7 +57,7 @@ async def test_failed_load_is_reported_and_retried():
 async def test_idle_engine_is_unloaded_and_reloaded_on_use():
     factory = Factory(fail_times=0)
     slot = EngineSlot(
-        "decoder", "llm", factory, unavailable=CaptionerUnavailable, lifecycle=Lifecycle(idle_unload_secs=0.2)
+        "decoder", "llm", factory, unavailable=CaptionerUnavailable, lifecycle=Lifecycle(idle_unload_s=0.2)
     )
     assert slot.load()
     slot.start(tick_s=0.05)
@@ -73,7 +73,7 @@ async def test_idle_engine_is_unloaded_and_reloaded_on_use():
 async def test_engine_in_use_is_not_unloaded():
     factory = Factory(fail_times=0)
     slot = EngineSlot(
-        "decoder", "llm", factory, unavailable=CaptionerUnavailable, lifecycle=Lifecycle(idle_unload_secs=0.1)
+        "decoder", "llm", factory, unavailable=CaptionerUnavailable, lifecycle=Lifecycle(idle_unload_s=0.1)
     )
     slot.load()
     slot.start(tick_s=0.02)
