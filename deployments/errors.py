@@ -130,6 +130,18 @@ class OverloadedError(UnavailableError):
     retry_after_s = 1
 
 
+def known_errors() -> list[tuple[int, str]]:
+    """`(status, code or type)` of every `ServiceError` class, as the access log labels a rejection."""
+    pairs: list[tuple[int, str]] = []
+    classes: list[type[ServiceError]] = [ServiceError]
+    while classes:
+        cls = classes.pop(0)
+        if (pair := (cls.status, cls.code or cls.type)) not in pairs:
+            pairs.append(pair)
+        classes.extend(cls.__subclasses__())
+    return pairs
+
+
 def from_serve(exc: BaseException) -> BaseException:
     """Serve's errors for a call through a handle, as ours: a full queue is `OverloadedError`
     (honouring the deployment's ``backpressure_config``), a replica that died or cannot be reached

@@ -25,6 +25,7 @@ from deployments.errors import (
     RequestTimeoutError,
     ServiceError,
     error_body,
+    known_errors,
     to_openai_error,
     validation_message,
 )
@@ -107,8 +108,8 @@ def _reply(reply: ChatReply) -> Any:
 
 
 def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> FastAPI:
-    """The routes, named as before the factory existed so that the OpenAPI spec stays the same.
-    A request goes to the served model its `model` names."""
+    """The routes; a request goes to the served model its `model` names. Every counter and gauge of
+    the ingress is exported at 0 from here on, for each served model and known label value."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
@@ -141,4 +142,11 @@ def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> 
         record.model = body.model
         return _reply(await served.get(body.model).completions.create(body, record))
 
+    metrics.export_zeros(
+        served.names,
+        {
+            "http_requests": [{"route": route.path, "status": "200"} for route in api.routes if hasattr(route, "path")],
+            "requests_rejected": [{"status": str(status), "reason": reason} for status, reason in known_errors()],
+        },
+    )
     return api

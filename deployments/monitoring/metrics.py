@@ -13,12 +13,15 @@ of ~6 us each (docs/benchmarks.md), and the gauges are set by the engine slot's 
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 from ray.serve import metrics
+
+from deployments.protocol.responses import FinishReason, UnseenReason
 
 Kind = Literal["counter", "gauge", "histogram"]
 
@@ -37,6 +40,9 @@ class MetricSpec:
     description: str
     tags: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    zeros: tuple[Mapping[str, str], ...] = field(default=({},), compare=False)
+    """The label values (beside `model`) a counter or gauge is exported with at 0 from the start:
+    its known ones; none where its values are only known where it is recorded."""
 
     @property
     def full_name(self) -> str:
@@ -48,8 +54,21 @@ class MetricSpec:
         return f"ray_{self.full_name}" + ("_total" if self.kind == "counter" else "")
 
 
-def _spec(name: str, kind: Kind, description: str, *tags: str, buckets: tuple[float, ...] = ()) -> MetricSpec:
-    return MetricSpec(name, kind, description, tags, buckets)
+def _spec(
+    name: str,
+    kind: Kind,
+    description: str,
+    *tags: str,
+    buckets: tuple[float, ...] = (),
+    known: Mapping[str, Sequence[str]] | None = None,
+) -> MetricSpec:
+    """`known`: each tag's known values, exported at 0 from the start (every combination)."""
+    if known is None:
+        zeros: tuple[Mapping[str, str], ...] = ({},) if not tags else ()
+    else:
+        keys = list(known)
+        zeros = tuple(dict(zip(keys, values, strict=True)) for values in itertools.product(*known.values()))
+    return MetricSpec(name, kind, description, tags, buckets, zeros)
 
 
 DECODER_METRICS = (
@@ -80,7 +99,11 @@ DECODER_METRICS = (
     _spec("prompt_tokens", "counter", "Decoder: prompt tokens prefilled (cancelled requests included)."),
     _spec("generation_tokens", "counter", "Decoder: tokens generated (cancelled requests included)."),
     _spec(
-        "request_success", "counter", "Decoder: requests finished, by finish reason (stop, length).", "finished_reason"
+        "request_success",
+        "counter",
+        "Decoder: requests finished, by finish reason (stop, length).",
+        "finished_reason",
+        known={"finished_reason": get_args(FinishReason)},
     ),
     _spec("requests_cancelled", "counter", "Decoder: requests closed before they finished (client gone, deadline)."),
     _spec("num_requests_running", "gauge", "Decoder: sequences in the running batch."),
@@ -99,7 +122,11 @@ CAPTIONER_METRICS = (
     _spec("caption_batch_size", "histogram", "Captioner: images per forward pass.", buckets=BATCH_BUCKETS),
     _spec("images_captioned", "counter", "Captioner: images captioned."),
     _spec(
-        "caption_failures", "counter", "Captioner: failed caption requests, by kind (unavailable, oom, error).", "kind"
+        "caption_failures",
+        "counter",
+        "Captioner: failed caption requests, by kind (unavailable, oom, error).",
+        "kind",
+        known={"kind": ("unavailable", "oom", "error")},
     ),
 )
 ENGINE_METRICS = (
@@ -108,6 +135,7 @@ ENGINE_METRICS = (
         "gauge",
         "1 when the replica's model is loaded and serving, else 0 (loading, failed, unloaded).",
         "role",
+        known={},  # its one label, the replica's own role, is a tag of the replica's `Recorder`
     ),
 )
 INGRESS_METRICS = (
@@ -118,12 +146,13 @@ INGRESS_METRICS = (
         "Ingress: requests answered with an error, by status and reason (the error's code or type).",
         "status",
         "reason",
-    ),
+    ),  # its known pairs: `errors.KNOWN_ERRORS`, exported by the ingress
     _spec(
         "requests_degraded",
         "counter",
         "Ingress: image requests answered without image descriptions, by reason.",
         "reason",
+        known={"reason": get_args(UnseenReason)},
     ),
     _spec(
         "caption_cache_hits",
@@ -141,12 +170,18 @@ INGRESS_METRICS = (
         "Ingress: time to fetch an http(s) or file image URL.",
         buckets=LATENCY_BUCKETS,
     ),
-    _spec("image_fetch_failures", "counter", "Ingress: image URLs that could not be fetched, by scheme.", "scheme"),
+    _spec(
+        "image_fetch_failures",
+        "counter",
+        "Ingress: image URLs that could not be fetched, by scheme.",
+        "scheme",
+        known={"scheme": ("http", "https", "file")},
+    ),
 )
 SPECS: tuple[MetricSpec, ...] = DECODER_METRICS + CAPTIONER_METRICS + ENGINE_METRICS + INGRESS_METRICS
 
 
-def _create(spec: MetricSpec, model: str) -> Any:
+def _create(spec: MetricSpec, defaults: dict[str, str]) -> Any:
     tags: Any = ("model", *spec.tags)  # Ray's annotation says tuple[str], its code takes any tuple
     metric: Any
     if spec.kind == "counter":
@@ -157,15 +192,18 @@ def _create(spec: MetricSpec, model: str) -> Any:
         metric = metrics.Histogram(
             spec.full_name, description=spec.description, boundaries=list(spec.buckets), tag_keys=tags
         )
-    metric.set_default_tags({"model": model})
+    metric.set_default_tags({key: value for key, value in defaults.items() if key in tags})
     return metric
 
 
 class Recorder:
-    """The metrics of `specs` for one model, recorded by short name: `inc("prompt_tokens", n)`."""
+    """The metrics of `specs` for one model, recorded by short name: `inc("prompt_tokens", n)`.
+    `tags`: values this recorder always records (e.g. its replica's `role`)."""
 
-    def __init__(self, specs: tuple[MetricSpec, ...], model: str) -> None:
-        self._metrics: dict[str, Any] = {spec.name: _create(spec, model) for spec in specs}
+    def __init__(self, specs: tuple[MetricSpec, ...], model: str, tags: Mapping[str, str] | None = None) -> None:
+        self._specs = {spec.name: spec for spec in specs}
+        self._tags = dict(tags or {})
+        self._metrics: dict[str, Any] = {spec.name: _create(spec, {"model": model, **self._tags}) for spec in specs}
 
     def inc(self, name: str, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
         if value:
@@ -176,6 +214,26 @@ class Recorder:
 
     def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self._metrics[name].set(value, tags=dict(tags) if tags else None)
+
+    def export_zeros(
+        self, models: Sequence[str] = (), more: Mapping[str, Iterable[Mapping[str, str]]] | None = None
+    ) -> None:
+        """Export every counter and gauge at 0 with its known label values (its spec's `zeros`, and
+        `more` of them by metric name), for the recorder's model and `models`: a dashboard or an alert
+        on a rate reads 0 from the start, not "no data" until the first event. Ray exports a series
+        only once something is recorded, and its `Counter.inc` refuses 0, so the point is recorded
+        directly."""
+        more = more or {}
+        for name, spec in self._specs.items():
+            if spec.kind == "histogram":
+                continue
+            for labels in (*spec.zeros, *more.get(name, ())):
+                for model in (None, *models):
+                    tags = {**labels, **({"model": model} if model else {})}
+                    if spec.kind == "counter":
+                        self._metrics[name]._record(0, tags=tags or None)
+                    else:
+                        self._metrics[name].set(0, tags=tags or None)
 
 
 class DecoderRequestTimer:

@@ -26,6 +26,7 @@ from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER_METRICS, ENGINE_METRICS, Recorder
 from deployments.protocol.payloads import CaptionRequest, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
+from deployments.roles import Role
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
 
@@ -43,7 +44,10 @@ class VisionCaptioner:
         """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
         unused: bound here only so that Serve deploys them with this one."""
         self._slot: EngineSlot[CaptionEngine] | None = None
-        self._metrics = Recorder(CAPTIONER_METRICS + ENGINE_METRICS, model.name if model else "none")
+        self._metrics = Recorder(
+            CAPTIONER_METRICS + ENGINE_METRICS, model.name if model else "none", tags={"role": Role.CAPTIONER}
+        )
+        self._metrics.export_zeros()
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
         captioning = model.captioning if model else None
         size, wait_s = (captioning.max_batch_size, captioning.batch_wait_timeout_s) if captioning else (1, 0.0)
@@ -92,7 +96,7 @@ class VisionCaptioner:
 
     def _sample(self) -> None:
         assert self._slot is not None
-        self._metrics.set("engine_loaded", float(self._slot.state == "ready"), tags={"role": "captioner"})
+        self._metrics.set("engine_loaded", float(self._slot.state == "ready"))
 
     def check_health(self) -> None:
         """Never raises for a degraded engine: Serve would restart the replica in a loop."""

@@ -22,6 +22,7 @@ from deployments.protocol.payloads import ComponentStatus, GenerateChunk, Genera
 from deployments.protocol.responses import TokenLogprob
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
+from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
 
@@ -30,7 +31,8 @@ logger = logging.getLogger("ray.serve")
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._model = model.name
-        self._metrics = Recorder(DECODER_METRICS + ENGINE_METRICS, model.name)
+        self._metrics = Recorder(DECODER_METRICS + ENGINE_METRICS, model.name, tags={"role": Role.DECODER})
+        self._metrics.export_zeros()
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._cache_counts: dict[str, int] = {}  # the processor cache's totals at the last tick
         self._slot: EngineSlot[TextEngine] = EngineSlot(
@@ -139,7 +141,7 @@ class PrimaryDecoder:
         """Gauges, once a second (the engine slot's tick)."""
         engine = self._slot.engine
         stats = engine.stats() if engine is not None else {}
-        self._metrics.set("engine_loaded", float(self._slot.state == "ready"), tags={"role": "decoder"})
+        self._metrics.set("engine_loaded", float(self._slot.state == "ready"))
         self._metrics.set("num_requests_running", stats.get("running", 0))
         self._metrics.set("num_requests_waiting", stats.get("waiting", 0) + self._queued)
         self._metrics.set("kv_cache_usage_perc", stats.get("kv_cache_usage", 0.0))

@@ -167,3 +167,26 @@ def json_access_lines() -> list[dict]:
             if line.startswith("{") and (record := json.loads(line)).get("message", "").startswith("access ")
         ]
     return found
+
+
+def test_counters_and_gauges_are_exported_at_zero_before_their_first_event(service):
+    """A dashboard or an alert on a rate reads 0, not "no data", for label values nothing here records."""
+    zeros = [
+        ("requests_degraded", {"reason": "captioner_timeout"}),
+        ("caption_failures", {"kind": "oom"}),
+        ("image_fetch_failures", {"scheme": "https"}),
+        ("requests_rejected", {"status": "413", "reason": "request_too_large"}),
+    ]
+    present = [*zeros, ("engine_loaded", {"role": "captioner"}), ("request_success", {"finished_reason": "length"})]
+    samples: dict = {}
+
+    def exported() -> bool:
+        nonlocal samples
+        samples = scrape()
+        return all(
+            any(n == EXPORTED[name] and set(labels.items()) <= tags for n, tags in samples) for name, labels in present
+        )
+
+    assert wait_until(exported, timeout_s=60), [p for p in present if not total(samples, p[0], **p[1])]
+    for name, labels in zeros:
+        assert total(samples, name, **labels) == 0, name

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from deployments.monitoring.metrics import Recorder
 
@@ -25,6 +25,11 @@ class FakeMetrics(Recorder):
 
     def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self.gauges[name] = value
+
+    def export_zeros(
+        self, models: Sequence[str] = (), more: Mapping[str, Iterable[Mapping[str, str]]] | None = None
+    ) -> None:
+        self.zeroed = (tuple(models), {name: list(labels) for name, labels in (more or {}).items()})
 
     def count(self, name: str, **tags: str) -> float:
         """The sum of `name`'s counts whose tags include `tags`."""
