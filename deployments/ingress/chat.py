@@ -38,7 +38,7 @@ from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.native import native_messages
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateRequest, ImageBytes, TextMessage
 from deployments.protocol.requests import ChatCompletionRequest, ChatMessage
 from deployments.protocol.responses import UnseenImage, UnseenReason, VisionReport
 
@@ -61,7 +61,7 @@ def generate_request(
     messages: list[TextMessage],
     plan: ToolPlan,
     max_n: int = 1,
-    images: list[bytes] | None = None,
+    images: list[ImageBytes] | None = None,
 ) -> GenerateRequest:
     """What the decoder gets: the chat (text only, or with image slots and `images` for a native VLM),
     the tools its template renders, and the request's own generation settings (a grammar for
@@ -112,7 +112,7 @@ class ChatService:
         plan = plan_tools(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         timeout = asyncio.timeout_at(deadline)
-        images: list[bytes] = []
+        images: list[ImageBytes] = []
         degraded: Degraded | None = None
         try:
             async with timeout:
@@ -170,13 +170,13 @@ class ChatService:
     @staticmethod
     async def _native_messages(
         messages: list[ChatMessage], limits: ImageInputConfig, record: RequestRecord
-    ) -> tuple[list[TextMessage], list[bytes]]:
+    ) -> tuple[list[TextMessage], list[ImageBytes]]:
         """Native vision: the images, fetched and checked as in proxy mode (within the model's own
         per-request limit), and the chat with each image's slot where it was."""
         if not count_images(messages):
             return native_messages(messages), []
         images = await collect_images(messages, limits, record.images)
-        return native_messages(messages), [image.data for image in images]
+        return native_messages(messages), [ImageBytes(data=image.data, sha256=image.digest) for image in images]
 
     def _timed_out(self) -> RequestTimeoutError:
         return timed_out(self._timeout_s)

@@ -27,6 +27,14 @@ class MessageImage(BaseModel):
 MessagePart = Annotated[MessageText | MessageImage, Field(discriminator="type")]
 
 
+class ImageBytes(BaseModel):
+    """Native vision: an image the ingress checked, its encoded bytes and their SHA-256 (hex), hashed
+    once there (the key of the decoder's processor cache)."""
+
+    data: bytes
+    sha256: str
+
+
 class TextMessage(BaseModel):
     """A chat message ready for a chat template: text only after proxy vision. An assistant message
     may carry the tool calls it made; a `tool` message answers the call `tool_call_id`.
@@ -54,10 +62,11 @@ class GenerateRequest(BaseModel):
 
     A chat is `messages` (rendered by the model's chat template, with `tools` when given); a legacy
     completion is `prompt`, text or token ids used as they are, with no template. Native vision: the
-    checked, encoded bytes of the chat's images, sent once, which the messages' image slots name."""
+    checked, encoded bytes of the chat's images with their hashes, sent once, which the messages' image
+    slots name."""
 
     messages: list[TextMessage] = Field(default_factory=list)
-    images: list[bytes] = Field(default_factory=list)
+    images: list[ImageBytes] = Field(default_factory=list)
     prompt: str | list[int] | None = None
     tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = None

@@ -60,15 +60,21 @@ def _local_vlm() -> ModelConfig | None:
 
 
 def _native_request(image: Image.Image) -> GenerateRequest:
+    import hashlib
     import io
 
-    from deployments.protocol.payloads import MessageImage, MessageText
+    from deployments.protocol.payloads import ImageBytes, MessageImage, MessageText
 
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     parts = [MessageImage(index=0), MessageText(text="What colour is this image? Answer in one word.")]
     message = TextMessage(role="user", content=parts[1].text, parts=parts)
-    return GenerateRequest(messages=[message], images=[buf.getvalue()], temperature=0, max_tokens=8)
+    return GenerateRequest(
+        messages=[message],
+        images=[ImageBytes(data=buf.getvalue(), sha256=hashlib.sha256(buf.getvalue()).hexdigest())],
+        temperature=0,
+        max_tokens=8,
+    )
 
 
 async def test_native_engine_on_gpu_with_the_tiny_vlm(tiny_vlm_dir):

@@ -11,7 +11,6 @@ therefore the context the request takes, image tokens included.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ from deployments.engines.images import decode_rgb
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.engines.transformers.text import template_message, template_supports_tools, template_tools
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol.payloads import MessageImage, TextMessage
+from deployments.protocol.payloads import ImageBytes, MessageImage, TextMessage
 
 _TEXT_INPUTS = ("input_ids", "attention_mask")
 
@@ -61,7 +60,7 @@ class NativePromptBuilder:
         self.supports_tools = template_supports_tools(processor)
 
     def chat(
-        self, messages: list[TextMessage], images: list[bytes], tools: list[dict[str, Any]] | None = None
+        self, messages: list[TextMessage], images: list[ImageBytes], tools: list[dict[str, Any]] | None = None
     ) -> NativePrompt:
         """The prompt of a chat whose image slots index `images`."""
         rendered: list[dict[str, Any]] = []
@@ -115,20 +114,19 @@ class NativePromptBuilder:
             aligned[key] += [0] * (len(ids) - start)
         return NativePrompt(out, aligned, images)
 
-    def image(self, data: bytes, *, param: str) -> ProcessedImage:
-        """What the processor makes of one image, from the cache when it was seen before. A processor
-        that fails on it is this request's 400."""
-        digest = hashlib.sha256(data).hexdigest()
-        if (cached := self.cache.get(digest)) is not None:
+    def image(self, image: ImageBytes, *, param: str) -> ProcessedImage:
+        """What the processor makes of one image, from the cache when it was seen before (by the hash
+        the ingress sent with it). A processor that fails on it is this request's 400."""
+        if (cached := self.cache.get(image.sha256)) is not None:
             return cached
         try:
-            entry = self.process(decode_rgb(data))
+            entry = self.process(decode_rgb(image.data))
         except Exception as exc:  # the image is what this processor cannot take; the others go on
             raise InvalidImageError(
                 f"The model's image processor could not process an image: {type(exc).__name__}: {exc}"[:500],
                 param=param,
             ) from None
-        self.cache.put(digest, entry)
+        self.cache.put(image.sha256, entry)
         return entry
 
     def process(self, image: Image.Image) -> ProcessedImage:

@@ -5,6 +5,7 @@ load-time memory profile against its budget."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 from contextlib import aclosing
 
@@ -17,13 +18,14 @@ from deployments.engines import create_text_engine
 from deployments.engines.transformers.native import NativeVisionEngine
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, MessageImage, MessageText, TextMessage
+from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 
 
-def png(colour: tuple[int, int, int]) -> bytes:
+def png(colour: tuple[int, int, int]) -> ImageBytes:
+    """A checked image as the ingress sends it: its bytes and their hash."""
     buf = io.BytesIO()
     Image.new("RGB", (40, 30), colour).save(buf, format="PNG")
-    return buf.getvalue()
+    return ImageBytes(data=buf.getvalue(), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
 
 
 def native(tiny_vlm_dir, **params) -> ModelConfig:
