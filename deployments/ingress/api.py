@@ -29,7 +29,7 @@ from deployments.errors import (
     to_openai_error,
     validation_message,
 )
-from deployments.ingress.chat import ChatReply
+from deployments.ingress.generation import Reply
 from deployments.ingress.guard import GuardSettings, RequestGuard
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
@@ -101,7 +101,7 @@ def _error_handlers(api: FastAPI) -> None:
         return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _reply(reply: ChatReply) -> Any:
+def _reply(reply: Reply) -> Any:
     if reply.events is not None:
         return StreamingResponse(reply.events, media_type="text/event-stream", headers=reply.headers)
     return JSONResponse(reply.body, headers=reply.headers)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import (
@@ -28,7 +26,7 @@ from deployments.errors import (
     RequestTimeoutError,
     VisionDisabledError,
 )
-from deployments.ingress.generation import sampling_fields, timed_out
+from deployments.ingress.generation import Reply, sampling_fields, timed_out
 from deployments.ingress.ports import Captioner, DecoderHandle
 from deployments.ingress.sse import ChatChoices, Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
@@ -45,15 +43,6 @@ from deployments.protocol.responses import UnseenImage, UnseenReason, VisionRepo
 logger = logging.getLogger("ray.serve")
 
 DEGRADED_HEADER = "X-Vision-Degraded"
-
-
-@dataclass
-class ChatReply:
-    """What the route sends: a `chat.completion` body or server-sent events, with extra headers."""
-
-    headers: dict[str, str] = field(default_factory=dict)
-    body: dict | None = None
-    events: AsyncIterator[str] | None = None
 
 
 def generate_request(
@@ -107,7 +96,7 @@ class ChatService:
             else images.model_copy(update={"max_images_per_request": native_max_images})
         )
 
-    async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> ChatReply:
+    async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> Reply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         plan = plan_tools(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
@@ -136,8 +125,8 @@ class ChatService:
             events = sse_events(
                 first, stream, cid, self._model, choices, degraded, include_usage=include_usage, record=record
             )
-            return ChatReply(headers, events=events)
-        return ChatReply(headers, body=await completion(first, stream, cid, self._model, choices, degraded))
+            return Reply(headers, events=events)
+        return Reply(headers, body=await completion(first, stream, cid, self._model, choices, degraded))
 
     async def _text_messages(
         self, messages: list[ChatMessage], record: RequestRecord

@@ -16,8 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
-from deployments.ingress.chat import ChatReply
-from deployments.ingress.generation import sampling_fields, timed_out
+from deployments.ingress.generation import Reply, sampling_fields, timed_out
 from deployments.ingress.ports import DecoderHandle
 from deployments.ingress.sse import framed
 from deployments.ingress.stream import DecoderStream
@@ -77,7 +76,7 @@ class CompletionService:
         self._timeout_s = request_timeout_s
         self._max_n = max_n
 
-    async def create(self, body: CompletionRequest, record: RequestRecord) -> ChatReply:
+    async def create(self, body: CompletionRequest, record: RequestRecord) -> Reply:
         prompts = body.prompts
         if body.echo and not all(isinstance(p, str) for p in prompts):
             raise InvalidRequestError("echo needs a text prompt (token ids cannot be echoed here).", param="echo")
@@ -104,8 +103,8 @@ class CompletionService:
         writer = _Writer(f"cmpl-{record.request_id}", self._model, echoes, body.n, body.logprobs is not None)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return ChatReply(events=writer.events(first, merged, include_usage, record))
-        return ChatReply(body=await writer.whole(first, merged))
+            return Reply(events=writer.events(first, merged, include_usage, record))
+        return Reply(body=await writer.whole(first, merged))
 
     def _timed_out(self) -> RequestTimeoutError:
         return timed_out(self._timeout_s)

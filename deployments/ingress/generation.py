@@ -1,15 +1,26 @@
-"""What chat and legacy completions share on the way to the decoder: the
-generation settings as the decoder takes them, and the deadline's error."""
+"""What chat and legacy completions share: the generation settings as the decoder takes them, the
+deadline's error, and the `Reply` the route sends."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
-from deployments.protocol.requests import _SamplingFields
+from deployments.protocol.requests import SamplingFields
 
 
-def sampling_fields(body: _SamplingFields, max_n: int) -> dict[str, Any]:
+@dataclass
+class Reply:
+    """What the route sends: a completion body or server-sent events, with extra headers."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    body: dict | None = None
+    events: AsyncIterator[str] | None = None
+
+
+def sampling_fields(body: SamplingFields, max_n: int) -> dict[str, Any]:
     """`GenerateRequest` fields of the request's sampling settings; `n` beyond `max_n` and
     `logit_bias` keys that are not token ids are 400s."""
     if body.n > max_n:

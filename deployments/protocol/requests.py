@@ -142,7 +142,7 @@ UNSUPPORTED_CHAT_FIELDS = (
 )
 
 
-class _SamplingFields(_Request):
+class SamplingFields(_Request):
     """What chat and legacy completions share."""
 
     model: str = Field(min_length=1)
@@ -182,7 +182,7 @@ class _SamplingFields(_Request):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)
     logprobs: bool = False
@@ -232,7 +232,7 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """The legacy `/v1/completions`: a prompt used as it is, no chat template."""
 
     prompt: (

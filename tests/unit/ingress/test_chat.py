@@ -19,7 +19,8 @@ from deployments.errors import (
     VisionDisabledError,
     to_openai_error,
 )
-from deployments.ingress.chat import DEGRADED_HEADER, ChatReply, ChatService
+from deployments.ingress.chat import DEGRADED_HEADER, ChatService
+from deployments.ingress.generation import Reply
 from deployments.ingress.vision.rewrite import unseen_marker
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.requests import ChatCompletionRequest
@@ -52,7 +53,7 @@ def with_image(text: str = "what is it?") -> list[dict]:
     return [{"type": "text", "text": text}, IMAGE]
 
 
-async def events(reply: ChatReply) -> list[str]:
+async def events(reply: Reply) -> list[str]:
     assert reply.events is not None and reply.body is None
     return [event async for event in reply.events]
 
