@@ -54,7 +54,7 @@ class VisionCaptioner:
         self._batcher: Batcher[tuple[bytes, str], str] = Batcher(self._caption_batch, size, wait_s)
         if model is not None:
             self._slot = EngineSlot(
-                "captioner",
+                Role.CAPTIONER,
                 model.name,
                 lambda: create_caption_engine(model),
                 unavailable=CaptionerUnavailable,

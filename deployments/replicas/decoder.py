@@ -36,7 +36,7 @@ class PrimaryDecoder:
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._cache_counts: dict[str, int] = {}  # the processor cache's totals at the last tick
         self._slot: EngineSlot[TextEngine] = EngineSlot(
-            "decoder",
+            Role.DECODER,
             model.name,
             lambda: create_text_engine(model),
             unavailable=DecoderUnavailable,

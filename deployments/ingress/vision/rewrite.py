@@ -5,8 +5,7 @@ Each user message with `image_url` parts becomes one text message: its text part
 whole conversation, so earlier turns keep their numbers. Other messages pass unchanged (list
 content is joined to text; an assistant's tool calls and a tool message's call id are kept). An
 image that could not be captioned gets `unseen_marker` in place of its caption: an instruction (do
-not describe it; say it was not seen) rather than the bare fact that the former "[image could not
-be described: ...]" stated.
+not describe it; say it was not seen), not a bare fact the model may talk around.
 """
 
 from __future__ import annotations
