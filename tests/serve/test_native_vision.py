@@ -18,6 +18,7 @@ from transformers import AutoProcessor
 from deployments.engines.transformers.native_prompt import NativePromptBuilder
 from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.ingress.vision.native import native_messages
+from deployments.protocol.payloads import ImageBytes
 from deployments.protocol.requests import ChatCompletionRequest
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
@@ -78,7 +79,7 @@ def test_native_answer_whole_and_streamed_with_image_tokens_in_usage(service, cl
     assert whole.choices[0].finish_reason in ("stop", "length") and whole.choices[0].message.content
     builder = NativePromptBuilder(AutoProcessor.from_pretrained(tiny_vlm_dir), None, ProcessorCache(0))
     body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": chat(image)})
-    expected = builder.chat(native_messages(body.messages), [image])
+    expected = builder.chat(native_messages(body.messages), [ImageBytes(data=image, sha256="unused: no cache")])
     assert expected.image_tokens == 16
     assert whole.usage is not None and whole.usage.prompt_tokens == len(expected.ids)
     stream = ask(client, image, stream=True, stream_options={"include_usage": True})
