@@ -133,6 +133,13 @@ class LlamaCppTextEngine(TextEngine):
         ignored = [f for f in _TRANSFORMERS_ONLY if getattr(self.params, f) != getattr(defaults, f)]
         if ignored:
             logger.warning("model %s: engine llama.cpp runs the GGUF file as it is; ignored: %s", self.name, ignored)
+        if os.environ.get("CUDA_VISIBLE_DEVICES"):
+            logger.warning(
+                "model %s: engine llama.cpp computes on the CPU (the PyPI xllamacpp wheel is CPU-only), but this "
+                "replica holds GPU(s) %s: give it none (deployment.num_gpus: 0)",
+                self.name,
+                os.environ["CUDA_VISIBLE_DEVICES"],
+            )
         self._server = LlamaServer(
             ServerSettings(
                 model_path=str(self.path),
@@ -204,7 +211,7 @@ class LlamaCppTextEngine(TextEngine):
 
     def close(self) -> None:
         self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False)  # a stream queued meanwhile ends with DecoderUnavailable
         self._server.close()
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:

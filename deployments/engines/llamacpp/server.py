@@ -72,7 +72,10 @@ class LlamaServer:
 
     def stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
         """Runs a streamed completion request to its end (blocking); see the module's docstring."""
-        self._server.handle_completions(body, on_chunk)
+        server = self._server
+        if server is None:
+            raise LlamaCppError("the llama.cpp server was closed", 503)
+        server.handle_completions(body, on_chunk)
 
     def call(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
         """One HTTP route of the server (GET without a body, else POST); `LlamaCppError` with its
