@@ -48,8 +48,9 @@ class ModelConfig(StrictModel):
     weight_file: str | None = Field(None, description="GGUF file inside hf_id or local_path.")
     engine: str = Field(
         "transformers",
-        description="transformers; fake (deterministic: echoes the prompt, captions by pixel colour); or "
-        "`module:Class` of your own TextEngine/CaptionEngine.",
+        description="transformers; llama.cpp (a GGUF file, weight_file, on llama.cpp: decoders only); fake "
+        "(deterministic: echoes the prompt, captions by pixel colour); or `module:Class` of your own "
+        "TextEngine/CaptionEngine.",
     )
     params: EngineParams = Field(default_factory=EngineParams, description="Engine settings.")
     capabilities: Capabilities = Field(
@@ -75,7 +76,7 @@ class ModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.hf_id is None) == (self.local_path is None) and self.engine == "transformers":
+        if (self.hf_id is None) == (self.local_path is None) and self.engine in ("transformers", "llama.cpp"):
             raise ValueError("set exactly one of hf_id and local_path")
         return self
 

@@ -1,6 +1,7 @@
 """The engine a `ModelConfig` names: ``transformers`` (the real engines, imported only when chosen,
-so that choosing another never imports torch), ``fake`` (deterministic, shipped for tests and
-demos), or ``module:Class`` of your own engine, constructed with the `ModelConfig`."""
+so that choosing another never imports torch), ``llama.cpp`` (a GGUF file on llama.cpp, text only,
+imported only when chosen), ``fake`` (deterministic, shipped for tests and demos), or
+``module:Class`` of your own engine, constructed with the `ModelConfig`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.errors import ConfigError
 
 E = TypeVar("E", TextEngine, CaptionEngine)
+
+LLAMA_CPP = "llama.cpp"
 
 
 def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig], E]:
@@ -33,6 +36,10 @@ def create_text_engine(model: ModelConfig) -> TextEngine:
     `vision_mode: native`, else continuous batching unless `params.batching` is `sequential`."""
     if model.engine == "fake":
         return FakeTextEngine(model)
+    if model.engine == LLAMA_CPP:
+        from deployments.engines.llamacpp import LlamaCppTextEngine
+
+        return LlamaCppTextEngine(model)
     if model.engine != "transformers":
         return _custom_engine(model, TextEngine)(model)  # type: ignore[type-abstract]
     if model.capabilities.vision_mode == "native":
@@ -52,6 +59,8 @@ def create_caption_engine(model: ModelConfig) -> CaptionEngine:
     """The captioner engine named by `model.engine`."""
     if model.engine == "fake":
         return FakeCaptionEngine(model)
+    if model.engine == LLAMA_CPP:
+        raise ConfigError(f"model {model.name!r}: engine llama.cpp runs decoders only, not captioners")
     if model.engine != "transformers":
         return _custom_engine(model, CaptionEngine)(model)  # type: ignore[type-abstract]
     from deployments.engines.transformers.captioner import TransformersCaptionEngine

@@ -1,0 +1,349 @@
+"""`LlamaCppTextEngine`: a GGUF model on llama.cpp's server code, in the replica's process.
+
+One engine is one llama.cpp server with `max_num_seqs` slots: llama.cpp batches the running slots
+in every decode step (continuous batching: a request joins at the next step, its prompt in chunks
+of `n_batch` tokens). Each request is one streamed completion, run on a thread of this engine's
+pool (xllamacpp's call blocks until its stream ends); its chunks reach the event loop through a
+queue. Closing the generator (a stop string, the client gone) makes the next chunk's callback
+answer "stop", and llama.cpp cancels the task and frees the slot at once: one decode step later,
+or after the prompt's prefill when it is still in it.
+
+The prompt is always token ids, counted before the request starts: a chat rendered by the GGUF's
+own chat template (llama.cpp's Jinja engine, ``/apply-template``) and tokenized by llama.cpp
+(``/tokenize``, with the special tokens the model adds), fitted by `context.fit_context` (a 400
+with the numbers, or `context_overflow: truncate`); a legacy completion's text tokenized the same
+way, or its token ids, as they are. Generated text comes back raw (no tool-call or reasoning
+parsing by llama.cpp): the ingress parses tool calls as for every engine.
+
+KV cache: `max_num_seqs` streams of `max_model_len` cells each (one per slot, as llama-server
+with ``-np``), unless `mem` is smaller than that: then one pool of `mem` MB that the slots share
+(llama.cpp's unified KV cache; a sequence may still reach `max_model_len`, but a batch that
+outgrows the pool fails its requests, as there is no preemption). Per-slot streams are the faster
+layout (attention only reads a slot's own cells: about 15% more tokens/s at 8 sequences here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from deployments.config import EngineParams, ModelConfig, cpu_cores
+from deployments.engines.base import EngineOutput, TextEngine
+from deployments.engines.context import Limits, fit_context
+from deployments.engines.llamacpp.gguf_meta import describe_gguf
+from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
+from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
+from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
+from deployments.protocol.payloads import GenerateRequest, TextMessage
+
+logger = logging.getLogger("ray.serve")
+
+DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
+_END = object()
+# Settings of the transformers engines that mean nothing here: the GGUF file is run as it is.
+_TRANSFORMERS_ONLY = ("dtype", "quantization", "batching", "device_ids")
+
+
+def gguf_path(model: ModelConfig) -> Path:
+    """The GGUF file: `weight_file` inside `local_path` (or `local_path` itself when it is the
+    file), or `weight_file` of the hub repo `hf_id` (through the hub cache)."""
+    if model.local_path is not None:
+        base = Path(model.local_path)
+        path = base / model.weight_file if model.weight_file else base
+    elif model.hf_id is not None and model.weight_file:
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(model.hf_id, model.weight_file))
+    else:
+        raise ConfigError(f"model {model.name!r}: engine llama.cpp needs a GGUF file: set weight_file")
+    if not path.is_file():
+        raise ConfigError(f"model {model.name!r}: engine llama.cpp needs a GGUF file, and {path} is not a file")
+    return path
+
+
+def llama_threads(params: EngineParams) -> int:
+    """Threads of llama.cpp's decode steps: `cpu_threads` (all: the cores this process may run on),
+    else OMP_NUM_THREADS (Ray sets it to the replica's num_cpus), else the cores."""
+    if params.cpu_threads == "all":
+        return cpu_cores()
+    if isinstance(params.cpu_threads, int):
+        return params.cpu_threads
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return int(omp) if omp.isdigit() and int(omp) > 0 else cpu_cores()
+
+
+def kv_layout(params: EngineParams, max_model_len: int, bytes_per_token: int | None) -> tuple[int, bool]:
+    """`(cells, unified)`: a stream of `max_model_len` cells per slot, or one shared pool of `mem`
+    MB when that is smaller (see the module's docstring)."""
+    per_slot = params.max_num_seqs * max_model_len
+    if params.mem is None or bytes_per_token is None:
+        return per_slot, False
+    budget = params.mem * 2**20 // bytes_per_token
+    return (per_slot, False) if budget >= per_slot else (max(budget, max_model_len), True)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for llama.cpp: its prompt's token ids, the completion body, and the prompt
+    tokens that truncation dropped."""
+
+    prompt: list[int]
+    body: dict[str, Any]
+    dropped_prompt_tokens: int = 0
+
+
+def chat_message(message: TextMessage) -> dict[str, Any]:
+    """A message as llama.cpp's chat template takes it (OpenAI's form)."""
+    rendered: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+class LlamaCppTextEngine(TextEngine):
+    device = "cpu"
+
+    def __init__(self, model: ModelConfig) -> None:
+        if model.capabilities.vision_mode == "native":
+            raise ConfigError(f"model {model.name!r}: engine llama.cpp does not run vision_mode native (yet)")
+        started = time.monotonic()
+        self.name, self.params = model.name, model.params
+        self.path = gguf_path(model)
+        shape = describe_gguf(self.path)
+        own_len = shape.context_length or DEFAULT_CONTEXT
+        self.max_model_len = min(self.params.max_model_len or own_len, own_len)
+        self.kv_bytes_per_token = shape.kv_bytes_per_token
+        self.kv_cells, self.kv_unified = kv_layout(self.params, self.max_model_len, self.kv_bytes_per_token)
+        self.cpu_threads = llama_threads(self.params)
+        defaults = EngineParams()
+        ignored = [f for f in _TRANSFORMERS_ONLY if getattr(self.params, f) != getattr(defaults, f)]
+        if ignored:
+            logger.warning("model %s: engine llama.cpp runs the GGUF file as it is; ignored: %s", self.name, ignored)
+        if os.environ.get("CUDA_VISIBLE_DEVICES"):
+            logger.warning(
+                "model %s: engine llama.cpp computes on the CPU (the PyPI xllamacpp wheel is CPU-only), but this "
+                "replica holds GPU(s) %s: give it none (deployment.num_gpus: 0)",
+                self.name,
+                os.environ["CUDA_VISIBLE_DEVICES"],
+            )
+        self._server = LlamaServer(
+            ServerSettings(
+                model_path=str(self.path),
+                n_parallel=self.params.max_num_seqs,
+                n_ctx=self.kv_cells,
+                kv_unified=self.kv_unified,
+                threads=self.cpu_threads,
+                n_batch=self.params.prefill_chunk_size,
+            )
+        )
+        props = self._server.call("/props")
+        self.supports_tools = bool(props.get("chat_template_caps", {}).get("supports_tools"))
+        meta = (self._server.call("/v1/models").get("data") or [{}])[0].get("meta", {})
+        self.vocab_size = int(meta.get("n_vocab") or shape.vocab_size or 0)
+        # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
+        # cancelled streams that wait for their next token to stop.
+        self._pool = ThreadPoolExecutor(2 * self.params.max_num_seqs, thread_name_prefix="llamacpp")
+        self._live: dict[int, list[int]] = {}  # request -> [prompt tokens, completion tokens so far]
+        self._ids = itertools.count()
+        self._closed = False
+        logger.info(
+            "model %s: llama.cpp loaded %s in %.1f s: %d slots, %d KV cells (%s), %d threads, rss %.0f MB",
+            self.name,
+            self.path.name,
+            time.monotonic() - started,
+            self.params.max_num_seqs,
+            self.kv_cells,
+            "one shared pool" if self.kv_unified else f"{self.max_model_len} per slot",
+            self.cpu_threads,
+            psutil.Process().memory_info().rss / 2**20,
+        )
+
+    # ------------------------------------------------------------------ engine contract
+
+    def describe(self) -> dict[str, Any]:
+        import xllamacpp
+
+        kv_mb = None if self.kv_bytes_per_token is None else self.kv_cells * self.kv_bytes_per_token // 2**20
+        return {
+            **self.params.model_dump(),
+            "engine": "llama.cpp",
+            "xllamacpp": xllamacpp.__version__,
+            "source": str(self.path),
+            "device": self.device,
+            "max_model_len": self.max_model_len,
+            "slots": self.params.max_num_seqs,
+            "kv_cache_tokens": self.kv_cells,
+            "kv_cache_mb": kv_mb,
+            "kv_unified": self.kv_unified,
+            "cpu_threads": self.cpu_threads,
+            "vocab_size": self.vocab_size,
+            "tools": self.supports_tools,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Sequences in llama.cpp's slots and waiting for one, and the KV cells they hold (cells of
+        finished prompts that llama.cpp keeps for prefix reuse count as free: they are reused)."""
+        live = list(self._live.values())
+        slots = self.params.max_num_seqs
+        held = sum(prompt + completion for prompt, completion in live[:slots])
+        return {
+            "running": min(len(live), slots),
+            "waiting": max(len(live) - slots, 0),
+            "kv_cache_usage": round(min(held / self.kv_cells, 1.0), 4) if self.kv_cells else 0.0,
+        }
+
+    def failure(self) -> str | None:
+        return "the llama.cpp server was closed" if self._closed else None
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=False)  # a stream queued meanwhile ends with DecoderUnavailable
+        self._server.close()
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+        if self._closed:
+            raise DecoderUnavailable("The llama.cpp engine was closed.")
+        prepared = await asyncio.to_thread(self._prepare, request)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def deliver(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody reads any more
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def on_chunk(chunk: dict[str, Any]) -> bool:
+            if cancelled.is_set():
+                return True  # llama.cpp cancels the task and frees the slot
+            deliver(chunk)
+            return False
+
+        def run() -> None:
+            try:
+                if not cancelled.is_set():
+                    self._server.stream(prepared.body, on_chunk)
+            except BaseException as exc:  # surfaces in the request
+                deliver(exc)
+            finally:
+                deliver(_END)
+
+        key = next(self._ids)
+        prompt_tokens = len(prepared.prompt)
+        live = self._live[key] = [prompt_tokens, 0]
+        k = request.logprobs
+        try:
+            self._pool.submit(run)
+            tokens = 0
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise _request_error(item)
+                try:
+                    piece = read_chunk(item)
+                except LlamaCppError as exc:
+                    raise _request_error(exc) from None
+                tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
+                live[1] = tokens
+                logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
+                if piece.finish is not None:
+                    yield EngineOutput(
+                        piece.text,
+                        tokens,
+                        prompt_tokens,
+                        finish_reason=piece.finish,
+                        logprobs=logprobs,
+                        truncated_prompt_tokens=prepared.dropped_prompt_tokens,
+                    )
+                    return
+                if piece.text or logprobs:
+                    yield EngineOutput(piece.text, tokens, prompt_tokens, logprobs=logprobs)
+            raise RuntimeError("llama.cpp ended the stream without a finish reason")
+        finally:
+            cancelled.set()
+            self._live.pop(key, None)
+
+    # ------------------------------------------------------------------ the prompt
+
+    def _prepare(self, request: GenerateRequest) -> Prepared:
+        """Token ids, limits and the completion body (blocking: tokenizing is an HTTP call)."""
+        if request.images:
+            raise InvalidRequestError("This model's llama.cpp engine takes no images.", param="messages")
+        body = completion_body(request, self.params, self.vocab_size, self.max_model_len)
+        limits = Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
+        if request.prompt is not None:
+            ids = self.prompt_ids(request.prompt)
+            return Prepared(ids, {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})
+        if request.tools and not self.supports_tools:
+            raise InvalidRequestError(
+                "This model's chat template does not support tools; send the request without `tools`.", param="tools"
+            )
+        rendered: dict[tuple[int, ...], list[int]] = {}  # the chats `fit_context` counted, by their messages
+
+        def count(messages: list[TextMessage]) -> int:
+            key = tuple(map(id, messages))
+            if key not in rendered:
+                rendered[key] = self.chat_ids(messages, request.tools)
+            return len(rendered[key])
+
+        fitted = fit_context(request.messages, count, limits, self.params.context_overflow)
+        ids = rendered[tuple(map(id, fitted.messages))]
+        return Prepared(ids, {**body, "prompt": ids, "n_predict": fitted.max_tokens}, fitted.dropped_prompt_tokens)
+
+    def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The chat rendered by the GGUF's template, with the generation prompt, as token ids."""
+        chat: dict[str, Any] = {"messages": [chat_message(m) for m in messages]}
+        if tools:
+            chat["tools"] = tools
+        prompt = self._call("/apply-template", chat, "messages")["prompt"]
+        return self.tokenize(prompt)
+
+    def tokenize(self, text: str) -> list[int]:
+        """Text as llama.cpp tokenizes a prompt: with the tokens the model adds (a BOS where it
+        adds one), and special tokens written in the text parsed as such."""
+        answer = self._call("/tokenize", {"content": text, "add_special": True, "parse_special": True}, "prompt")
+        return [int(t) for t in answer["tokens"]]
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A legacy completion's prompt as it is: text tokenized, token ids checked."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        if isinstance(prompt, list) and (bad := sorted({t for t in ids if not 0 <= t < self.vocab_size})):
+            raise InvalidRequestError(
+                f"The prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1}): {bad[:5]}",
+                param="prompt",
+            )
+        return ids
+
+    def _call(self, path: str, body: dict[str, Any], param: str) -> Any:
+        try:
+            return self._server.call(path, body)
+        except LlamaCppError as exc:
+            if 400 <= exc.status < 500:
+                raise InvalidRequestError(f"llama.cpp: {exc}", param=param) from None
+            raise
+
+
+def _request_error(exc: BaseException) -> BaseException:
+    """What a request raises for llama.cpp's error: a 400 for what it says is the request's fault
+    (xllamacpp raises ValueError for llama.cpp's invalid arguments), else the error itself."""
+    if isinstance(exc, LlamaCppError) and 400 <= exc.status < 500:
+        return InvalidRequestError(f"llama.cpp: {exc}")
+    if isinstance(exc, ValueError):
+        return InvalidRequestError(f"llama.cpp: {exc}")
+    if isinstance(exc, LlamaCppError) and exc.status == 503:
+        return DecoderUnavailable(f"llama.cpp: {exc}")
+    return exc

@@ -1,0 +1,188 @@
+"""Our `GenerateRequest` as the body of llama.cpp's completion request, and llama.cpp's streamed
+chunks as our pieces.
+
+The body names every sampler setting it relies on, because llama.cpp's defaults are not OpenAI's:
+min_p 0.05, top_k 40 and top_p 0.95 would otherwise narrow every request's distribution. Sampling
+is per request in llama.cpp's batch (each slot has its own sampler chain and its own RNG seeded by
+the request), so a seed gives the same answer whatever else runs beside it.
+
+- temperature 0 is greedy (llama.cpp keeps only the most likely token; it never divides by 0);
+- top_k 0 and top_p 1 turn those samplers off; min_p, typical_p, XTC, DRY and the repeat penalty
+  are off;
+- frequency and presence penalties: llama.cpp's, over the last `repeat_last_n` tokens of the
+  sequence, set here to the context length, so the whole sequence (0, no window, when both are 0);
+- seed: llama.cpp seeds are 32-bit, and 0xFFFFFFFF means "random": a 64-bit seed is taken modulo
+  0xFFFFFFFF;
+- logit_bias: token id -> bias, ids checked against the vocabulary (400 outside it);
+- logprobs k: llama.cpp's `n_probs` (at least 1, so the chosen token's logprob comes back); the
+  logprobs are the model's raw distribution (before sampling, bias and grammar), as in the
+  transformers engines;
+- a grammar: llama.cpp's `json_schema`, which it compiles with LLGuidance. The schema is checked
+  here first with the same library (llama.cpp logs an invalid schema and then generates without
+  it), and gets the transformers engines' bound on JSON whitespace (`x-guidance`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from deployments.config import EngineParams
+from deployments.errors import InvalidRequestError
+from deployments.protocol.payloads import GenerateRequest, GrammarSpec
+from deployments.protocol.responses import TokenLogprob, TopLogprob
+
+SEED_MODULUS = 0xFFFFFFFF  # llama.cpp's seeds are uint32; this value itself means "random"
+# As the transformers engines' grammars (engines/constraints.py): JSON whitespace between tokens,
+# at most 40 characters in a row, so a weak model cannot fill its budget with indentation.
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,40}"
+
+
+def _setting(request: GenerateRequest, params: EngineParams, name: str) -> Any:
+    value = getattr(request, name)
+    return value if value is not None else getattr(params, name)
+
+
+def sampling_fields(request: GenerateRequest, params: EngineParams, window: int) -> dict[str, Any]:
+    """The request's sampling settings (the model's defaults where it left them unset); `window`:
+    the penalties' window, in tokens (the context: a whole sequence)."""
+    frequency = float(_setting(request, params, "frequency_penalty"))
+    presence = float(_setting(request, params, "presence_penalty"))
+    fields: dict[str, Any] = {
+        "temperature": float(_setting(request, params, "temperature")),
+        "top_p": float(_setting(request, params, "top_p")),
+        "top_k": int(_setting(request, params, "top_k")),
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "repeat_penalty": 1.0,
+        "xtc_probability": 0.0,
+        "dry_multiplier": 0.0,
+        "frequency_penalty": frequency,
+        "presence_penalty": presence,
+        "repeat_last_n": window if frequency or presence else 0,  # 0: no penalty window to keep
+    }
+    if request.seed is not None:
+        fields["seed"] = request.seed % SEED_MODULUS
+    return fields
+
+
+def logit_bias_field(bias: dict[int, float] | None, vocab_size: int) -> dict[str, Any]:
+    if not bias:
+        return {}
+    bad = sorted(t for t in bias if not 0 <= t < vocab_size)
+    if bad:
+        raise InvalidRequestError(
+            f"logit_bias has token ids outside the vocabulary (0 to {vocab_size - 1}): {bad[:5]}", param="logit_bias"
+        )
+    return {"logit_bias": {str(token): float(value) for token, value in bias.items()}}
+
+
+def json_schema_field(spec: GrammarSpec | None) -> dict[str, Any]:
+    """llama.cpp's `json_schema` for a grammar spec, checked with LLGuidance (a 400 when invalid)."""
+    if spec is None:
+        return {}
+    import llguidance
+
+    if spec.kind == "json_object":
+        schema: Any = {"type": "object"}
+    else:
+        if not spec.json_schema:
+            raise InvalidRequestError("response_format json_schema needs a schema.", param="response_format")
+        try:
+            schema = json.loads(spec.json_schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(
+                f"response_format's JSON schema is not valid JSON: {exc}", param="response_format"
+            ) from exc
+    if isinstance(schema, dict):
+        guidance = {"whitespace_pattern": JSON_WHITESPACE, **schema.get("x-guidance", {})}
+        schema = {**schema, "x-guidance": guidance}
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    except ValueError as exc:
+        raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc
+    if error := llguidance.LLMatcher.validate_grammar(grammar, None):
+        raise InvalidRequestError(f"Invalid JSON schema: {error}", param="response_format")
+    return {"json_schema": schema}
+
+
+def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: int, context: int) -> dict[str, Any]:
+    """Everything of llama.cpp's completion request but the prompt and `n_predict` (`context`: the
+    model's context length); raises `InvalidRequestError` for what cannot be honoured."""
+    body: dict[str, Any] = {
+        "stream": True,
+        "timings_per_token": True,  # each chunk's `predicted_n`: completion tokens so far
+        "cache_prompt": True,
+        **sampling_fields(request, params, context),
+        **logit_bias_field(request.logit_bias, vocab_size),
+        **json_schema_field(request.grammar),
+    }
+    if request.logprobs is not None:
+        body["n_probs"] = max(request.logprobs, 1)
+    return body
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One streamed chunk: its text, completion tokens so far (None: not said), the finish reason
+    on the last one, and its tokens' logprob entries (llama.cpp's OpenAI form)."""
+
+    text: str
+    tokens: int | None
+    finish: Literal["stop", "length"] | None
+    logprobs: list[dict[str, Any]]
+
+
+class LlamaCppError(RuntimeError):
+    """llama.cpp answered a request with an error; `status` is its HTTP status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_of(chunk: dict[str, Any]) -> LlamaCppError | None:
+    """The error a chunk carries: ``{"error": {...}}``, or the fields alone."""
+    error = chunk.get("error", chunk if "choices" not in chunk else None)
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message", error))
+    code = error.get("code", 500)
+    return LlamaCppError(message, code if isinstance(code, int) else 500)
+
+
+def read_chunk(chunk: dict[str, Any]) -> Piece:
+    """A streamed chunk of llama.cpp's OpenAI completion stream; raises the error it carries."""
+    if (error := error_of(chunk)) is not None:
+        raise error
+    choice = chunk["choices"][0]
+    finish = choice.get("finish_reason")
+    tokens = (chunk.get("timings") or {}).get("predicted_n")
+    if finish is not None and (usage := chunk.get("usage")):
+        tokens = usage.get("completion_tokens", tokens)
+    content = (choice.get("logprobs") or {}).get("content") or []
+    return Piece(
+        choice.get("text") or "",
+        tokens,
+        None if finish is None else ("length" if finish == "length" else "stop"),
+        content,
+    )
+
+
+def token_logprobs(entries: list[dict[str, Any]], k: int) -> tuple[TokenLogprob, ...]:
+    """llama.cpp's logprob entries as ours, with the `k` most likely alternatives."""
+    return tuple(
+        TokenLogprob.model_construct(
+            token=entry.get("token", ""),
+            bytes=list(entry.get("bytes") or []),
+            logprob=float(entry.get("logprob", 0.0)),
+            top_logprobs=[
+                TopLogprob.model_construct(
+                    token=t.get("token", ""), bytes=list(t.get("bytes") or []), logprob=t["logprob"]
+                )
+                for t in (entry.get("top_logprobs") or [])[:k]
+            ],
+        )
+        for entry in entries
+    )

@@ -1,0 +1,106 @@
+"""llama.cpp's server, in this process (xllamacpp): how it is started, and the two ways in.
+
+- `stream(body, on_chunk)`: a completion request, blocking its thread until the stream ends; each
+  streamed chunk (a dict in llama.cpp's OpenAI completion form) goes to `on_chunk`, and
+  `on_chunk` returning True ends the stream: llama.cpp cancels the task and frees its slot.
+- `call(path, body)`: one of its HTTP routes (``/apply-template``, ``/tokenize``, ``/props``).
+  xllamacpp has no binding for the chat template or the tokenizer, but the server always listens
+  on 127.0.0.1 (a random port); a random API key, known only to this process, keeps other local
+  processes off every route but ``/health`` and ``/models``. These routes are answered on the
+  server's HTTP threads from the vocabulary and template alone, never waiting for a decode step.
+
+Settings that differ from llama.cpp's defaults: no host-memory prompt cache (`cache_ram_mib`,
+8 GiB by default: a replica's memory stays the weights and the KV cache), no context shift (a
+sequence never silently loses its beginning: the engine checks the context before it starts), no
+web UI, two HTTP threads, and only errors in its log (its per-request lines would flood the
+replica's log).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.engines.llamacpp.params import LlamaCppError
+
+HTTP_THREADS = 2
+LOG_ERRORS_ONLY = 1  # llama.cpp's verbosity: 0 output, 1 errors, 2 warnings, 3 info
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the engine decides: the GGUF file, the slots and the KV cache, the threads."""
+
+    model_path: str
+    n_parallel: int
+    n_ctx: int  # KV-cache cells in all: n_parallel streams of n_ctx / n_parallel, or one shared pool
+    kv_unified: bool
+    threads: int
+    n_batch: int | None = None  # most tokens per decode step (prompt chunks + one per running slot)
+
+
+class LlamaServer:
+    def __init__(self, settings: ServerSettings) -> None:
+        import xllamacpp
+
+        params = xllamacpp.CommonParams()
+        params.model.path = settings.model_path
+        params.n_parallel = settings.n_parallel
+        params.n_ctx = settings.n_ctx
+        params.kv_unified = settings.kv_unified
+        params.cpuparams.n_threads = settings.threads
+        params.cpuparams_batch.n_threads = settings.threads
+        if settings.n_batch is not None:
+            params.n_batch = settings.n_batch
+            params.n_ubatch = min(params.n_ubatch, settings.n_batch)
+        params.cache_ram_mib = 0
+        params.ctx_shift = False
+        params.ui = False
+        params.n_threads_http = HTTP_THREADS
+        params.verbosity = LOG_ERRORS_ONLY
+        self._key = secrets.token_urlsafe(24)
+        params.api_keys = [self._key]
+        self._server: Any = xllamacpp.Server(params)
+        self._base = str(self._server.listening_address)
+        # The address is local: never through a proxy named in the environment.
+        self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
+        """Runs a streamed completion request to its end (blocking); see the module's docstring."""
+        server = self._server
+        if server is None:
+            raise LlamaCppError("the llama.cpp server was closed", 503)
+        server.handle_completions(body, on_chunk)
+
+    def call(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+        """One HTTP route of the server (GET without a body, else POST); `LlamaCppError` with its
+        message and status when it answers with an error."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self._base + path,
+            data=data,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._key}"},
+        )
+        try:
+            with self._http.open(request, timeout=timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise LlamaCppError(_error_message(exc.read()), exc.code) from None
+
+    def close(self) -> None:
+        """Stops llama.cpp's loop and frees the model and the KV cache (once streams still running,
+        which hold the server, have ended)."""
+        self._server = None
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        error = json.loads(body).get("error", {})
+        return str(error.get("message", error))
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace")[:500]

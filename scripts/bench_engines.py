@@ -1,0 +1,125 @@
+"""The decoder engines alone (no Serve, no HTTP), side by side on the default model: models.yaml's
+first entry as it is (`engine: transformers`, int4-cpu) and the same entry with `engine: llama.cpp`.
+Streaming, greedy, `--max-tokens` new tokens at each concurrency. Prints one JSON line per
+configuration: output tokens/s, TTFT and end-to-end p50, and the process's resident memory.
+
+    .venv/bin/python scripts/bench_engines.py                       # both engines, concurrency 1 and 8
+    .venv/bin/python scripts/bench_engines.py --engines llama.cpp --params '{"mem": null}'
+
+Each engine runs in a process of its own (so its memory is its own), with the environment a
+decoder replica gets (`deployments.options.REPLICA_ENV`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+# The prompts of scripts/bench.py: long answers, so that most requests run to --max-tokens.
+PROMPTS = [
+    f"Write a short story about a {thing}."
+    for thing in ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
+]
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def rss_mb() -> int:
+    return psutil.Process().memory_info().rss // 2**20
+
+
+async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_tokens: int, params: dict) -> None:
+    """One engine in this process: load it, then each concurrency in turn."""
+    from deployments.config import load_models_file
+    from deployments.engines import create_text_engine
+    from deployments.protocol.payloads import GenerateRequest, TextMessage
+
+    model = load_models_file(ROOT / "models.yaml").models[0]
+    model = model.model_copy(
+        update={"engine": engine_name, "params": model.params.model_copy(update=params)}, deep=True
+    )
+    started = time.perf_counter()
+    engine = create_text_engine(model)
+    load_s, loaded_mb = round(time.perf_counter() - started, 1), rss_mb()
+
+    async def one(prompt: str) -> tuple[float, float, int]:
+        start, ttft, tokens = time.perf_counter(), None, 0
+        request = GenerateRequest(messages=[TextMessage(role="user", content=prompt)], max_tokens=max_tokens)
+        async for piece in engine.generate(request.model_copy(update={"temperature": 0})):
+            if piece.text and ttft is None:
+                ttft = time.perf_counter() - start
+            tokens = piece.completion_tokens
+        return ttft or float("nan"), time.perf_counter() - start, tokens
+
+    await asyncio.gather(*(one("Say hello.") for _ in range(2)))  # the first steps are slower
+    for c in concurrency:
+        queue = list(range(max(4, c * rounds)))
+        results: list[tuple[float, float, int]] = []
+
+        async def worker(queue: list[int], results: list[tuple[float, float, int]]) -> None:
+            while queue:
+                results.append(await one(PROMPTS[queue.pop() % len(PROMPTS)]))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(queue, results) for _ in range(c)))
+        wall = time.perf_counter() - start
+        emit(
+            {
+                "engine": engine_name,
+                "concurrency": c,
+                "requests": len(results),
+                "max_tokens": max_tokens,
+                "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
+                "ttft_p50_s": round(statistics.median(r[0] for r in results), 3),
+                "e2e_p50_s": round(statistics.median(r[1] for r in results), 2),
+                "rss_mb": rss_mb(),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                "rss_after_load_mb": loaded_mb,
+                "load_s": load_s,
+                "threads": engine.describe().get("cpu_threads"),
+                "params": params or "models.yaml",
+            }
+        )
+    engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engines", nargs="+", default=["llama.cpp", "transformers"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="requests per concurrency slot (at least 4 in all)")
+    parser.add_argument("--params", type=json.loads, default={}, help="overrides of the entry's params (JSON)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        asyncio.run(run_engine(args.child, args.concurrency, args.rounds, args.max_tokens, args.params))
+        return
+
+    from deployments.options import REPLICA_ENV
+
+    env = {**os.environ, **REPLICA_ENV["PrimaryDecoder"], "PYTHONPATH": str(ROOT)}
+    emit({"bench": "engines", "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "args": vars(args)})
+    for engine in args.engines:
+        command = [sys.executable, __file__, "--child", engine, "--max-tokens", str(args.max_tokens)]
+        command += ["--rounds", str(args.rounds), "--params", json.dumps(args.params), "--concurrency"]
+        command += [str(c) for c in args.concurrency]
+        subprocess.run(command, env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""`engine: llama.cpp` alone, on the offline default GGUF (SmolLM2-135M-Instruct Q4_1): streaming,
+sampling per request in one batch, cancellation, the prompt and its context, constrained JSON."""
+
+import asyncio
+import ctypes
+import json
+import signal
+import time
+from contextlib import aclosing
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from deployments.config import EngineParams, ModelConfig
+from deployments.engines import create_caption_engine, create_text_engine
+from deployments.engines.llamacpp import LlamaCppTextEngine
+from deployments.engines.llamacpp.engine import kv_layout
+from deployments.engines.llamacpp.gguf_meta import describe_gguf
+from deployments.errors import ConfigError, ContextLengthError, DecoderUnavailable, InvalidRequestError
+from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+
+QUESTION = "What is the capital of France?"
+
+
+def llamacpp_model(gguf: Path, **params) -> ModelConfig:
+    settings = {"max_num_seqs": 4, "max_model_len": 512, "temperature": 0, "cpu_threads": 2, **params}
+    return ModelConfig(
+        name="smollm2", engine="llama.cpp", local_path=str(gguf.parent), weight_file=gguf.name, params=settings
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2) -> LlamaCppTextEngine:
+    built = create_text_engine(llamacpp_model(smollm2))
+    assert isinstance(built, LlamaCppTextEngine)
+    yield built
+    built.close()
+
+
+def ask(text: str = QUESTION, **kw) -> GenerateRequest:
+    return GenerateRequest(messages=[TextMessage(role="user", content=text)], **kw)
+
+
+async def complete(engine, request: GenerateRequest):
+    pieces = [p async for p in engine.generate(request)]
+    return "".join(p.text for p in pieces), pieces
+
+
+def slots_processing(engine: LlamaCppTextEngine) -> int:
+    """What llama.cpp itself says: slots that are processing a task."""
+    return sum(bool(slot["is_processing"]) for slot in engine._server.call("/slots"))
+
+
+# --------------------------------------------------------------------------- streaming and sampling
+
+
+async def test_streams_token_deltas_with_counts(engine):
+    request = ask(max_tokens=12)
+    text, pieces = await complete(engine, request)
+    assert len(pieces) > 3 and text
+    counts = [p.completion_tokens for p in pieces]
+    assert counts == sorted(counts) and counts[0] >= 1
+    last = pieces[-1]
+    assert last.finish_reason == "length" and last.completion_tokens == 12
+    assert all(p.finish_reason is None for p in pieces[:-1])
+    assert {p.prompt_tokens for p in pieces} == {len(engine.chat_ids(request.messages))}
+
+
+async def test_finish_reason_stop_at_end_of_sequence(engine):
+    _, pieces = await complete(engine, ask("Say hi.", max_tokens=200))
+    assert pieces[-1].finish_reason == "stop" and pieces[-1].completion_tokens < 200
+
+
+async def test_greedy_is_deterministic(engine):
+    first, _ = await complete(engine, ask(max_tokens=24))
+    second, _ = await complete(engine, ask(max_tokens=24))
+    assert first == second and first
+
+
+async def test_seed_gives_the_same_answer_alone_and_beside_other_requests(engine):
+    request = ask("Write a short story about a dog.", temperature=1.0, seed=1234, max_tokens=24)
+    alone, _ = await complete(engine, request)
+    other_seed, _ = await complete(engine, request.model_copy(update={"seed": 4321}))
+    assert other_seed != alone
+
+    started = asyncio.Event()
+    counter = [0]
+
+    async def neighbour(i: int) -> None:
+        neighbour_request = ask(f"Tell me about cat number {i}.", temperature=1.0, seed=i, max_tokens=48)
+        async with aclosing(engine.generate(neighbour_request)) as pieces:
+            async for _ in pieces:
+                counter[0] += 1
+                if counter[0] >= 3:
+                    started.set()
+
+    neighbours = [asyncio.create_task(neighbour(i)) for i in range(3)]
+    await asyncio.wait_for(started.wait(), 60)
+    assert engine.stats()["running"] >= 1
+    beside, _ = await complete(engine, request)
+    await asyncio.gather(*neighbours)
+    assert beside == alone
+
+
+async def test_penalties_and_logit_bias_change_the_answer(engine):
+    plain, _ = await complete(engine, ask(max_tokens=30))
+    penalized, _ = await complete(engine, ask(max_tokens=30, presence_penalty=2.0, frequency_penalty=1.0))
+    assert penalized != plain
+    comma = engine.tokenize(",")
+    assert len(comma) == 1
+    biased, _ = await complete(engine, ask(max_tokens=5, logit_bias={comma[0]: 100.0}))
+    assert biased == ",,,,,"
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        await complete(engine, ask(max_tokens=5, logit_bias={10**7: 1.0}))
+
+
+async def test_logprobs_one_per_token_with_sorted_alternatives(engine):
+    _, pieces = await complete(engine, ask(max_tokens=10, logprobs=3))
+    logprobs = [lp for p in pieces for lp in p.logprobs]
+    assert len(logprobs) == pieces[-1].completion_tokens == 10
+    for lp in logprobs:
+        assert lp.logprob <= 0 and len(lp.top_logprobs) == 3
+        values = [t.logprob for t in lp.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert lp.top_logprobs[0].token == lp.token  # greedy: the chosen token is the most likely
+        assert bytes(lp.bytes).decode(errors="replace")
+    _, pieces = await complete(engine, ask(max_tokens=4, logprobs=0))
+    assert all(lp.top_logprobs == [] for p in pieces for lp in p.logprobs)
+    _, pieces = await complete(engine, ask(max_tokens=4))
+    assert all(p.logprobs == () for p in pieces)
+
+
+# --------------------------------------------------------------------------- cancellation and stats
+
+
+async def test_closing_streams_frees_their_slots_at_once(engine):
+    streams = [engine.generate(ask(f"Count to one thousand, number {i}.", max_tokens=400)) for i in range(4)]
+    for stream in streams:
+        await anext(stream)
+        await anext(stream)
+    assert engine.stats()["running"] == 4
+    assert slots_processing(engine) == 4
+    closed_at = time.monotonic()
+    for stream in streams:
+        await stream.aclose()
+    assert engine.stats() == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+    while slots_processing(engine) and time.monotonic() - closed_at < 5:
+        await asyncio.sleep(0.02)
+    assert slots_processing(engine) == 0
+    assert time.monotonic() - closed_at < 2  # one decode step, not the 400 tokens asked for
+    # The slots take new requests, all four at once.
+    answers = await asyncio.gather(*(complete(engine, ask(max_tokens=4)) for _ in range(4)))
+    assert all(pieces[-1].finish_reason == "length" for _, pieces in answers)
+
+
+async def test_stats_while_running(engine):
+    async with aclosing(engine.generate(ask(max_tokens=100))) as stream:
+        first = await anext(stream)
+        stats = engine.stats()
+        assert stats["running"] == 1 and stats["waiting"] == 0
+        assert stats["kv_cache_usage"] == pytest.approx(
+            (first.prompt_tokens + first.completion_tokens) / engine.kv_cells, abs=5 / engine.kv_cells
+        )
+
+
+# --------------------------------------------------------------------------- the prompt and its context
+
+
+async def test_legacy_prompt_text_and_token_ids(engine):
+    text_answer, pieces = await complete(engine, GenerateRequest(prompt="The capital of France is", max_tokens=6))
+    ids = engine.tokenize("The capital of France is")
+    assert pieces[-1].prompt_tokens == len(ids)
+    ids_answer, _ = await complete(engine, GenerateRequest(prompt=ids, max_tokens=6))
+    assert ids_answer == text_answer
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        await complete(engine, GenerateRequest(prompt=[1, 10**7], max_tokens=2))
+
+
+async def test_context_overflow_is_a_400_with_the_numbers(engine):
+    long = ask("word " * 600)
+    prompt = len(engine.chat_ids(long.messages))
+    with pytest.raises(ContextLengthError, match=f"context is 512 tokens; the prompt has {prompt}"):
+        await complete(engine, long)
+    with pytest.raises(ContextLengthError, match="500 completion tokens were requested"):
+        await complete(engine, ask(max_tokens=500))
+
+
+async def test_truncate_drops_whole_oldest_turns(smollm2):
+    engine = create_text_engine(
+        llamacpp_model(smollm2, max_num_seqs=1, max_model_len=256, max_tokens=32, context_overflow="truncate")
+    )
+    try:
+        system = TextMessage(role="system", content="You are terse.")
+        turns = []
+        for i in range(4):
+            turns.append(TextMessage(role="user", content=f"Question {i}: " + "tell me more " * 15))
+            turns.append(TextMessage(role="assistant", content=f"Answer {i}: " + "here it is " * 8))
+        last = TextMessage(role="user", content="And the capital of France?")
+        chat = [system, *turns, last]
+        assert len(engine.chat_ids(chat)) + 32 > 256
+        _, pieces = await complete(engine, GenerateRequest(messages=chat))
+        final = pieces[-1]
+        assert final.truncated_prompt_tokens > 0
+        assert final.prompt_tokens + 32 <= 256 and final.completion_tokens <= 32
+        # The kept chat is the system message and the newest whole turns that fit, nothing cut.
+        kept = {len(engine.chat_ids([system, *turns[2 * n :], last])): n for n in range(5)}
+        assert final.prompt_tokens in kept
+        dropped = kept[final.prompt_tokens]
+        assert dropped > 0
+        assert len(engine.chat_ids([system, *turns[2 * (dropped - 1) :], last])) + 32 > 256  # one turn more: too long
+        assert final.truncated_prompt_tokens == len(engine.chat_ids(chat)) - final.prompt_tokens
+    finally:
+        engine.close()
+
+
+async def test_tools_need_a_template_that_renders_them(engine):
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+    assert engine.supports_tools is False  # SmolLM2's template never reads `tools`
+    with pytest.raises(InvalidRequestError, match="does not support tools"):
+        await complete(engine, ask(tools=[tool]))
+
+
+# --------------------------------------------------------------------------- constrained JSON
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "pet": {"enum": ["cat", "dog", "none"]},
+    },
+    "required": ["name", "age", "pet"],
+    "additionalProperties": False,
+}
+
+
+async def test_json_schema_output_parses_and_validates(engine):
+    grammar = GrammarSpec(kind="json_schema", json_schema=json.dumps(PERSON))
+    text, pieces = await complete(engine, ask("Describe a person as JSON.", max_tokens=80, grammar=grammar))
+    assert pieces[-1].finish_reason == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
+    text, _ = await complete(
+        engine, ask("Give me a person as JSON.", max_tokens=60, grammar=GrammarSpec(kind="json_object"))
+    )
+    assert text.lstrip().startswith("{")
+
+
+async def test_invalid_json_schema_is_a_400(engine):
+    grammar = GrammarSpec(kind="json_schema", json_schema=json.dumps({"type": "objekt"}))
+    with pytest.raises(InvalidRequestError, match="objekt"):
+        await complete(engine, ask(max_tokens=5, grammar=grammar))
+
+
+# --------------------------------------------------------------------------- life cycle and settings
+
+
+def _handler(signum: int) -> int | None:
+    """The C-level handler of a signal (what the kernel calls), not Python's record of it."""
+    buffer = (ctypes.c_ubyte * 256)()
+    assert ctypes.CDLL(None).sigaction(signum, None, ctypes.byref(buffer)) == 0
+    return ctypes.c_void_p.from_buffer(buffer).value
+
+
+def test_signal_handlers_are_left_alone_and_close_frees_the_engine(smollm2):
+    """llama-server's main installs SIGINT/SIGTERM handlers; in a replica they would swallow Ray's
+    SIGTERM. The pinned xllamacpp does not install them: checked here, so a new version that
+    does is noticed."""
+    before = {s: _handler(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    engine = create_text_engine(llamacpp_model(smollm2, max_num_seqs=1))
+    assert {s: _handler(s) for s in before} == before
+    assert engine.failure() is None
+    engine.close()
+    assert engine.failure() is not None
+    with pytest.raises(DecoderUnavailable):
+        asyncio.run(complete(engine, ask(max_tokens=2)))
+
+
+def test_describe_and_settings(engine):
+    described = engine.describe()
+    assert described["engine"] == "llama.cpp" and described["slots"] == 4
+    assert described["max_model_len"] == 512 and described["kv_cache_tokens"] == 4 * 512
+    assert described["kv_unified"] is False and described["cpu_threads"] == 2
+    assert described["vocab_size"] == 49152
+
+
+def test_gguf_header(smollm2):
+    shape = describe_gguf(smollm2)
+    assert (shape.architecture, shape.context_length, shape.layers, shape.vocab_size) == ("llama", 8192, 30, 49152)
+    assert shape.kv_bytes_per_token == 2 * 30 * 3 * (64 + 64)  # f16 K and V, 3 KV heads of 64
+
+
+def test_kv_layout():
+    per_token = 23040
+    assert kv_layout(EngineParams(max_num_seqs=16), 8192, per_token) == (16 * 8192, False)
+    # 512 MB is less than 16 streams of 8192: one pool the slots share.
+    assert kv_layout(EngineParams(max_num_seqs=16, mem=512), 8192, per_token) == (512 * 2**20 // per_token, True)
+    assert kv_layout(EngineParams(max_num_seqs=2, mem=4096), 8192, per_token) == (2 * 8192, False)
+    assert kv_layout(EngineParams(max_num_seqs=16, mem=1), 8192, per_token) == (8192, True)
+
+
+def test_config_needs_a_gguf_and_runs_decoders_only(smollm2):
+    with pytest.raises(ValueError, match="exactly one of hf_id and local_path"):
+        ModelConfig(name="x", engine="llama.cpp")
+    with pytest.raises(ConfigError, match="decoders only"):
+        create_caption_engine(llamacpp_model(smollm2))
+    with pytest.raises(ConfigError, match="needs a GGUF file"):
+        create_text_engine(ModelConfig(name="x", engine="llama.cpp", local_path=str(smollm2.parent)))
