@@ -159,10 +159,10 @@ async def main() -> None:
     params = model.params.model_copy(update={"cpu_threads": args.cpu_threads, "max_num_seqs": args.concurrency})
     model = model.model_copy(update={"params": params})
     replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
-    real = replica._metrics
+    real = replica.metrics
     await rounds(replica, argparse.Namespace(**{**vars(args), "rounds": 1}))  # warm-up
 
-    timed = replica._metrics = TimedRecorder(real)
+    timed = replica.metrics = TimedRecorder(real)
     seconds, tokens, steps = await rounds(replica, args)
     requests = args.rounds * args.concurrency
     step_s = seconds / steps
@@ -189,7 +189,7 @@ async def main() -> None:
     on, off = [], []
     for _ in range(args.pairs):
         for recorder, results in ((real, on), (NoMetrics(), off)):
-            replica._metrics = recorder
+            replica.metrics = recorder
             seconds, tokens, _ = await rounds(replica, args)
             results.append(tokens / seconds)
     print(
@@ -203,7 +203,7 @@ async def main() -> None:
         ),
         flush=True,
     )
-    replica._slot.stop()
+    replica.stop()
     ray.shutdown()
 
 

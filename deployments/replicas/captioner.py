@@ -44,10 +44,11 @@ class VisionCaptioner:
         """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
         unused: bound here only so that Serve deploys them with this one."""
         self._slot: EngineSlot[CaptionEngine] | None = None
-        self._metrics = Recorder(
+        # The replica's recorder; a test or a benchmark may swap it for its own.
+        self.metrics = Recorder(
             CAPTIONER_METRICS + ENGINE_METRICS, model.name if model else "none", tags={"role": Role.CAPTIONER}
         )
-        self._metrics.export_zeros()
+        self.metrics.export_zeros()
         self.batches: list[int] = []  # sizes of the last batches, for /health and tests
         captioning = model.captioning if model else None
         size, wait_s = (captioning.max_batch_size, captioning.batch_wait_timeout_s) if captioning else (1, 0.0)
@@ -72,10 +73,10 @@ class VisionCaptioner:
             items = zip(request.images, request.prompts, strict=True)
             captions = list(await asyncio.gather(*(self._batcher.submit(item) for item in items)))
         except Exception as exc:
-            self._metrics.inc("caption_failures", tags={"kind": failure_kind(exc)})
+            self.metrics.inc("caption_failures", tags={"kind": failure_kind(exc)})
             raise
-        self._metrics.observe("caption_latency_seconds", time.monotonic() - started)
-        self._metrics.inc("images_captioned", len(captions))
+        self.metrics.observe("caption_latency_seconds", time.monotonic() - started)
+        self.metrics.inc("images_captioned", len(captions))
         return captions
 
     async def _caption_batch(self, items: list[tuple[bytes, str]]) -> list[str]:
@@ -84,7 +85,7 @@ class VisionCaptioner:
             images = await asyncio.to_thread(lambda: [decode_rgb(data) for data, _ in items])
             captions = await asyncio.to_thread(engine.caption, images, [prompt for _, prompt in items])
         self.batches = [*self.batches[-99:], len(items)]
-        self._metrics.observe("caption_batch_size", len(items))
+        self.metrics.observe("caption_batch_size", len(items))
         return captions
 
     def status(self) -> ComponentStatus:
@@ -96,7 +97,7 @@ class VisionCaptioner:
 
     def _sample(self) -> None:
         assert self._slot is not None
-        self._metrics.set("engine_loaded", float(self._slot.state == "ready"))
+        self.metrics.set("engine_loaded", float(self._slot.state == "ready"))
 
     def check_health(self) -> None:
         """Never raises for a degraded engine: Serve would restart the replica in a loop."""

@@ -31,8 +31,9 @@ logger = logging.getLogger("ray.serve")
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._model = model.name
-        self._metrics = Recorder(DECODER_METRICS + ENGINE_METRICS, model.name, tags={"role": Role.DECODER})
-        self._metrics.export_zeros()
+        # The replica's recorder; a test or a benchmark may swap it for its own.
+        self.metrics = Recorder(DECODER_METRICS + ENGINE_METRICS, model.name, tags={"role": Role.DECODER})
+        self.metrics.export_zeros()
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._cache_counts: dict[str, int] = {}  # the processor cache's totals at the last tick
         self._slot: EngineSlot[TextEngine] = EngineSlot(
@@ -72,7 +73,7 @@ class PrimaryDecoder:
             await merged.aclose()
 
     async def _sequence(self, request: GenerateRequest, index: int) -> AsyncGenerator[GenerateChunk, None]:
-        timer = DecoderRequestTimer(self._metrics)
+        timer = DecoderRequestTimer(self.metrics)
         outcome: str | None = None  # the finish reason, "error", or None: closed early (cancelled)
         try:
             self._queued += 1
@@ -141,10 +142,10 @@ class PrimaryDecoder:
         """Gauges, once a second (the engine slot's tick)."""
         engine = self._slot.engine
         stats = engine.stats() if engine is not None else {}
-        self._metrics.set("engine_loaded", float(self._slot.state == "ready"))
-        self._metrics.set("num_requests_running", stats.get("running", 0))
-        self._metrics.set("num_requests_waiting", stats.get("waiting", 0) + self._queued)
-        self._metrics.set("kv_cache_usage_perc", stats.get("kv_cache_usage", 0.0))
+        self.metrics.set("engine_loaded", float(self._slot.state == "ready"))
+        self.metrics.set("num_requests_running", stats.get("running", 0))
+        self.metrics.set("num_requests_waiting", stats.get("waiting", 0) + self._queued)
+        self.metrics.set("kv_cache_usage_perc", stats.get("kv_cache_usage", 0.0))
         self._count_processor_cache(stats.get("processor_cache"))
 
     def _count_processor_cache(self, cache: dict | None) -> None:
@@ -154,7 +155,7 @@ class PrimaryDecoder:
         for kind in ("hits", "misses"):
             delta = cache[kind] - self._cache_counts.get(kind, 0)
             if delta > 0:
-                self._metrics.inc(f"processor_cache_{kind}", delta)
+                self.metrics.inc(f"processor_cache_{kind}", delta)
             self._cache_counts[kind] = cache[kind]
 
     def status(self) -> ComponentStatus:
@@ -166,5 +167,9 @@ class PrimaryDecoder:
         if engine is not None and (failure := engine.failure()) is not None:
             raise RuntimeError(f"decoder engine failed: {failure}")
 
-    def __del__(self) -> None:
+    def stop(self) -> None:
+        """Stop the engine slot's tick and unload the engine (also when the replica is collected)."""
         self._slot.stop()
+
+    def __del__(self) -> None:
+        self.stop()

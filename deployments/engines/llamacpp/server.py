@@ -69,6 +69,10 @@ class LlamaServer:
         self._base = str(self._server.listening_address)
         # The address is local: never through a proxy named in the environment.
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        # `Server()` returns before its loop thread enters llama.cpp's task loop, and that loop marks
+        # itself running when it starts: a close (the server's `terminate`) in between is lost, and
+        # the destructor then waits for the loop forever. A /slots answer comes from the loop itself.
+        self.call("/slots", timeout_s=120)
 
     def stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
         """Runs a streamed completion request to its end (blocking); see the module's docstring."""

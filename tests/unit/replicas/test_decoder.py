@@ -59,7 +59,7 @@ async def test_the_length_limit_ends_a_coalesced_stream_with_its_reason():
 
 async def test_each_request_is_recorded_once_finished_or_cancelled():
     replica = decoder(0)
-    replica._metrics = metrics = FakeMetrics()
+    replica.metrics = metrics = FakeMetrics()
     ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)])
     sent = [chunk async for chunk in replica.generate(ask)]
     async with aclosing(replica.generate(ask)) as stream:
@@ -91,7 +91,7 @@ async def test_n_sequences_come_back_tagged_and_each_one_finishes():
 
 async def test_closing_an_n_stream_frees_every_sequence():
     replica = decoder(0)
-    replica._metrics = metrics = FakeMetrics()
+    replica.metrics = metrics = FakeMetrics()
     ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)], n=2)
     async with aclosing(replica.generate(ask)) as stream:
         async for _ in stream:
