@@ -19,7 +19,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from deployments.config import ModelConfig, cpu_cores, parse_args, resolve_plan
+from deployments.config import AUTO, ModelConfig, cpu_cores, parse_args, resolve_plan
 from deployments.ingress.deployment import Ingress, IngressConfig, ServedModelConfig
 from deployments.options import (
     INGRESS_OPTIONS,
@@ -49,8 +49,10 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         options, primary = decoder_options(app_args, model, max(1, cpu_cores() // share), 1 / share)
         name = deployment_name(Role.DECODER, primary, several)
         logger.info(
-            "building main app: primary=%s vision=%s deployment=%s options=%s cpu_threads=%s",
+            "building main app: primary=%s engine=%s%s vision=%s deployment=%s options=%s cpu_threads=%s",
             primary.name,
+            primary.engine,
+            " (auto)" if model.engine == AUTO else "",
             primary.capabilities.vision_mode,
             name,
             options,
@@ -90,6 +92,7 @@ def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
 
     def captioner(model: ModelConfig | None, *others: Application) -> Application:
         name = deployment_name(Role.CAPTIONER, model, bool(rest))
+        model = None if model is None else model.resolved(decoder_on_cpu=False)  # auto: transformers
         options = for_replicas(
             VisionCaptioner.name, captioner_options(app_args, model), drain_s=plan.proxy_vision.timeout_s
         )

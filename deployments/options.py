@@ -9,7 +9,8 @@ Several primaries (models.yaml `primaries`) get a decoder each, named by `deploy
 GPU share from `model_gpus`; on CPU `build_app` gives each its part of the cores and of the CPU.
 
 - PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a set of CPU replicas sharing
-  the cores: fixed, or autoscaled when the model's `deployment.autoscaling` is given); it takes up
+  the cores: fixed, or autoscaled when the model's `deployment.autoscaling` is given), which also
+  resolves its `engine: auto` from that placement (`ModelConfig.resolved`); it takes up
   to twice `max_num_seqs` requests (one batch running, one waiting in the replica) and never fewer
   than `max_num_seqs`.
 - VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls; without a GPU
@@ -39,12 +40,12 @@ from typing import Any
 
 import ray
 
-from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ModelConfig
+from deployments.config import LLAMA_CPP, AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ModelConfig
 from deployments.errors import ConfigError
 from deployments.roles import Role
 
 SHARED_GPU = 0.5  # decoder and captioner packed on one card
-CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto)
+CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto); llama.cpp: 1
 HEALTH_CHECK_S = 2
 BACKPRESSURE = {"retry_after_s": 2}
 QUEUED = 64
@@ -119,22 +120,32 @@ def scaling(app_args: AppArgs, model: ModelConfig, *, max_replicas: int, target:
     return result
 
 
+def cpu_decoders(model: ModelConfig) -> int:
+    """CPU replicas of a decoder under `decoder_cpu_replicas: auto` (before the cores cap them), by its
+    resolved engine: llama.cpp batches its slots in one process on OpenMP threads over all the cores it
+    is given, so one replica; the torch engines run a Python step loop that no OpenMP barrier spans, so
+    `CPU_DECODERS` processes with a share of the cores each (1.4x one replica with both cores,
+    docs/benchmarks.md)."""
+    return 1 if model.engine == LLAMA_CPP else CPU_DECODERS
+
+
 def decoder_layout(
     app_args: AppArgs, model: ModelConfig, cores: int, cpus: float = 1.0
 ) -> tuple[dict[str, Any], ModelConfig]:
-    """The decoder's placement options, and its model config with the torch threads each replica uses.
+    """The decoder's placement options, and its placed model config: its engine resolved (`engine:
+    auto`: llama.cpp for a GGUF without a GPU share, `ModelConfig.resolved`) and the threads each
+    replica computes with.
 
     GPU: `decoder_gpus` per replica, autoscaled (by default from one replica up to two when batches
     are full, target max_num_seqs ongoing requests; loading a model is slow, so scaling waits 30 s
-    up and 600 s down). CPU: a fixed number of replicas (`decoder_cpu_replicas`), and with
-    `cpu_threads: all` each gets an equal share of the `cores`: two processes run the engine's
-    Python step loop and no OpenMP barrier spans them (1.4x one replica with both cores,
-    docs/benchmarks.md). Together they ask Ray for `cpus` CPUs (one, as one decoder did, so that the
-    captioner keeps its own; with several primaries, each decoder gets its part of the cores and of
-    that CPU).
+    up and 600 s down). CPU: a fixed number of replicas (`decoder_cpu_replicas`; auto: `cpu_decoders`,
+    one for llama.cpp, two for the torch engines), each with an equal share of the `cores` under
+    `cpu_threads: all` (and, for llama.cpp, under an unset cpu_threads too: its threads are its
+    cores). Together they ask Ray for `cpus` CPUs (one, as one decoder did, so that the captioner
+    keeps its own; with several primaries, each decoder gets its part of the cores and of that CPU).
 
-    CPU with `deployment.autoscaling`: between min_replicas and max_replicas (default
-    `decoder_cpu_replicas`) replicas, each with the fixed share a replica has at the maximum:
+    CPU with `deployment.autoscaling`: between min_replicas and max_replicas (default the replicas
+    above) replicas, each with the fixed share a replica has at the maximum:
     `cores // max_replicas` threads under `cpu_threads: all`, and cpus / max_replicas of a Ray CPU
     (one CPU at the maximum, as above). A replica's threads never change with the count, so
     replicas never oversubscribe the cores, and fewer replicas leave cores idle rather than
@@ -152,13 +163,15 @@ def decoder_layout(
             "deployment.autoscaling.min_replicas is 0, but the decoder answers every request: "
             "it needs at least one replica (only a captioner may scale to zero)",
         )
-    if share := model_gpus(model, app_args.decoder_gpus):
+    share = model_gpus(model, app_args.decoder_gpus)
+    model = model.resolved(decoder_on_cpu=not share)
+    if share:
         autoscaling = scaling(
             app_args, model, max_replicas=GPU_DECODERS, target=model.params.max_num_seqs, role="GPU decoder"
         )
         return {"ray_actor_options": {"num_cpus": 1, "num_gpus": share}, "autoscaling_config": autoscaling}, model
     wanted = app_args.decoder_cpu_replicas
-    replicas = min(CPU_DECODERS, cores) if wanted == "auto" else wanted
+    replicas = min(cpu_decoders(model), cores) if wanted == "auto" else wanted
     count: dict[str, Any] = {"num_replicas": replicas}
     if configured is not None:
         autoscaling = scaling(
@@ -173,7 +186,8 @@ def decoder_layout(
                 "each CPU decoder replica needs at least one core (its threads are cores // max_replicas)",
             )
         count = {"autoscaling_config": autoscaling}
-    if model.params.cpu_threads == "all":
+    threads = model.params.cpu_threads
+    if threads == "all" or (threads is None and model.engine == LLAMA_CPP):
         params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
         model = model.model_copy(update={"params": params})
     return {"ray_actor_options": {"num_cpus": cpus / replicas, "num_gpus": 0}, **count}, model

@@ -100,15 +100,18 @@ async def text_run(server: Server, model: str, concurrency: int, requests: int, 
     }
 
 
-async def engine_run(concurrency: list[int], rounds: int, max_tokens: int, quantization: str | None) -> None:
-    """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost."""
+async def engine_run(
+    concurrency: list[int], rounds: int, max_tokens: int, quantization: str | None, engine_name: str | None
+) -> None:
+    """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost.
+    `engine_name`: models.yaml's when None (`auto`: llama.cpp for the shipped GGUF, as on a CPU replica)."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
     from deployments.protocol.payloads import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
     params = model.params.model_copy(update={"quantization": quantization or model.params.quantization})
-    engine = create_text_engine(model.model_copy(update={"params": params}))
+    engine = create_text_engine(model.model_copy(update={"params": params, "engine": engine_name or model.engine}))
 
     async def one(prompt: str) -> tuple[float, float, int]:
         start, ttft, tokens = time.perf_counter(), None, 0
@@ -232,14 +235,15 @@ async def main() -> None:
     parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
     parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
-    parser.add_argument("--decoder-replicas", type=int, default=0, help="decoders on CPU (default: as shipped, 2)")
-    parser.add_argument("--quantization", help="our decoder's quantization (default: models.yaml's, int4-cpu)")
+    parser.add_argument("--decoder-replicas", type=int, default=0, help="decoders on CPU (default: as shipped, auto)")
+    parser.add_argument("--engine", help="our decoder's engine (default: models.yaml's, auto: llama.cpp on CPU)")
+    parser.add_argument("--quantization", help="our decoder's quantization (transformers; default: models.yaml's)")
     parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
     args = parser.parse_args()
     if args.engine_only:
-        await engine_run(args.concurrency, args.rounds, args.max_tokens, args.quantization)
+        await engine_run(args.concurrency, args.rounds, args.max_tokens, args.quantization, args.engine)
         return
 
     work = ROOT / "models" / "bench"
@@ -262,7 +266,7 @@ async def main() -> None:
     peer: dict[int, dict] = {}
 
     text, images = "text" in args.workloads, "images" in args.workloads
-    models_file = write_models(work, captioner, max_batch_size=8)
+    models_file = write_models(work, captioner, max_batch_size=8, engine=args.engine)
     server = start_ours(models_file, args.port, args.decoder_replicas, args.quantization)
     try:
         if text:
@@ -278,7 +282,7 @@ async def main() -> None:
         server.stop()
 
     if images:
-        server = start_ours(write_models(work, captioner, max_batch_size=1), args.port)
+        server = start_ours(write_models(work, captioner, max_batch_size=1, engine=args.engine), args.port)
         try:
             seeds = list(range(1000, 1000 + 8 * args.image_rounds))
             emit(await image_run(server, model, seeds, 8, {"batching": False, "cache_state": "cold"}))

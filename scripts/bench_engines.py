@@ -1,5 +1,6 @@
 """The decoder engines alone (no Serve, no HTTP), side by side on the default model: models.yaml's
-first entry as it is (`engine: transformers`, int4-cpu) and the same entry with `engine: llama.cpp`.
+first entry with `engine: llama.cpp` (as it runs on CPU) and with `engine: transformers` plus
+`quantization: int4-cpu` (models.yaml's transformers profile).
 Streaming, greedy, `--max-tokens` new tokens at each concurrency. Prints one JSON line per
 configuration: output tokens/s, TTFT and end-to-end p50, and the process's resident memory.
 
@@ -27,6 +28,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+ENGINE_PARAMS = {"transformers": {"quantization": "int4-cpu"}}  # under --params: the transformers profile's
 # The prompts of scripts/bench.py: long answers, so that most requests run to --max-tokens.
 PROMPTS = [
     f"Write a short story about a {thing}."
@@ -49,6 +51,7 @@ async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_
     from deployments.protocol.payloads import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
+    params = {**ENGINE_PARAMS.get(engine_name, {}), **params}
     model = model.model_copy(
         update={"engine": engine_name, "params": model.params.model_copy(update=params)}, deep=True
     )

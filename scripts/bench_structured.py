@@ -157,7 +157,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     model = load_models_file(args.models_file).models[0]
-    engine = create_text_engine(model)
+    engine = create_text_engine(model.model_copy(update={"engine": "transformers"}))  # what `instrument` times
     instrument()
     print(
         json.dumps(

@@ -15,12 +15,23 @@ defaults fill it, in `deployments/options.py`."""
 
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
 from deployments.config.machine import cpu_cores
-from deployments.config.models import FakeEngineConfig, Lifecycle, ModelConfig, ModelsFile
+from deployments.config.models import (
+    AUTO,
+    LLAMA_CPP,
+    TRANSFORMERS,
+    FakeEngineConfig,
+    Lifecycle,
+    ModelConfig,
+    ModelsFile,
+)
 from deployments.config.params import EngineParams
 from deployments.config.serving import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ServerConfig
 from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig, VisionMode
 
 __all__ = [
+    "AUTO",
+    "LLAMA_CPP",
+    "TRANSFORMERS",
     "AppArgs",
     "AutoscalingConfig",
     "Capabilities",

@@ -17,6 +17,8 @@ from deployments.config.serving import DeploymentConfig, ServerConfig
 from deployments.config.strict import StrictModel
 from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig
 
+AUTO, TRANSFORMERS, LLAMA_CPP = "auto", "transformers", "llama.cpp"  # the engines models.yaml names
+
 
 class FakeToolCall(StrictModel):
     """The tool call `engine: fake` answers with (``fake.tool_call``)."""
@@ -47,10 +49,13 @@ class ModelConfig(StrictModel):
     local_path: str | None = Field(None, description="Local model directory (relative to models.yaml).")
     weight_file: str | None = Field(None, description="GGUF file inside hf_id or local_path.")
     engine: str = Field(
-        "transformers",
-        description="transformers; llama.cpp (a GGUF file, weight_file, on llama.cpp: decoders only); fake "
-        "(deterministic: echoes the prompt, captions by pixel colour); or `module:Class` of your own "
-        "TextEngine/CaptionEngine.",
+        AUTO,
+        description="auto: llama.cpp for a decoder whose weight_file is a .gguf and that runs on CPU (no GPU "
+        "share: deployment.num_gpus or builder arg decoder_gpus 0, or auto on a cluster without GPUs) and is not "
+        "vision_mode native; transformers for everything else (Hugging Face models, GPU replicas, captioners). "
+        "The builder resolves it from the placement and logs the engine it picked. transformers; llama.cpp (a "
+        "GGUF file, weight_file, on llama.cpp's CPU kernels: decoders only); fake (deterministic: echoes the "
+        "prompt, captions by pixel colour); or `module:Class` of your own TextEngine/CaptionEngine.",
     )
     params: EngineParams = Field(default_factory=EngineParams, description="Engine settings.")
     capabilities: Capabilities = Field(
@@ -76,9 +81,19 @@ class ModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.hf_id is None) == (self.local_path is None) and self.engine in ("transformers", "llama.cpp"):
+        if (self.hf_id is None) == (self.local_path is None) and self.engine in (AUTO, TRANSFORMERS, LLAMA_CPP):
             raise ValueError("set exactly one of hf_id and local_path")
         return self
+
+    def resolved(self, *, decoder_on_cpu: bool) -> ModelConfig:
+        """This entry with `engine: auto` resolved (any other engine is kept): llama.cpp when it runs as a
+        decoder on CPU (`decoder_on_cpu`; a captioner passes False), its weight_file is a .gguf and its
+        vision mode is not native; else transformers."""
+        if self.engine != AUTO:
+            return self
+        gguf = (self.weight_file or "").lower().endswith(".gguf")
+        llama = decoder_on_cpu and gguf and self.capabilities.vision_mode != "native"
+        return self.model_copy(update={"engine": LLAMA_CPP if llama else TRANSFORMERS})
 
     @property
     def source(self) -> str:

@@ -16,39 +16,47 @@ class EngineParams(StrictModel):
     """Engine settings of one model. Every field has a default."""
 
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto", description="Weights dtype. auto: bfloat16 on a GPU that supports it, else float32."
+        "auto",
+        description="Weights dtype (transformers only: llama.cpp runs the GGUF file's own types and ignores it, "
+        "with a warning). auto: bfloat16 on a GPU that supports it, else float32.",
     )
     quantization: Literal["none", "bnb-4bit", "bnb-8bit", "int4-cpu"] = Field(
         "none",
-        description="On-the-fly quantization after loading. bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
+        description="On-the-fly quantization after loading (transformers only: llama.cpp runs the GGUF file as "
+        "it is and ignores it, with a warning). bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
         "int4-cpu: weight-only int4 in groups of 32 with bfloat16 activations (torch's CPU kernel), "
         "every linear layer but the output embedding, whose top logits are recomputed in float32; keeps a "
         "GGUF Q4 file's weights at 4 bits. On a GPU replica it does nothing (logged): use bnb-4bit there.",
     )
     device_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
-        description="GPU indices among those Ray assigned to the replica. Empty: all assigned GPUs "
-        "(the model is sharded over them when there are several); CPU when there are none.",
+        description="GPU indices among those Ray assigned to the replica (transformers only). Empty: all "
+        "assigned GPUs (the model is sharded over them when there are several); CPU when there are none.",
     )
     batching: Literal["continuous", "sequential"] = Field(
         "continuous",
-        description="continuous: one paged-attention batch per replica that requests join and leave at every "
+        description="transformers only (llama.cpp always batches continuously, with seeds and penalties, and "
+        "ignores it). continuous: one paged-attention batch per replica that requests join and leave at every "
         "step. sequential: one generate() per request; slower, but supports seed and penalties.",
     )
     mem: int | None = Field(
         None,
         gt=0,
-        description="KV-cache memory budget in MB (continuous batching). Default: room for max_num_seqs "
+        description="KV-cache memory budget in MB (continuous batching and llama.cpp; on llama.cpp, a budget "
+        "below max_num_seqs x max_model_len makes one KV pool the slots share). Default: room for max_num_seqs "
         "sequences of max_model_len tokens.",
     )
     max_num_seqs: int = Field(8, gt=0, description="Sequences decoded concurrently by one replica.")
     prefill_chunk_size: int | None = Field(
-        None, gt=0, description="Most tokens per batching step (prompt chunks + decodes). Default: 512."
+        None,
+        gt=0,
+        description="Most tokens per batching step (prompt chunks + decodes; llama.cpp's n_batch). Default: "
+        "512 (transformers), llama.cpp's own 2048.",
     )
     cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
         None,
-        description="torch threads on CPU: a number, all (the cores; a decoder shares them among its CPU "
-        "replicas), or null (Ray's num_cpus).",
+        description="Compute threads on CPU (torch's, or llama.cpp's): a number, all (the cores; a decoder "
+        "shares them among its CPU replicas), or null (transformers: Ray's num_cpus; llama.cpp: as all).",
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."

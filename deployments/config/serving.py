@@ -59,9 +59,9 @@ class AutoscalingConfig(StrictModel):
     max_replicas: int | None = Field(
         None,
         gt=0,
-        description="Most replicas. Default: a GPU decoder 2; a CPU decoder decoder_cpu_replicas (auto: 2 on "
-        "2+ cores), each with cores / max_replicas threads under cpu_threads: all, never more than the cores; "
-        "a captioner 2 with a GPU share, 1 on CPU.",
+        description="Most replicas. Default: a GPU decoder 2; a CPU decoder decoder_cpu_replicas (auto: 1 on "
+        "llama.cpp, 2 on 2+ cores on transformers), each with cores / max_replicas threads under cpu_threads: "
+        "all, never more than the cores; a captioner 2 with a GPU share, 1 on CPU.",
     )
     initial_replicas: int | None = Field(
         None, ge=0, description="Replicas started at deploy time. Default: min_replicas."
@@ -175,8 +175,9 @@ class AppArgs(StrictModel):
     decoder_cpu_replicas: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
         "auto",
         description="Decoder replicas when the decoder runs on CPU; with cpu_threads: all they share the "
-        "cores. auto: 2 on a machine with 2 or more cores, else 1. Under deployment.autoscaling, the default "
-        "max_replicas.",
+        "cores. auto: by the decoder's engine: llama.cpp 1 (it batches its slots in one process, on threads over "
+        "every core); transformers 2 on a machine with 2 or more cores, else 1. Under deployment.autoscaling, "
+        "the default max_replicas.",
     )
     revision: str | int | None = Field(
         None,

@@ -1,7 +1,11 @@
 """The engine a `ModelConfig` names: ``transformers`` (the real engines, imported only when chosen,
 so that choosing another never imports torch), ``llama.cpp`` (a GGUF file on llama.cpp, text only,
 imported only when chosen), ``fake`` (deterministic, shipped for tests and demos), or
-``module:Class`` of your own engine, constructed with the `ModelConfig`."""
+``module:Class`` of your own engine, constructed with the `ModelConfig`.
+
+``auto`` is resolved by the builder from the decoder's placement (`deployments/options.py`), so a
+replica always gets a named engine. An engine built here directly (tests, scripts) from an entry
+still on ``auto`` is resolved as a decoder on CPU would be (`ModelConfig.resolved`)."""
 
 from __future__ import annotations
 
@@ -9,14 +13,12 @@ import importlib
 from collections.abc import Callable
 from typing import TypeVar
 
-from deployments.config import ModelConfig
+from deployments.config import LLAMA_CPP, TRANSFORMERS, ModelConfig
 from deployments.engines.base import CaptionEngine, TextEngine
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.errors import ConfigError
 
 E = TypeVar("E", TextEngine, CaptionEngine)
-
-LLAMA_CPP = "llama.cpp"
 
 
 def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig], E]:
@@ -34,13 +36,14 @@ def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig],
 def create_text_engine(model: ModelConfig) -> TextEngine:
     """The decoder engine named by `model.engine`; for transformers, the native VLM engine under
     `vision_mode: native`, else continuous batching unless `params.batching` is `sequential`."""
+    model = model.resolved(decoder_on_cpu=True)
     if model.engine == "fake":
         return FakeTextEngine(model)
     if model.engine == LLAMA_CPP:
         from deployments.engines.llamacpp import LlamaCppTextEngine
 
         return LlamaCppTextEngine(model)
-    if model.engine != "transformers":
+    if model.engine != TRANSFORMERS:
         return _custom_engine(model, TextEngine)(model)  # type: ignore[type-abstract]
     if model.capabilities.vision_mode == "native":
         from deployments.engines.transformers.native import NativeVisionEngine
@@ -56,12 +59,13 @@ def create_text_engine(model: ModelConfig) -> TextEngine:
 
 
 def create_caption_engine(model: ModelConfig) -> CaptionEngine:
-    """The captioner engine named by `model.engine`."""
+    """The captioner engine named by `model.engine` (``auto``: transformers)."""
+    model = model.resolved(decoder_on_cpu=False)
     if model.engine == "fake":
         return FakeCaptionEngine(model)
     if model.engine == LLAMA_CPP:
         raise ConfigError(f"model {model.name!r}: engine llama.cpp runs decoders only, not captioners")
-    if model.engine != "transformers":
+    if model.engine != TRANSFORMERS:
         return _custom_engine(model, CaptionEngine)(model)  # type: ignore[type-abstract]
     from deployments.engines.transformers.captioner import TransformersCaptionEngine
 

@@ -50,6 +50,7 @@ class EngineSlot(Generic[E]):
         self._retry_first_s = lifecycle.load_retry_s
         self._lock = threading.RLock()
         self.engine: E | None = None
+        self.engine_name: str | None = None  # what the engine's `describe` calls itself, for /health
         self.state = "loading"
         self.reason: str | None = "loading"
         self._in_use = 0
@@ -78,7 +79,9 @@ class EngineSlot(Generic[E]):
             self.engine, self.state, self.reason = engine, "ready", None
             self._retry_in = self._retry_first_s
             self._last_used = time.monotonic()
-            logger.info(describe_line(self.name, self.role, engine.describe()))
+            described = engine.describe()
+            self.engine_name = described.get("engine")
+            logger.info(describe_line(self.name, self.role, described))
             return True
 
     def start(self, tick_s: float = 1.0) -> None:
@@ -135,6 +138,8 @@ class EngineSlot(Generic[E]):
         }
         if ray.is_initialized():  # where Ray pinned this replica, and what the engine runs on
             details["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        if self.engine_name is not None:
+            details["engine"] = self.engine_name
         if self.engine is not None:
             if self.engine.device is not None:
                 details["device"] = self.engine.device

@@ -15,7 +15,8 @@ pytestmark = [
 
 
 async def test_text_engine_on_gpu(smollm2):
-    engine = create_text_engine(ModelConfig(name="s", local_path=str(smollm2.parent), weight_file=smollm2.name))
+    gguf = ModelConfig(name="s", engine="transformers", local_path=str(smollm2.parent), weight_file=smollm2.name)
+    engine = create_text_engine(gguf)
     assert engine.device == "cuda:0"
     assert engine.describe()["dtype"] in ("bfloat16", "float16")
     request = GenerateRequest(

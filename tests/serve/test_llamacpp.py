@@ -1,7 +1,8 @@
-"""`engine: llama.cpp` behind real Ray Serve, driven by the official openai client: whole and
-streamed answers with usage, stop strings, n, eight concurrent streams in one replica's batch,
-structured output, the legacy endpoint, the context's 400, and a replica that exits cleanly when
-Ray terminates or kills it (and is replaced)."""
+"""The llama.cpp engine behind real Ray Serve, driven by the official openai client, as a GGUF on CPU
+gets it by default (no `engine:`, no replica count: `engine: auto` and one replica with every core):
+/health, whole and streamed answers with usage, stop strings, n, eight concurrent streams in one
+replica's batch, structured output, the legacy endpoint, the context's 400, tools' 400, and a
+replica that exits cleanly when Ray terminates or kills it (and is replaced)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import jsonschema
 import openai
 import psutil
@@ -41,7 +43,6 @@ def client(serve_cluster, tmp_path_factory, smollm2):
         [
             {
                 "name": MODEL,
-                "engine": "llama.cpp",
                 "local_path": str(smollm2.parent),
                 "weight_file": smollm2.name,
                 "params": {
@@ -49,13 +50,12 @@ def client(serve_cluster, tmp_path_factory, smollm2):
                     "max_num_seqs": 8,
                     "max_model_len": MAX_MODEL_LEN,
                     "temperature": 0,
-                    "cpu_threads": "all",
                     "stream_interval_ms": 0,
                 },
             }
         ],
     )
-    deploy(models, decoder_gpus=0, decoder_cpu_replicas=1)  # one replica: every stream in its batch
+    deploy(models, decoder_gpus=0)  # on CPU: llama.cpp, one replica (every stream in its batch)
     yield openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
     pids = decoder_pids()
     undeploy("default", "vision")
@@ -91,6 +91,32 @@ def streamed(client: openai.OpenAI, **request) -> tuple[str, str | None, object,
             assert finish is None or choice.finish_reason is None  # exactly one finish reason
             finish = choice.finish_reason or finish
     return text, finish, usage, chunks
+
+
+def decoder_details() -> dict:
+    return httpx.get(f"{BASE_URL}/health", timeout=30).json()["components"]["decoder"]["details"]
+
+
+def test_a_gguf_on_cpu_runs_on_llama_cpp_in_one_replica_and_health_shows_its_sequences(client):
+    """/health names the engine, and while a stream runs, its sequence and the KV cells it holds
+    (what the decoder's metrics num_requests_running and kv_cache_usage_perc are sampled from)."""
+    assert len(decoder_pids()) == 1
+    details = decoder_details()
+    assert (details["engine"], details["device"], details["running"], details["waiting"]) == ("llama.cpp", "cpu", 0, 0)
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=400, stream=True)
+    with contextlib.closing(stream):
+        next(c for c in stream if c.choices and c.choices[0].delta.content)
+        running = decoder_details()
+    assert running["running"] == 1 and running["kv_cache_usage"] > 0
+    assert wait_until(lambda: decoder_details()["running"] == 0, 10)  # the closed stream freed its slot
+
+
+def test_tools_are_a_400_when_the_template_has_no_tool_syntax(client):
+    """As on transformers: SmolLM2's template never reads `tools`, so they would vanish silently."""
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool])
+    assert err.value.body["param"] == "tools" and "does not support tools" in err.value.body["message"]
 
 
 def test_whole_and_streamed_answers_with_usage(client):

@@ -1,5 +1,6 @@
 """The offline default model (SmolLM2 GGUF) behind real Ray Serve, driven by the official openai
-client: the contract our users rely on."""
+client: the contract our users rely on. The session's cluster has a (fake) GPU, so `engine: auto`
+puts the GGUF on transformers, as on a GPU machine; on CPU it runs on llama.cpp (test_llamacpp.py)."""
 
 import json
 
@@ -170,6 +171,7 @@ def test_both_models_packed_on_one_gpu(http):
     assert components["decoder"]["details"]["gpu_ids"] == ["0"]
     assert components["captioner"]["details"]["gpu_ids"] == ["0"]
     assert components["decoder"]["details"]["device"] == "cpu"  # no CUDA here: the engine falls back to CPU
+    assert components["decoder"]["details"]["engine"] == "transformers"  # auto, with a GPU share
 
 
 def decoder_busy(http) -> int:

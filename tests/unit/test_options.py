@@ -66,7 +66,7 @@ def test_gpu_decoders_autoscale_on_full_batches_and_ignore_cpu_settings():
     scaling = options["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 12)
     assert scaling["upscale_delay_s"] < scaling["downscale_delay_s"]
-    assert placed == llm
+    assert placed == llm.model_copy(update={"engine": "transformers"})  # auto, resolved
 
 
 def test_cpu_replicas_must_be_positive():

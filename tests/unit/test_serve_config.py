@@ -35,8 +35,13 @@ def test_the_builder_gives_the_shipped_decoder_room_for_a_full_batch(config, mon
     main = next(a for a in config.applications if a.name == "default")
     args = AppArgs.model_validate({**main.args, "decoder_gpus": decoder_gpus})
     plan = resolve_plan(args)
-    options, _ = decoder_options(args, plan.primary, cpu_cores())
+    options, placed = decoder_options(args, plan.primary, cpu_cores())
     assert options["max_ongoing_requests"] >= plan.primary.params.max_num_seqs
+    # The shipped GGUF runs on llama.cpp on CPU (one replica with every core), on transformers on a GPU.
+    if decoder_gpus:
+        assert placed.engine == "transformers"
+    else:
+        assert (placed.engine, options["num_replicas"], placed.params.cpu_threads) == ("llama.cpp", 1, cpu_cores())
     assert options["max_queued_requests"] > 0 and options["backpressure_config"]["retry_after_s"] > 0
 
 

@@ -37,16 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.context import Limits, fit_context
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
+from deployments.engines.load_log import HubCache, LoadLog, file_size, size_text
 from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
 
@@ -56,20 +56,29 @@ _END = object()
 _TRANSFORMERS_ONLY = ("dtype", "quantization", "batching", "device_ids")
 
 
-def gguf_path(model: ModelConfig) -> Path:
+def gguf_path(model: ModelConfig, progress: LoadLog | None = None) -> Path:
     """The GGUF file: `weight_file` inside `local_path` (or `local_path` itself when it is the
-    file), or `weight_file` of the hub repo `hf_id` (through the hub cache)."""
+    file), or `weight_file` of the hub repo `hf_id` (through the hub cache). With `progress`, the
+    load's download step is logged (0 s for a local file)."""
+    started = time.monotonic()
     if model.local_path is not None:
         base = Path(model.local_path)
         path = base / model.weight_file if model.weight_file else base
+        note = f"local, {size_text(file_size(path))} on disk"
     elif model.hf_id is not None and model.weight_file:
         from huggingface_hub import hf_hub_download
 
+        cache = HubCache(model.hf_id)
+        before = cache.blobs()
         path = Path(hf_hub_download(model.hf_id, model.weight_file))
+        fetched = cache.blobs().keys() - before.keys()
+        note = f"fetched {size_text(cache.blob_bytes(fetched))} from the hub" if fetched else "cached in the hub cache"
     else:
         raise ConfigError(f"model {model.name!r}: engine llama.cpp needs a GGUF file: set weight_file")
     if not path.is_file():
         raise ConfigError(f"model {model.name!r}: engine llama.cpp needs a GGUF file, and {path} is not a file")
+    if progress is not None:
+        progress.step("download", time.monotonic() - started, note)
     return path
 
 
@@ -120,9 +129,10 @@ class LlamaCppTextEngine(TextEngine):
     def __init__(self, model: ModelConfig) -> None:
         if model.capabilities.vision_mode == "native":
             raise ConfigError(f"model {model.name!r}: engine llama.cpp does not run vision_mode native (yet)")
-        started = time.monotonic()
+        progress = LoadLog(Role.DECODER, model)
         self.name, self.params = model.name, model.params
-        self.path = gguf_path(model)
+        self.path = gguf_path(model, progress)
+        started = time.monotonic()
         shape = describe_gguf(self.path)
         own_len = shape.context_length or DEFAULT_CONTEXT
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
@@ -140,16 +150,20 @@ class LlamaCppTextEngine(TextEngine):
                 self.name,
                 os.environ["CUDA_VISIBLE_DEVICES"],
             )
-        self._server = LlamaServer(
-            ServerSettings(
-                model_path=str(self.path),
-                n_parallel=self.params.max_num_seqs,
-                n_ctx=self.kv_cells,
-                kv_unified=self.kv_unified,
-                threads=self.cpu_threads,
-                n_batch=self.params.prefill_chunk_size,
+        try:
+            self._server = LlamaServer(
+                ServerSettings(
+                    model_path=str(self.path),
+                    n_parallel=self.params.max_num_seqs,
+                    n_ctx=self.kv_cells,
+                    kv_unified=self.kv_unified,
+                    threads=self.cpu_threads,
+                    n_batch=self.params.prefill_chunk_size,
+                )
             )
-        )
+        except BaseException as exc:
+            progress.failed("step=load", started, exc)
+            raise
         props = self._server.call("/props")
         self.supports_tools = bool(props.get("chat_template_caps", {}).get("supports_tools"))
         meta = (self._server.call("/v1/models").get("data") or [{}])[0].get("meta", {})
@@ -160,17 +174,16 @@ class LlamaCppTextEngine(TextEngine):
         self._live: dict[int, list[int]] = {}  # request -> [prompt tokens, completion tokens so far]
         self._ids = itertools.count()
         self._closed = False
-        logger.info(
-            "model %s: llama.cpp loaded %s in %.1f s: %d slots, %d KV cells (%s), %d threads, rss %.0f MB",
-            self.name,
-            self.path.name,
+        kv_mb = "" if self.kv_bytes_per_token is None else f", {size_text(self.kv_cells * self.kv_bytes_per_token)}"
+        progress.step(
+            "load",
             time.monotonic() - started,
-            self.params.max_num_seqs,
-            self.kv_cells,
-            "one shared pool" if self.kv_unified else f"{self.max_model_len} per slot",
-            self.cpu_threads,
-            psutil.Process().memory_info().rss / 2**20,
+            f"llama.cpp server in this process: {shape.architecture or 'unknown'} GGUF as it is, "
+            f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
+            f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
+            f"{self.cpu_threads} threads",
         )
+        progress.finished()
 
     # ------------------------------------------------------------------ engine contract
 

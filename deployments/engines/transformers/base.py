@@ -55,6 +55,7 @@ class TransformersEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {
+            "engine": "transformers",
             "source": self.source,
             "device": self.device,
             "dtype": str(self.model.dtype).removeprefix("torch."),

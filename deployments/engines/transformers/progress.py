@@ -1,4 +1,5 @@
-"""Model loading progress in the replica log: one INFO line per step, with its time and bytes.
+"""Model loading progress of the transformers engines in the replica log: one INFO line per step,
+with its time and bytes (the lines and their helpers: `deployments/engines/load_log.py`).
 
 `LoadProgress` follows one transformers engine's load and logs to the `ray.serve` logger, e.g.::
 
@@ -24,48 +25,19 @@ of the model does not shorten.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
 import torch
 
 from deployments.config import ModelConfig
+from deployments.engines.load_log import LoadLog, file_size, size_text, tree_size
 
-logger = logging.getLogger("ray.serve")
+__all__ = ["LoadProgress", "module_bytes", "size_text", "tree_size"]
 
 T = TypeVar("T")
-
-
-def size_text(n: int | None) -> str:
-    if n is None:
-        return "size unknown"
-    if n >= 10**9:
-        return f"{n / 1e9:.1f} GB"
-    if n >= 10**6:
-        return f"{n / 1e6:.1f} MB"
-    return f"{n / 1e3:.1f} kB"
-
-
-def _file_size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size  # follows the hub cache's snapshot symlinks to their blobs
-    except OSError:
-        return None
-
-
-def tree_size(folder: Path) -> tuple[int, int]:
-    """`(bytes, files)` of the regular files under `folder` (0, 0 when it cannot be read)."""
-    total = count = 0
-    for path in folder.rglob("*"):
-        if (size := _file_size(path)) is not None and path.is_file():
-            total, count = total + size, count + 1
-    return total, count
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -74,69 +46,16 @@ def module_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-class HubCache:
-    """One model repository's folder in the Hugging Face hub cache (`models--org--name`)."""
-
-    def __init__(self, repo_id: str) -> None:
-        from huggingface_hub import constants
-        from huggingface_hub.file_download import repo_folder_name
-
-        self.folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
-
-    def blobs(self) -> dict[str, float]:
-        """Complete blobs (downloads in progress end in `.incomplete`) and their modification times."""
-        found: dict[str, float] = {}
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.folder / "blobs"):
-                if entry.is_file() and not entry.name.endswith(".incomplete"):
-                    found[entry.name] = entry.stat().st_mtime
-        return found
-
-    def snapshot(self, revision: str = "main") -> Path | None:
-        """The cached snapshot of `revision` (what `from_pretrained` loads), if there is one."""
-        try:
-            commit = (self.folder / "refs" / revision).read_text().strip()
-        except OSError:
-            return None
-        path = self.folder / "snapshots" / commit
-        return path if path.is_dir() else None
-
-    def blob_bytes(self, names: set[str]) -> int:
-        return sum(_file_size(self.folder / "blobs" / name) or 0 for name in names)
-
-
-class LoadProgress:
+class LoadProgress(LoadLog):
     """Logs the steps of one engine's load. `pretrained` wraps each `from_pretrained` call, `loaded`
     logs the download and load steps, `quantize` times the post-load quantization, `done` closes."""
 
     def __init__(self, role: str, model: ModelConfig) -> None:
-        self._prefix = f"loading {role} {model.name!r}"
-        self._model = model
-        self._start = time.monotonic()
+        super().__init__(role, model)
         self._calls: list[tuple[str, float]] = []  # (part, seconds of load after any download)
         self._first_call: float | None = None
         self._download_s = 0.0
         self._fetched: set[str] = set()
-        self._hub = HubCache(model.source) if model.local_path is None else None
-        self._log(f"source {self._describe_source()}")
-
-    def _log(self, text: str, level: int = logging.INFO) -> None:
-        logger.log(level, "%s: %s", self._prefix, text)
-
-    def _describe_source(self) -> str:
-        model = self._model
-        if self._hub is None:
-            local = Path(model.source)
-            if model.weight_file:
-                gguf = local / model.weight_file
-                return f"local GGUF {gguf} ({size_text(_file_size(gguf))})"
-            size, files = tree_size(local)
-            return f"local directory {local} ({size_text(size)} in {files} files)"
-        what = f"hub {model.source}" + (f" GGUF {model.weight_file}" if model.weight_file else "")
-        snapshot = self._hub.snapshot()
-        if snapshot is None:
-            return f"{what} (not in the hub cache {self._hub.folder.parent})"
-        return f"{what} (hub cache: {size_text(tree_size(snapshot)[0])} in {snapshot})"
 
     def pretrained(self, part: str, load: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`load(*args, **kwargs)` (a `from_pretrained`), timed; for a hub source, what it fetched."""
@@ -147,8 +66,7 @@ class LoadProgress:
         try:
             result = load(*args, **kwargs)
         except BaseException as exc:
-            failed = f"{part} from_pretrained failed after {time.monotonic() - start:.1f} s ({type(exc).__name__})"
-            self._log(failed, logging.WARNING)
+            self.failed(f"{part} from_pretrained", start, exc)
             raise
         took = time.monotonic() - start
         fetched = {n: t for n, t in (self._hub.blobs() if self._hub else {}).items() if n not in before}
@@ -161,7 +79,7 @@ class LoadProgress:
     def _download_note(self) -> str:
         if self._hub is None:
             if self._model.weight_file:
-                on_disk = _file_size(Path(self._model.source) / self._model.weight_file)
+                on_disk = file_size(Path(self._model.source) / self._model.weight_file)
             else:
                 on_disk = tree_size(Path(self._model.source))[0]
             return f"local, {size_text(on_disk)} on disk"
@@ -177,7 +95,7 @@ class LoadProgress:
 
     def loaded(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Log the download and load steps, once the weights are loaded and placed."""
-        self._log(f"step=download {self._download_s:.1f} s ({self._download_note()})")
+        self.step("download", self._download_s, self._download_note())
         load_s = time.monotonic() - (self._first_call or self._start) - self._download_s
         parts = [f"{part} {seconds:.1f} s" for part, seconds in self._calls]
         if (rest := load_s - sum(seconds for _, seconds in self._calls)) >= 0.05:
@@ -189,7 +107,7 @@ class LoadProgress:
             notes.append(f"{self._model.params.quantization} quantization inside from_pretrained, not timed apart")
         devices = "+".join(sorted({str(p.device) for p in module.parameters()}))
         notes.append(f"{size_text(module_bytes(module))} of weights, {_dtype(module)} on {devices}")
-        self._log(f"step=load {load_s:.1f} s ({'; '.join(notes)})")
+        self.step("load", load_s, "; ".join(notes))
 
     def quantize(self, module: torch.nn.Module, what: str, quantize: Callable[[], int]) -> int:
         """Run the post-load quantization `quantize` (returns the layers it replaced) as a timed step."""
@@ -197,25 +115,20 @@ class LoadProgress:
         try:
             layers = quantize()
         except BaseException as exc:
-            self._log(
-                f"step=quantize failed after {time.monotonic() - start:.1f} s ({type(exc).__name__})", logging.WARNING
-            )
+            self.failed("step=quantize", start, exc)
             raise
         after = size_text(module_bytes(module))
-        self._log(
-            f"step=quantize {time.monotonic() - start:.1f} s "
-            f"({what}, {layers} layers; weights {size_text(before)} -> {after})"
+        self.step(
+            "quantize", time.monotonic() - start, f"{what}, {layers} layers; weights {size_text(before)} -> {after}"
         )
         return layers
 
     def done(self, module: torch.nn.Module) -> None:
         """The closing line: total time, the process's RSS and, on GPUs, torch's peak allocation on
         the GPUs holding the model (since the process started: a reload loads the same model)."""
-        memory = f"rss {size_text(psutil.Process().memory_info().rss)}"
         gpus = {p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"}
-        if gpus:
-            memory += f", cuda peak {size_text(sum(torch.cuda.max_memory_allocated(i) for i in gpus))}"
-        self._log(f"done in {time.monotonic() - self._start:.1f} s ({memory})")
+        peak = sum(torch.cuda.max_memory_allocated(i) for i in gpus) if gpus else 0
+        self.finished(f", cuda peak {size_text(peak)}" if gpus else "")
 
 
 def _dtype(module: torch.nn.Module) -> str:

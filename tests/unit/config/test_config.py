@@ -264,7 +264,7 @@ def test_a_fake_section_needs_engine_fake(tmp_path):
         resolve_plan({"models_file": str(path)})
     message = str(err.value)
     assert message.startswith(f"{path}: models[0].fake: ")
-    assert "applies only to engine: fake" in message and "model 'a' has engine 'transformers'" in message
+    assert "applies only to engine: fake" in message and "model 'a' has engine 'auto'" in message
     path = write(tmp_path, {"models": [{"name": "a", "engine": "fake", "fake": {"token_delay_ms": 20}}]})
     assert resolve_plan({"models_file": str(path)}).primary.fake.token_delay_ms == 20
 

@@ -335,7 +335,7 @@ async def test_constraints_apply_only_to_new_tokens_while_prompts_are_prefilled_
 def smollm2_engine(smollm2) -> TextEngine:
     """The real offline default in float32 (batch-invariant: a sequence's answer does not depend on
     its neighbours)."""
-    model = ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name)
+    model = ModelConfig(name="smollm2", engine="transformers", local_path=str(smollm2.parent), weight_file=smollm2.name)
     engine = create_text_engine(model)
     yield engine
     engine.close()

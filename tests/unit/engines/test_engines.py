@@ -270,7 +270,9 @@ async def test_offline_default_gguf_answers_concurrent_questions(smollm2, quanti
     """France's first token is a near-tie ("The" 15.6%, "L'" 13.8%): int4-cpu keeps it only because
     its top logits are recomputed in float32 (in bfloat16 a batch answered "L'Étoile")."""
     params = EngineParams(quantization=quantization, batching=batching)
-    model = ModelConfig(name="smollm2", local_path=str(smollm2.parent), weight_file=smollm2.name, params=params)
+    model = ModelConfig(
+        name="smollm2", engine="transformers", local_path=str(smollm2.parent), weight_file=smollm2.name, params=params
+    )
     engine = create_text_engine(model)
     try:
         info = engine.describe()

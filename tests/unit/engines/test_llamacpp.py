@@ -4,7 +4,11 @@ sampling per request in one batch, cancellation, the prompt and its context, con
 import asyncio
 import ctypes
 import json
+import logging
+import re
 import signal
+import subprocess
+import sys
 import time
 from contextlib import aclosing
 from pathlib import Path
@@ -12,21 +16,22 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from deployments.config import EngineParams, ModelConfig
+from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppTextEngine
 from deployments.engines.llamacpp.engine import kv_layout
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.errors import ConfigError, ContextLengthError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.replicas.lifecycle import EngineSlot
 
 QUESTION = "What is the capital of France?"
 
 
-def llamacpp_model(gguf: Path, **params) -> ModelConfig:
+def llamacpp_model(gguf: Path, engine: str = "llama.cpp", **params) -> ModelConfig:
     settings = {"max_num_seqs": 4, "max_model_len": 512, "temperature": 0, "cpu_threads": 2, **params}
     return ModelConfig(
-        name="smollm2", engine="llama.cpp", local_path=str(gguf.parent), weight_file=gguf.name, params=settings
+        name="smollm2", engine=engine, local_path=str(gguf.parent), weight_file=gguf.name, params=settings
     )
 
 
@@ -307,3 +312,81 @@ def test_config_needs_a_gguf_and_runs_decoders_only(smollm2):
         create_caption_engine(llamacpp_model(smollm2))
     with pytest.raises(ConfigError, match="needs a GGUF file"):
         create_text_engine(ModelConfig(name="x", engine="llama.cpp", local_path=str(smollm2.parent)))
+
+
+def test_an_engine_built_from_an_entry_on_auto_is_llama_cpp_for_a_gguf(smollm2):
+    """Outside the builder (which resolves `auto` from the placement), `auto` is resolved as for a
+    decoder on CPU."""
+    engine = create_text_engine(llamacpp_model(smollm2, engine="auto", max_num_seqs=1))
+    try:
+        assert isinstance(engine, LlamaCppTextEngine)
+    finally:
+        engine.close()
+
+
+def test_the_load_logs_its_steps_with_time_and_bytes(smollm2, caplog):
+    """As the transformers engines: source, download, load, done, under `loading decoder '<name>'`."""
+    logger = logging.getLogger("ray.serve")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="ray.serve"):
+            create_text_engine(llamacpp_model(smollm2, max_num_seqs=2)).close()
+    finally:
+        logger.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loading ")]
+    size = f"{smollm2.stat().st_size / 1e6:.1f} MB"
+    patterns = [
+        rf"source local GGUF {re.escape(str(smollm2))} \({size}\)",
+        rf"step=download \d+\.\d s \(local, {size} on disk\)",
+        r"step=load \d+\.\d s \(llama.cpp server in this process: llama GGUF as it is, 2 slots, 1024 KV cells, "
+        r"\d+\.\d MB \(512 per slot\), 2 threads\)",
+        r"done in \d+\.\d s \(rss \d+\.\d [MG]B\)",
+    ]
+    assert len(lines) == len(patterns), lines
+    for pattern, line in zip(patterns, lines, strict=True):
+        assert re.fullmatch(rf"loading decoder 'smollm2': {pattern}", line), (pattern, line)
+
+
+def test_loading_and_answering_never_imports_torch(smollm2):
+    """A llama.cpp decoder's process stays free of torch and transformers (seconds and hundreds of MB)."""
+    code = f"""
+import asyncio, json, sys
+from deployments.replicas.decoder import PrimaryDecoder
+from deployments.engines import create_text_engine
+from tests.unit.engines.test_llamacpp import ask, complete, llamacpp_model
+from pathlib import Path
+engine = create_text_engine(llamacpp_model(Path({str(smollm2)!r}), max_num_seqs=1))
+text, _ = asyncio.run(complete(engine, ask(max_tokens=4)))
+print(json.dumps([bool(text), sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(done.stdout.splitlines()[-1]) == [True, []]
+
+
+async def test_an_idle_engine_is_unloaded_and_reloaded_by_the_next_request(smollm2):
+    """`idle_unload_s`: the slot closes the llama.cpp server, and the next request starts a new one
+    in the same process, which answers as the first did."""
+    slot = EngineSlot(
+        "decoder",
+        "smollm2",
+        lambda: create_text_engine(llamacpp_model(smollm2, max_num_seqs=1)),
+        unavailable=DecoderUnavailable,
+        lifecycle=Lifecycle(idle_unload_s=0.3),
+    )
+    assert slot.load()
+    async with slot.use() as first:
+        before, _ = await complete(first, ask(max_tokens=8))
+    slot.start(tick_s=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while slot.state != "unloaded" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert slot.state == "unloaded" and slot.engine is None and first.failure() is not None
+        async with slot.use() as second:
+            assert second is not first and slot.state == "ready"
+            after, _ = await complete(second, ask(max_tokens=8))
+        assert after == before and slot.status().details["running"] == 0
+    finally:
+        slot.stop()
+        if slot.engine is not None:
+            slot.engine.close()
