@@ -33,7 +33,7 @@ class EngineParams(StrictModel):
     batching: Literal["continuous", "sequential"] = Field(
         "continuous",
         description="continuous: one paged-attention batch per replica that requests join and leave at every "
-        "step. sequential: one generate() per request; slower, but supports seed and penalties.",
+        "step, each with its own sampling, seed and penalties. sequential: one generate() per request; slower.",
     )
     mem: int | None = Field(
         None,

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
-from tests.unit.engines.test_constraints import HERMES_TEMPLATE
+from tests.unit.engines.test_tool_rendering import HERMES_TEMPLATE
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # A closed set of cities: the tiny model's weights are random, and a free string would run to max_tokens.

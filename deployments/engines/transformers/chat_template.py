@@ -1,16 +1,30 @@
 """How a request becomes a transformers prompt: a chat in the chat-template convention (assistant
-tool calls, tool answers), a request's `tools` (a 400 when the template does not render them), and a
-legacy completion's prompt taken as it is. Shared by the text decoders and the native VLM."""
+tool calls, tool answers), a request's `tools` as the model's tool-call format has them
+(`ToolRendering`: the template renders them, or the generic format's prompt, `tool_prompt`), and a
+legacy completion's prompt taken as it is. Shared by the text decoders and the native VLM.
+
+The format (`capabilities.tool_call_format`) is resolved once at load (`resolve_tool_rendering`):
+`auto` reads the template: one that renders a probe tool is the family whose call syntax it contains
+(`detect_tool_format`), else generic."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+from dataclasses import dataclass
 from typing import Any
 
-from deployments.errors import InvalidRequestError
+from deployments.config import TOOL_MARKERS, ToolCallFormat
+from deployments.engines.tool_prompt import generic_chat
+from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol.payloads import TextMessage
 
+logger = logging.getLogger("ray.serve")
+
 _TOOL_PROBE = "mmserve_tool_probe"
+_SYSTEM_PROBE = "mmserve_system_probe"
+_PYTHONIC_EXAMPLE = re.compile(r"\[\s*func_name\w*\(")
 
 
 def template_message(message: TextMessage) -> dict[str, Any]:
@@ -41,16 +55,85 @@ def _arguments(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
-def template_tools(tools: list[dict[str, Any]] | None, supported: bool) -> dict[str, Any]:
-    """`apply_chat_template`'s arguments for a request's `tools`; a 400 when the model's template
-    does not render them (`template_supports_tools`)."""
-    if not tools:
-        return {}
-    if not supported:
-        raise InvalidRequestError(
-            "This model's chat template does not support tools; send the request without `tools`.", param="tools"
+@dataclass(frozen=True)
+class ToolRendering:
+    """How a model's prompt carries tools: `format` is what the model writes (and the ingress parses);
+    any format but generic is the template's own rendering. `system_role`: the template renders a
+    system message (where the generic format's prompt goes)."""
+
+    format: ToolCallFormat
+    system_role: bool = True
+
+    def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The messages for `apply_chat_template` and its extra arguments (the tools, when it renders them)."""
+        if self.format == "generic":
+            return generic_chat(messages, tools, self.system_role), {}
+        return messages, ({"tools": tools} if tools else {})
+
+
+def resolve_tool_rendering(front: Any, configured: str, model: str) -> ToolRendering:
+    """The model's `ToolRendering` from `capabilities.tool_call_format` and its template (`front`: a
+    tokenizer or a processor). A named family whose template does not render tools is a `ConfigError`."""
+    renders = template_supports_tools(front)
+    if configured == "auto":
+        found = detect_tool_format(template_text(front)) if renders else None
+        if renders and found is None:
+            logger.warning(
+                "model %s: its chat template renders tools in a syntax not recognized; using the generic tool "
+                "format (set capabilities.tool_call_format to choose)",
+                model,
+            )
+        chosen: ToolCallFormat = found or "generic"
+    elif configured != "generic" and not renders:
+        raise ConfigError(
+            f"model {model!r}: capabilities.tool_call_format is {configured}, but its chat template does not "
+            "render tools: set chat_template to a template that does, or tool_call_format to auto or generic"
         )
-    return {"tools": tools}
+    else:
+        chosen = configured  # type: ignore[assignment]
+    return ToolRendering(chosen, template_supports_system(front))
+
+
+def template_text(front: Any) -> str:
+    """The chat template's text (all of them, for a tokenizer with named templates)."""
+    template = getattr(front, "chat_template", None) or ""
+    return "\n".join(map(str, template.values())) if isinstance(template, dict) else str(template)
+
+
+def detect_tool_format(template: str) -> ToolCallFormat | None:
+    """The tool-call family a template teaches, from the strings it contains; None when unclear."""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_start|>" in template or _PYTHONIC_EXAMPLE.search(template):
+        return "pythonic"
+    if "<|python_tag|>" in template:
+        return "llama3_json"
+    return None
+
+
+def marker_token_ids(tokenizer: Any, fmt: ToolCallFormat) -> frozenset[int]:
+    """The special tokens that open the format's calls (`[TOOL_CALLS]`, `<|python_tag|>`): decoding
+    keeps them in the text of a request with tools, so that the ingress sees where calls start."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = {str(token): int(i) for i, token in added.items() if getattr(token, "special", False)}
+    return frozenset(special[m] for m in TOOL_MARKERS[fmt] if m in special)
+
+
+def template_supports_system(front: Any) -> bool:
+    """Whether the template renders a system message (some refuse the role, some drop it)."""
+    try:
+        text = front.apply_chat_template(
+            [{"role": "system", "content": _SYSTEM_PROBE}, {"role": "user", "content": "hi"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    except Exception:
+        return False
+    return _SYSTEM_PROBE in str(text)
 
 
 def template_supports_tools(tokenizer: Any) -> bool:

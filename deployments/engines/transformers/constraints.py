@@ -182,29 +182,6 @@ def build_constraints(
     return constraints
 
 
-class ConstraintRegistry:
-    """Request id -> constraints, between the request's stream (registers before the sequence is
-    added, removes in its `finally`) and the sampling thread (looks rows up at every step)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, RequestConstraints] = {}
-        self._lock = threading.Lock()
-
-    def add(self, request_id: str, constraints: RequestConstraints) -> None:
-        with self._lock:
-            self._entries[request_id] = constraints
-
-    def remove(self, request_id: str) -> None:
-        with self._lock:
-            self._entries.pop(request_id, None)
-
-    def lookup(self, request_ids: Sequence[str]) -> list[RequestConstraints | None]:
-        with self._lock:
-            if not self._entries:
-                return [None] * len(request_ids)
-            return [self._entries.get(r) for r in request_ids]
-
-
 class ConstrainedStep:
     """One step's constrained rows, between `constrain` and the engine's choice of tokens."""
 

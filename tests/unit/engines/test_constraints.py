@@ -1,12 +1,11 @@
 """Per-request constraints and prompts in the transformers engines: logprobs, logit_bias, JSON grammars
 (on the tiny model in every engine, and on the real SmolLM2 GGUF in a continuous batch), legacy
-completion prompts and tools."""
+completion prompts (tools: test_tool_rendering.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import jsonschema
 import pytest
@@ -20,7 +19,6 @@ from deployments.engines.transformers.constraints import TokenTexts, _bytes_to_u
 from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 from deployments.errors import ContextLengthError, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
-from deployments.protocol.responses import ToolCall, ToolCallFunction
 
 NEEDS_INT4 = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
 
@@ -221,84 +219,6 @@ async def test_prompt_token_ids_are_checked(tiny_llm):
     with pytest.raises(ContextLengthError) as err:
         await complete(tiny_llm, GenerateRequest(prompt=[5] * 600, max_tokens=2))
     assert err.value.param == "prompt"
-
-
-HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
-Functions you may call, in <tools></tools>:
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}
-</tools>
-Call one as <tool_call>{"name": <name>, "arguments": <object>}</tool_call><|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
-{{ message.content }}
-{%- for call in message.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif message.role == "tool" %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
-@pytest.fixture(scope="module")
-def tool_llm(tmp_path_factory, tiny_llm_dir) -> TextEngine:
-    """The tiny model with a Hermes-style template (Qwen2.5's conventions)."""
-    copy = tmp_path_factory.mktemp("tiny-tools")
-    shutil.copytree(tiny_llm_dir, copy, dirs_exist_ok=True)
-    (copy / "chat_template.jinja").write_text(HERMES_TEMPLATE)
-    engine = create_text_engine(
-        ModelConfig(name="tools", local_path=str(copy), params=EngineParams(batching="sequential"))
-    )
-    yield engine
-    engine.close()
-
-
-async def test_tools_and_a_tool_call_history_reach_the_template(tool_llm):
-    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
-    request = GenerateRequest(
-        messages=[
-            TextMessage(role="user", content="Weather in Paris?"),
-            TextMessage(role="assistant", content="", tool_calls=[call]),
-            TextMessage(role="tool", content="18C and sunny", tool_call_id="call_1"),
-        ],
-        tools=[WEATHER],
-        temperature=0,
-        max_tokens=4,
-    )
-    assert tool_llm.describe()["tools"] is True
-    prompt = tool_llm.tokenizer.decode(tool_llm.chat_ids(request.messages, request.tools))
-    assert '"name": "get_weather"' in prompt and "The weather in a city." in prompt  # the tool list
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18C and sunny\n</tool_response>" in prompt
-    _, pieces = await complete(tool_llm, request)
-    assert pieces[-1].completion_tokens > 0
-
-
-async def test_a_template_without_tools_rejects_them(tiny_llm):
-    """SmolLM2's template never reads `tools`: they would vanish from the prompt silently."""
-    assert tiny_llm.describe()["tools"] is False
-    with pytest.raises(InvalidRequestError, match="does not support tools") as err:
-        await complete(tiny_llm, ask("Weather in Paris?", tools=[WEATHER], max_tokens=2))
-    assert err.value.param == "tools"
 
 
 # --------------------------------------------------------------------------- a continuous batch, mixed
