@@ -15,7 +15,7 @@ from deployments.engines import TextEngine, create_caption_engine, create_text_e
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.engines.transformers import int4_cpu
 from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
-from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
+from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol.payloads import GenerateRequest, TextMessage
 
 NEEDS_INT4 = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
