@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -298,3 +299,32 @@ async def test_constrained_and_free_requests_share_a_batch(smollm2_engine):
             assert text.startswith("{")
     assert results[2][1][-1].finish_reason == "stop"
     assert len(entries(results[3][1])) == results[3][1][-1].completion_tokens
+
+
+@pytest.mark.parametrize(
+    ("question", "schema"),
+    [
+        ("Who is the president of France? Answer in JSON.", PERSON),
+        ("Describe a cat in JSON, with a long description.", {"type": "object"}),
+    ],
+)
+async def test_the_grammar_only_replaces_tokens_it_forbids(smollm2_engine, question, schema):
+    """The grammar never adds to a loop: replayed against a fresh matcher, each greedy token of a
+    constrained answer is the model's own most likely token (the raw logprobs' first) unless the
+    grammar forbids that one at that point. A constrained answer that loops until max_tokens loops on
+    tokens the model chose itself."""
+    spec = GrammarSpec(kind="json_schema", json_schema=json.dumps(schema))
+    _, pieces = await complete(smollm2_engine, ask(question, temperature=0, max_tokens=80, grammar=spec, logprobs=1))
+    grammar = smollm2_engine.grammars.compile(spec)
+    tokenizer, vocab = smollm2_engine.tokenizer, smollm2_engine.grammars._vocab_size
+    replaced = 0
+    for entry in entries(pieces):
+        chosen, favourite = token_id(tokenizer, entry), token_id(tokenizer, entry.top_logprobs[0])
+        if chosen != favourite:
+            bitmask = np.zeros((1, (vocab + 31) // 32), dtype=np.int32)
+            grammar.fill_mask(bitmask, 0)
+            allowed = bool((bitmask[0, favourite // 32] >> (favourite % 32)) & 1)
+            assert not allowed, f"the grammar replaced an allowed token: {entry.top_logprobs[0].token!r}"
+            replaced += 1
+        grammar.accept(chosen)
+    assert len(entries(pieces)) == pieces[-1].completion_tokens and replaced < len(entries(pieces))
