@@ -10,7 +10,8 @@ format's prompt for a template without tools) and names that format on the reque
   ``<tool_call>``, or the whole answer while it may be a JSON or pythonic call).
 - ``required`` and a named function: constrained decoding (vLLM's way), so the output is always a
   valid call: a JSON list of ``{"name", "arguments"}`` (one item unless `parallel_tool_calls`; the
-  named function's only), which is also the generic format's call.
+  named function's only), which is also the generic format's call, with at most a space between
+  its tokens (`GrammarSpec.compact`) and no arguments the tool does not declare (`closed`).
 - ``none``: the tools are not rendered and nothing is parsed.
 
 Text that is not a valid call (not the format's syntax, or no tool of the request) stays content.
@@ -66,7 +67,7 @@ def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+            "properties": {"name": {"const": f.name}, "arguments": closed(f.parameters)},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
@@ -74,8 +75,22 @@ def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
     ]
     array: dict[str, Any] = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
     array |= {"minItems": 1, "maxItems": 1} if named or not body.parallel_tool_calls else {"minItems": 1}
-    grammar = GrammarSpec(kind="json_schema", json_schema=json.dumps(array))
+    grammar = GrammarSpec(kind="json_schema", json_schema=json.dumps(array), compact=True)
     return ToolPlan("named" if named else "required", tools, names, named, grammar)
+
+
+def closed(schema: Any) -> Any:
+    """A tool's parameters with every object that lists its properties and says nothing of others
+    closed to them (`additionalProperties: false`), as llama.cpp's grammars read a schema: in a
+    constrained call, undeclared arguments would only be room for a weak model to ramble in."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:

@@ -51,10 +51,12 @@ class TextMessage(BaseModel):
 
 class GrammarSpec(BaseModel):
     """Constrained decoding: output that is a JSON object (`json_object`), or JSON valid against
-    `json_schema` (the schema as JSON text)."""
+    `json_schema` (the schema as JSON text). `compact`: at most one space between JSON tokens (a
+    tool call, which the server reads: no room for a weak model to spend its budget on layout)."""
 
     kind: Literal["json_object", "json_schema"]
     json_schema: str | None = None
+    compact: bool = False
 
 
 class GenerateRequest(BaseModel):

@@ -21,6 +21,8 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+
 @pytest.fixture(scope="module")
 def client(serve_cluster, tmp_path_factory, smollm2):
     models = write_models(

@@ -48,6 +48,7 @@ BIAS_LIMIT = 100.0
 # document; llama.cpp's JSON grammars and xgrammar's `max_whitespace_cnt` bound it the same way.
 # 40 leaves room for a newline and 39 columns of indentation.
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,40}"
+COMPACT_WHITESPACE = r"\x20?"  # `GrammarSpec.compact`: tool calls
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class GrammarCompiler:
         tokenizer = self._tokenizer_for_grammars()
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_pattern": JSON_WHITESPACE}
+                schema, defaults={"whitespace_pattern": COMPACT_WHITESPACE if spec.compact else JSON_WHITESPACE}
             )
         except ValueError as exc:
             raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc

@@ -328,3 +328,12 @@ async def test_the_grammar_only_replaces_tokens_it_forbids(smollm2_engine, quest
             replaced += 1
         grammar.accept(chosen)
     assert len(entries(pieces)) == pieces[-1].completion_tokens and replaced < len(entries(pieces))
+
+
+async def test_a_compact_grammar_allows_at_most_a_space_between_tokens(tiny_llm):
+    """Tool calls are compact: the tiny model's random weights otherwise fill gaps with whitespace."""
+    schema = {"type": "array", "items": {"type": "object", "properties": {"x": {"enum": ["a", "b"]}}}, "maxItems": 2}
+    spec = GrammarSpec(kind="json_schema", json_schema=json.dumps(schema), compact=True)
+    text, pieces = await complete(tiny_llm, ask("hi", temperature=0, max_tokens=60, grammar=spec))
+    assert pieces[-1].finish_reason == "stop" and isinstance(json.loads(text), list)
+    assert not any(c in text for c in "\n\r\t") and "  " not in text

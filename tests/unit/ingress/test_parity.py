@@ -119,7 +119,7 @@ async def test_required_and_named_tool_choice_constrain_the_output():
     assert sent is not None and sent.grammar is not None and sent.grammar.kind == "json_schema"
     schema = json.loads(sent.grammar.json_schema or "")
     assert schema["type"] == "array" and schema["items"]["properties"]["name"] == {"const": "get_weather"}
-    assert (schema["minItems"], schema["maxItems"]) == (1, 1)
+    assert (schema["minItems"], schema["maxItems"]) == (1, 1) and sent.grammar.compact
     calls = whole["choices"][0]["message"]["tool_calls"]
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Oslo"}]
     other = {**WEATHER, "function": {**WEATHER["function"], "name": "get_time"}}
@@ -130,7 +130,7 @@ async def test_required_and_named_tool_choice_constrain_the_output():
     schema = json.loads(sent.grammar.json_schema or "")
     assert schema["items"]["properties"] == {
         "name": {"const": "get_weather"},
-        "arguments": WEATHER["function"]["parameters"],
+        "arguments": {**WEATHER["function"]["parameters"], "additionalProperties": False},  # closed
     }
     call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Rome"}

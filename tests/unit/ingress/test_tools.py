@@ -164,3 +164,16 @@ def test_required_and_named_read_the_constrained_list_in_every_format():
     cut = ToolCallText(ToolPlan("required", tools=[], names=PLAN.names))
     cut.feed('[{"name": "get_weather", "argu')
     assert cut.finish() == ('[{"name": "get_weather", "argu', [])  # cut at max_tokens: content, no call
+
+
+def test_a_calls_arguments_are_closed_to_undeclared_ones():
+    from deployments.ingress.tools import closed
+
+    nested = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}, "c": {}}}
+    assert closed(nested) == {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {}}, "additionalProperties": False}, "c": {}},
+        "additionalProperties": False,
+    }
+    open_one = {"type": "object", "properties": {}, "additionalProperties": True}
+    assert closed(open_one) == open_one
