@@ -1,6 +1,7 @@
 """Configuration: the typed mirror of models.yaml and of the builders' arguments, a module per
 section (`models`: the file and its entries; `params`: an engine's settings; `vision`: capabilities,
-captioning, proxy vision and image input; `serving`: server, deployment, autoscaling and the
+captioning, proxy vision and image input; `chat`: the tool-call formats and the check of a chat
+template file; `serving`: server, deployment, autoscaling and the
 builder's arguments; `strict`: their base), `loading` (reading the file and resolving the arguments
 into a `ServicePlan`) and `machine` (cores).
 
@@ -13,6 +14,7 @@ file on disk, the builder args or other entries (paths exist, the primary named 
 `max_ongoing_requests` against its `max_num_seqs`, and `deployment.autoscaling` once the role's
 defaults fill it, in `deployments/options.py`."""
 
+from deployments.config.chat import TOOL_CALL_FORMATS, TOOL_MARKERS, ToolCallFormat
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
 from deployments.config.machine import cpu_cores
 from deployments.config.models import (
@@ -31,6 +33,8 @@ from deployments.config.vision import Capabilities, CaptioningConfig, ImageInput
 __all__ = [
     "AUTO",
     "LLAMA_CPP",
+    "TOOL_CALL_FORMATS",
+    "TOOL_MARKERS",
     "TRANSFORMERS",
     "AppArgs",
     "AutoscalingConfig",
@@ -47,6 +51,7 @@ __all__ = [
     "ProxyVisionConfig",
     "ServerConfig",
     "ServicePlan",
+    "ToolCallFormat",
     "VisionMode",
     "cpu_cores",
     "load_models_file",

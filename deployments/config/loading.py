@@ -5,6 +5,7 @@ each field, section and entry, and duplicate names; this module checks what need
 the builder args or the plan:
 
 - the file is YAML; `local_path`, `weight_file` and `images.file_root` exist (and become absolute);
+- a `chat_template` file exists and is a Jinja template (its path becomes absolute);
 - a `captioning:` section is only on an entry that an entry names in `capabilities.captioner`;
 - builder args (`parse_args`) are valid, and their overrides are valid together with the file's params;
 - the primary named by builder arg `model` exists.
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from deployments.config.chat import read_chat_template
 from deployments.config.models import Lifecycle, ModelConfig, ModelsFile
 from deployments.config.params import EngineParams
 from deployments.config.serving import AppArgs, ServerConfig
@@ -104,6 +106,13 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
             if m.weight_file and not (local / m.weight_file).is_file():
                 raise ConfigError(f"{path}: models[{i}].weight_file: {local / m.weight_file} not found")
             m = m.model_copy(update={"local_path": str(local)})
+        if m.chat_template is not None:
+            template = (path.parent / m.chat_template).resolve()
+            try:
+                read_chat_template(template)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: models[{i}].chat_template: {exc}") from None
+            m = m.model_copy(update={"chat_template": str(template)})
         models.append(m)
     images = parsed.images
     if images.file_root is not None:

@@ -36,8 +36,9 @@ class FakeEngineConfig(StrictModel):
     )
     tool_call: FakeToolCall | None = Field(
         None,
-        description="When a request brings `tools`, answer with this call in the Hermes form "
-        '(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) instead of the echo: tool-call parsing tests.',
+        description="When a request brings `tools`, answer with this call instead of the echo, written in the "
+        "entry's capabilities.tool_call_format (auto: Hermes, "
+        '`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`): tool-call parsing tests.',
     )
 
 
@@ -48,6 +49,12 @@ class ModelConfig(StrictModel):
     hf_id: str | None = Field(None, description="Hugging Face model id.")
     local_path: str | None = Field(None, description="Local model directory (relative to models.yaml).")
     weight_file: str | None = Field(None, description="GGUF file inside hf_id or local_path.")
+    chat_template: str | None = Field(
+        None,
+        description="A chat template file (Jinja, relative to models.yaml) used instead of the model's own, "
+        "as vLLM's --chat-template: e.g. one that renders tools. Checked when the service is built: the file "
+        "must exist and be a valid Jinja template.",
+    )
     engine: str = Field(
         AUTO,
         description="auto: llama.cpp for a decoder whose weight_file is a .gguf and that runs on CPU (no GPU "
@@ -59,7 +66,8 @@ class ModelConfig(StrictModel):
     )
     params: EngineParams = Field(default_factory=EngineParams, description="Engine settings.")
     capabilities: Capabilities = Field(
-        default_factory=Capabilities, description="What the model can do as a primary: its vision mode."
+        default_factory=Capabilities,
+        description="What the model can do as a primary: its vision mode and its tool-call format.",
     )
     captioning: CaptioningConfig = Field(
         default_factory=CaptioningConfig, description="Settings used when this model is a captioner."

@@ -35,9 +35,9 @@ class EngineParams(StrictModel):
     )
     batching: Literal["continuous", "sequential"] = Field(
         "continuous",
-        description="transformers only (llama.cpp always batches continuously, with seeds and penalties, and "
-        "ignores it). continuous: one paged-attention batch per replica that requests join and leave at every "
-        "step. sequential: one generate() per request; slower, but supports seed and penalties.",
+        description="transformers only (llama.cpp always batches continuously, and ignores it). continuous: one "
+        "paged-attention batch per replica that requests join and leave at every step, each with its own "
+        "sampling, seed and penalties. sequential: one generate() per request; slower.",
     )
     mem: int | None = Field(
         None,

@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.chat import ToolCallFormat
 from deployments.config.strict import StrictModel
 
 
@@ -28,7 +29,8 @@ VisionMode = Annotated[Literal["disabled", "proxy", "native"], BeforeValidator(_
 
 
 class Capabilities(StrictModel):
-    """What a model can do as a primary (the ``capabilities:`` section of its entry): how it takes images."""
+    """What a model can do as a primary (the ``capabilities:`` section of its entry): how it takes images
+    and how it writes tool calls."""
 
     vision_mode: VisionMode = Field("disabled", description="disabled | proxy | native.")
     captioner: str | None = Field(
@@ -43,6 +45,17 @@ class Capabilities(StrictModel):
         description="Native vision: most images in one request for this model (vLLM's limit_mm_per_prompt); "
         "400 beyond. Also the image count of the worst-case batch profiled at start. Default: the file-level "
         "images.max_images_per_request.",
+    )
+
+    tool_call_format: Literal["auto", ToolCallFormat] = Field(
+        "auto",
+        description="How the model writes tool calls, and how the server reads them. auto: from the chat "
+        "template: a template that renders `tools` and contains <tool_call> is hermes, [TOOL_CALLS] mistral, "
+        "a pythonic call example (`[func_name(`) or <|python_start|> pythonic, <|python_tag|> llama3_json; a "
+        "template that does not render tools (or in no known way) gets generic: the tool definitions and the "
+        "JSON call format go into the system message. hermes | llama3_json | mistral | pythonic: the model's own "
+        "syntax, which its template must render (else the model does not load). generic: always the server's "
+        "own format, even for a template that renders tools (docs/tools.md).",
     )
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from PIL import Image
 
+from deployments.config import ToolCallFormat
 from deployments.protocol.payloads import GenerateRequest
 from deployments.protocol.responses import TokenLogprob
 
@@ -48,6 +49,10 @@ class Engine(ABC):  # noqa: B024 - every hook has a default
 
 class TextEngine(Engine):
     """Generates text for a chat. Sampling fields of the request are already resolved."""
+
+    tool_format: ToolCallFormat = "hermes"
+    """How the model writes tool calls (`capabilities.tool_call_format` resolved): the decoder tells
+    the ingress with each request that has tools, and the ingress parses the calls with it."""
 
     @abstractmethod
     def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:

@@ -13,7 +13,8 @@ torch, so a test (or a laptop) can run the whole service in seconds.
   Instead of the echo: a request with a `grammar` gets a fixed JSON document (`json_object`: ``{}``;
   `json_schema`: the schema's `example` or first `examples` entry, else a minimal instance, see
   `minimal_instance`; a schema that is not a JSON object is a 400); a request with `tools` gets
-  `fake.tool_call`, when set, as a Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+  `fake.tool_call`, when set, written in the model's `capabilities.tool_call_format` (`auto`: Hermes,
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; see `call_text`).
   With `logprobs` k, each word is a token whose logprob is ``-0.5 * (i % 3)`` (i from 0) and whose
   top alternatives are itself then ``" alt1"``, ``" alt2"``, ... each 1 lower: k entries, sorted.
   A prompt's tokens are its echo's words (split at spaces). Only when `params.max_model_len` is set
@@ -33,7 +34,7 @@ from typing import Any, Literal
 
 from PIL import Image
 
-from deployments.config import ModelConfig
+from deployments.config import ModelConfig, ToolCallFormat
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
 from deployments.engines.context import Limits, fit_context
 from deployments.errors import InvalidRequestError
@@ -118,6 +119,19 @@ def _grammar_document(grammar: GrammarSpec) -> str:
     return json.dumps(minimal_instance(schema))
 
 
+def call_text(fmt: ToolCallFormat, name: str, arguments: dict[str, Any]) -> str:
+    """One call as a model of that format writes it."""
+    if fmt == "llama3_json":
+        return "<|python_tag|>" + json.dumps({"name": name, "parameters": arguments})
+    if fmt == "mistral":
+        return "[TOOL_CALLS] " + json.dumps([{"name": name, "arguments": arguments}])
+    if fmt == "pythonic":
+        return f"[{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})]"
+    if fmt == "generic":
+        return json.dumps([{"name": name, "arguments": arguments}])
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
 def _logprob(piece: str, i: int, k: int) -> TokenLogprob:
     value = -0.5 * (i % 3)
     top = [TopLogprob(token=piece, bytes=list(piece.encode()), logprob=value)][:k]
@@ -130,6 +144,8 @@ class FakeTextEngine(TextEngine):
         self.params = model.params
         self.settings = model.fake
         self.running = 0
+        configured = model.capabilities.tool_call_format
+        self.tool_format = "hermes" if configured == "auto" else configured
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "fake", **self.settings.model_dump()}
@@ -143,8 +159,7 @@ class FakeTextEngine(TextEngine):
             return _grammar_document(request.grammar), False
         call = self.settings.tool_call
         if request.tools and call is not None:
-            body = json.dumps({"name": call.name, "arguments": call.arguments})
-            return f"<tool_call>{body}</tool_call>", False
+            return call_text(self.tool_format, call.name, call.arguments), False
         return echoed_prompt(request), True
 
     def _fit(self, request: GenerateRequest) -> tuple[GenerateRequest, int, int]:

@@ -2,8 +2,8 @@
 
 Both are built by `ChatChoices` from the same decoder chunks, so a streamed answer and a whole one
 say the same thing: each of the `n` choices gets its text (split into content and tool calls by
-`tools.ToolCallText`), its tokens' logprobs when asked for, and its finish reason (`tool_calls`
-when it called a tool).
+`tools.ToolCallText`, in the tool-call format the decoder names), its tokens' logprobs when asked
+for, and its finish reason (`tool_calls` when it called a tool).
 
 Events are ``data: <chat.completion.chunk>`` lines: each choice's first delta carries the role,
 exactly one carries its `finish_reason`, `include_usage` adds a final chunk with no choices and the
@@ -95,6 +95,8 @@ class ChatChoices:
             deltas.append(ChunkChoice(index=choice.index, delta=Delta(role="assistant", content=self._notice or "")))
             if self._notice:
                 choice.content.append(self._notice)
+        if chunk.tool_format is not None:
+            choice.split.use(chunk.tool_format)
         if chunk.logprobs:
             choice.logprobs += chunk.logprobs
             choice.unsent_logprobs += chunk.logprobs

@@ -1,28 +1,30 @@
 """Tools: what the decoder gets for a request's `tools` and `tool_choice`, and the tool calls parsed
 back out of the model's text.
 
-The model's chat template renders the tools (the decoder says so with a 400 when it has no tool
-support). Its calls come back in the Hermes format that the Qwen2.5 and SmolLM2 templates teach,
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one block per call:
+The decoder renders the tools in the model's tool-call format (its template's own, or the generic
+format's prompt for a template without tools) and names that format on the request's first chunk;
+`ToolCallText` reads the calls with that format's parser (`tool_formats`; Hermes until told):
 
 - ``auto`` (the default with tools): text, then any tool calls; `ToolCallText` splits them while the
-  text streams, holding back only what could be the start of a block.
+  text streams, holding back only what could be the start of a call (a marker such as
+  ``<tool_call>``, or the whole answer while it may be a JSON or pythonic call).
 - ``required`` and a named function: constrained decoding (vLLM's way), so the output is always a
-  valid call: a JSON array of ``{"name", "arguments"}`` (one item unless `parallel_tool_calls`), or
-  the named function's arguments as a JSON object.
+  valid call: a JSON list of ``{"name", "arguments"}`` (one item unless `parallel_tool_calls`; the
+  named function's only), which is also the generic format's call, with at most a space between
+  its tokens (`GrammarSpec.compact`) and no arguments the tool does not declare (`closed`).
 - ``none``: the tools are not rendered and nothing is parsed.
 
-A block that is not valid JSON, or names no tool of the request, stays in the content as text.
+Text that is not a valid call (not the format's syntax, or no tool of the request) stays content.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deployments.errors import InvalidRequestError
+from deployments.ingress.tool_formats import FORMATS, ToolFormat, required_calls
 from deployments.protocol.payloads import GrammarSpec
 from deployments.protocol.requests import (
     ChatCompletionRequest,
@@ -30,9 +32,7 @@ from deployments.protocol.requests import (
     JsonSchemaResponseFormat,
     NamedToolChoice,
 )
-from deployments.protocol.responses import ToolCall, ToolCallFunction
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from deployments.protocol.responses import ToolCall
 
 Mode = Literal["none", "auto", "required", "named"]
 
@@ -62,25 +62,35 @@ def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
             "both constrain the output.",
             param="response_format",
         )
-    if isinstance(choice, NamedToolChoice):
-        function = next(t.function for t in body.tools if t.function.name == choice.function.name)
-        schema = json.dumps(function.parameters)
-        return ToolPlan("named", tools, names, function.name, GrammarSpec(kind="json_schema", json_schema=schema))
-    calls = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for t in body.tools
-        ]
-    }
-    array: dict[str, Any] = {"type": "array", "items": calls, "minItems": 1}
-    if not body.parallel_tool_calls:
-        array["maxItems"] = 1
-    return ToolPlan("required", tools, names, grammar=GrammarSpec(kind="json_schema", json_schema=json.dumps(array)))
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    functions = [t.function for t in body.tools if named is None or t.function.name == named]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f.name}, "arguments": closed(f.parameters)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
+    array: dict[str, Any] = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    array |= {"minItems": 1, "maxItems": 1} if named or not body.parallel_tool_calls else {"minItems": 1}
+    grammar = GrammarSpec(kind="json_schema", json_schema=json.dumps(array), compact=True)
+    return ToolPlan("named" if named else "required", tools, names, named, grammar)
+
+
+def closed(schema: Any) -> Any:
+    """A tool's parameters with every object that lists its properties and says nothing of others
+    closed to them (`additionalProperties: false`), as llama.cpp's grammars read a schema: in a
+    constrained call, undeclared arguments would only be room for a weak model to ramble in."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:
@@ -93,40 +103,46 @@ def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec
     return plan.grammar
 
 
-def call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
-
-
-def _call(name: str, arguments: Any) -> ToolCall:
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=call_id(), function=ToolCallFunction(name=name, arguments=text))
-
-
 @dataclass
 class ToolCallText:
-    """One choice's text, split into content and tool calls as it streams. `feed` returns the
-    content that can be sent now; `finish` returns what is left of it and the calls."""
+    """One choice's text, split into content and tool calls as it streams. `use` names the model's
+    format (before the first `feed`); `feed` returns the content that can be sent now; `finish`
+    returns what is left of it and the calls."""
 
     plan: ToolPlan
-    _held: str = ""  # text that may still turn out to be the start of a block (or trailing space)
-    _blocks: str = ""  # from the first block on
+    format: ToolFormat = FORMATS["hermes"]
+    _held: str = ""  # text that may still turn out to be the start of a call (or trailing space)
+    _calls_text: str | None = None  # from where the calls start on
+    _leading: bool = True  # only whitespace so far: a lead ("{", "[") may still open a call
     _started: bool = False  # some content has been sent (leading whitespace is dropped)
     calls: list[ToolCall] = field(default_factory=list)
+
+    def use(self, name: str | None) -> None:
+        if name in FORMATS:
+            self.format = FORMATS[name]
 
     def feed(self, text: str) -> str:
         if self.plan.mode == "none":
             return text
-        if self.plan.mode != "auto":
-            self._blocks += text  # the whole output is the call(s)
-            return ""
-        if self._blocks:
-            self._blocks += text
+        if self.plan.mode != "auto" or self._calls_text is not None:  # the rest is the call(s)
+            self._calls_text = (self._calls_text or "") + text
             return ""
         held = self._held + text
-        if (at := held.find(OPEN)) >= 0:  # content ends here: what follows is read at the end
-            self._held, self._blocks = "", held[at:]
+        if self._leading:
+            body, leads = held.lstrip(), self.format.leads
+            if not body or any(lead.startswith(body) for lead in leads):  # not decided yet
+                self._held = held
+                return ""
+            if any(body.startswith(lead) for lead in leads):
+                self._held, self._calls_text = "", body
+                return ""
+            self._leading = False
+        found = [at for marker in self.format.markers if (at := held.find(marker)) >= 0]
+        if found:  # content ends here: what follows is read at the end
+            at = min(found)
+            self._held, self._calls_text = "", held[at:]
             return self._content(held[:at])
-        keep = _partial_open(held)
+        keep = _partial_marker(held, self.format.markers)
         return self._content(held[: len(held) - keep], keep=held[len(held) - keep :])
 
     def _content(self, ready: str, keep: str = "") -> str:
@@ -142,60 +158,21 @@ class ToolCallText:
         """`(content still to send, tool calls)`."""
         if self.plan.mode == "none":
             return "", []
-        if self.plan.mode == "named" and self.plan.function is not None:
-            self.calls = [_call(self.plan.function, self._blocks.strip())]
-            return "", self.calls
-        if self.plan.mode == "required":
-            self.calls = _required_calls(self._blocks)
-            return ("" if self.calls else self._blocks), self.calls
-        rest, self.calls = _parse_blocks(self._blocks, self.plan.names)
-        if self.calls:  # text after the calls (rare) joins the content with one space
+        text = self._calls_text or ""
+        if self.plan.mode != "auto":
+            self.calls = required_calls(text)
+            return ("" if self.calls else text), self.calls
+        parsed = self.format.parse(text, self.plan.names) if text else None
+        if parsed is not None:  # text after the calls (rare) joins the content with one space
+            rest, self.calls = parsed
             return (" " + rest if self._started and rest else rest), self.calls
-        tail = self._held + rest
-        return tail if self._started else tail.lstrip(), self.calls
+        tail = self._held + text
+        return tail if self._started else tail.lstrip(), []
 
 
-def _partial_open(text: str) -> int:
-    """Length of the longest end of `text` that is a proper prefix of the opening tag."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
+def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that is a proper prefix of a marker."""
+    for n in range(min(max((len(m) for m in markers), default=1) - 1, len(text)), 0, -1):
+        if any(marker.startswith(text[-n:]) for marker in markers):
             return n
     return 0
-
-
-def _parse_blocks(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]:
-    """Tool calls of the ``<tool_call>`` blocks in `text`, and the text they leave."""
-    calls: list[ToolCall] = []
-    rest: list[str] = []
-    while (start := text.find(OPEN)) >= 0:
-        end = text.find(CLOSE, start)
-        inner = text[start + len(OPEN) : end if end >= 0 else len(text)]
-        call = _block_call(inner, names)
-        if call is None:
-            rest.append(text[: end + len(CLOSE) if end >= 0 else len(text)])
-        else:
-            rest.append(text[:start])
-            calls.append(call)
-        text = text[end + len(CLOSE) :] if end >= 0 else ""
-    rest.append(text)
-    return "".join(rest).strip() if calls else "".join(rest), calls
-
-
-def _block_call(inner: str, names: frozenset[str]) -> ToolCall | None:
-    try:
-        data = json.loads(inner)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("name") not in names:
-        return None
-    return _call(data["name"], data.get("arguments", data.get("parameters", {})))
-
-
-def _required_calls(text: str) -> list[ToolCall]:
-    """The calls of a constrained array; none when it was cut short (max_tokens): then it is content."""
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return []
-    items = items if isinstance(items, list) else [items]
-    return [_call(item["name"], item.get("arguments", {})) for item in items if isinstance(item, dict)]

@@ -51,10 +51,12 @@ class TextMessage(BaseModel):
 
 class GrammarSpec(BaseModel):
     """Constrained decoding: output that is a JSON object (`json_object`), or JSON valid against
-    `json_schema` (the schema as JSON text)."""
+    `json_schema` (the schema as JSON text). `compact`: at most one space between JSON tokens (a
+    tool call, which the server reads: no room for a weak model to spend its budget on layout)."""
 
     kind: Literal["json_object", "json_schema"]
     json_schema: str | None = None
+    compact: bool = False
 
 
 class GenerateRequest(BaseModel):
@@ -87,7 +89,8 @@ class GenerateRequest(BaseModel):
 
 class GenerateChunk(BaseModel):
     """PrimaryDecoder -> Ingress, streamed. The last chunk of each sequence (`index`, 0 to n-1) has
-    `finish_reason` set; `logprobs` covers the tokens whose text this chunk carries."""
+    `finish_reason` set; `logprobs` covers the tokens whose text this chunk carries; `tool_format`
+    (`capabilities.tool_call_format` as the engine resolved it) tells the ingress how to read calls."""
 
     index: int = 0
     text: str = ""
@@ -96,6 +99,7 @@ class GenerateChunk(BaseModel):
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     truncated_prompt_tokens: int = 0  # prompt tokens dropped to fit the context, on the last chunk
+    tool_format: str | None = None  # a request with tools: how the model writes calls, on each sequence's first chunk
 
 
 class CaptionRequest(BaseModel):

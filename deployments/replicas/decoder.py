@@ -1,5 +1,6 @@
 """PrimaryDecoder: the GPU-pinned LLM. Streams `GenerateChunk`s back through its handle; stop
-strings (`stopping`) and `stream_interval_ms` are applied here, engines know nothing of them. A
+strings (`stopping`) and `stream_interval_ms` are applied here, engines know nothing of them; the
+first chunk of a request with tools says the engine's tool-call format. A
 request whose chat the engine truncated to fit the context (`context_overflow: truncate`) gets one
 log line here."""
 
@@ -111,6 +112,7 @@ class PrimaryDecoder:
         until `stream_interval_ms` has passed since the last chunk. Logprobs include the token that
         completed a stop string."""
         async with self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
+            tool_format = engine.tool_format if request.tools else None  # told once, on the first chunk
             stop = StopMatcher(request.stop)
             pending, send_at = "", 0.0  # text held back until `send_at` (stream_interval_ms)
             logprobs: list[TokenLogprob] = []  # those of the tokens not yet sent
@@ -125,10 +127,13 @@ class PrimaryDecoder:
                 if finish is None:
                     pending = text
                     if text and (now := time.monotonic()) >= send_at:
-                        yield GenerateChunk(text=text, logprobs=logprobs if wants_logprobs else None)
-                        pending, send_at, logprobs = "", now + self._interval_s, []
+                        yield GenerateChunk(
+                            text=text, logprobs=logprobs if wants_logprobs else None, tool_format=tool_format
+                        )
+                        pending, send_at, logprobs, tool_format = "", now + self._interval_s, [], None
                     continue
                 yield GenerateChunk(
+                    tool_format=tool_format,
                     text=text,
                     finish_reason=finish,
                     prompt_tokens=piece.prompt_tokens,

@@ -1,7 +1,7 @@
 """OpenAI parity through real Serve with the official openai client and the real offline model
-(SmolLM2-135M GGUF): model cards, logprobs, n, structured output, tools with a round trip, and the
-legacy completions endpoint. Under greedy decoding a streamed answer equals the whole one, logprobs
-and tool calls included."""
+(SmolLM2-135M GGUF): model cards, logprobs, n, structured output and the legacy completions endpoint
+(tools: test_tools.py). Under greedy decoding a streamed answer equals the whole one, logprobs
+included."""
 
 from __future__ import annotations
 
@@ -20,14 +20,6 @@ PERSON = {
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name", "age"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
 }
 
 
@@ -124,14 +116,6 @@ def test_an_invalid_schema_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=ASK, response_format=bad)
     assert err.value.body["param"] == "response_format"
-
-
-def test_tools_need_a_template_that_renders_them(client):
-    """SmolLM2-135M's template never reads `tools` (they would vanish silently): a 400 that says so.
-    Tool calls with a template that renders them: tests/serve/test_tools.py."""
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER])
-    assert "tools" in err.value.body["message"]
 
 
 def test_legacy_completions(client):

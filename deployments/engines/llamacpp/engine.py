@@ -44,6 +44,7 @@ from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
 from deployments.engines.load_log import HubCache, LoadLog, file_size, size_text
+from deployments.engines.tool_prompt import generic_chat, resolve_tool_format, template_message
 from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, TextMessage
 from deployments.roles import Role
@@ -166,6 +167,10 @@ class LlamaCppTextEngine(TextEngine):
             raise
         props = self._server.call("/props")
         self.supports_tools = bool(props.get("chat_template_caps", {}).get("supports_tools"))
+        template = str(props.get("chat_template") or "")
+        self.tool_format = resolve_tool_format(
+            model.capabilities.tool_call_format, self.supports_tools, template, model.name
+        )
         meta = (self._server.call("/v1/models").get("data") or [{}])[0].get("meta", {})
         self.vocab_size = int(meta.get("n_vocab") or shape.vocab_size or 0)
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
@@ -204,7 +209,7 @@ class LlamaCppTextEngine(TextEngine):
             "kv_unified": self.kv_unified,
             "cpu_threads": self.cpu_threads,
             "vocab_size": self.vocab_size,
-            "tools": self.supports_tools,
+            "tool_call_format": self.tool_format,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -299,10 +304,6 @@ class LlamaCppTextEngine(TextEngine):
         if request.prompt is not None:
             ids = self.prompt_ids(request.prompt)
             return Prepared(ids, {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})
-        if request.tools and not self.supports_tools:
-            raise InvalidRequestError(
-                "This model's chat template does not support tools; send the request without `tools`.", param="tools"
-            )
         rendered: dict[tuple[int, ...], list[int]] = {}  # the chats `fit_context` counted, by their messages
 
         def count(messages: list[TextMessage]) -> int:
@@ -317,9 +318,10 @@ class LlamaCppTextEngine(TextEngine):
 
     def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The chat rendered by the GGUF's template, with the generation prompt, as token ids."""
-        chat: dict[str, Any] = {"messages": [chat_message(m) for m in messages]}
-        if tools:
-            chat["tools"] = tools
+        if self.tool_format == "generic":  # tools, calls and results as text any template renders
+            chat: dict[str, Any] = {"messages": generic_chat([template_message(m) for m in messages], tools)}
+        else:
+            chat = {"messages": [chat_message(m) for m in messages], **({"tools": tools} if tools else {})}
         prompt = self._call("/apply-template", chat, "messages")["prompt"]
         return self.tokenize(prompt)
 

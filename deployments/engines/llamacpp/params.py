@@ -24,19 +24,16 @@ the request), so a seed gives the same answer whatever else runs beside it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from deployments.config import EngineParams
+from deployments.engines.grammar import grammar_schema, whitespace
 from deployments.errors import InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec
 from deployments.protocol.responses import TokenLogprob, TopLogprob
 
 SEED_MODULUS = 0xFFFFFFFF  # llama.cpp's seeds are uint32; this value itself means "random"
-# As the transformers engines' grammars (engines/constraints.py): JSON whitespace between tokens,
-# at most 40 characters in a row, so a weak model cannot fill its budget with indentation.
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,40}"
 
 
 def _setting(request: GenerateRequest, params: EngineParams, name: str) -> Any:
@@ -84,19 +81,9 @@ def json_schema_field(spec: GrammarSpec | None) -> dict[str, Any]:
         return {}
     import llguidance
 
-    if spec.kind == "json_object":
-        schema: Any = {"type": "object"}
-    else:
-        if not spec.json_schema:
-            raise InvalidRequestError("response_format json_schema needs a schema.", param="response_format")
-        try:
-            schema = json.loads(spec.json_schema)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(
-                f"response_format's JSON schema is not valid JSON: {exc}", param="response_format"
-            ) from exc
+    schema = grammar_schema(spec)
     if isinstance(schema, dict):
-        guidance = {"whitespace_pattern": JSON_WHITESPACE, **schema.get("x-guidance", {})}
+        guidance = {"whitespace_pattern": whitespace(spec), **schema.get("x-guidance", {})}
         schema = {**schema, "x-guidance": guidance}
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)

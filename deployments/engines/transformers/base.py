@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -43,6 +44,8 @@ class TransformersEngine(Engine):
         part, front = self.FRONT
         self.front = self.progress.pretrained(part, front.from_pretrained, model.source, **shared)
         self.tokenizer = getattr(self.front, "tokenizer", self.front)  # a processor's, or the tokenizer itself
+        if model.chat_template is not None:  # checked by the builder: a Jinja file
+            self.front.chat_template = Path(model.chat_template).read_text()
         self.check_front(model)
         loaded = self.progress.pretrained("model", self.MODEL.from_pretrained, model.source, **kwargs, **load)
         self.model = place(loaded, self.device, kwargs).eval()
@@ -90,6 +93,7 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         self.vocab_size = min(len(self.tokenizer), int(text.vocab_size))
         self.grammars = GrammarCompiler(self.tokenizer, int(text.vocab_size), self.eos_ids)
         self.token_texts = TokenTexts(self.tokenizer)
+        self.tool_marker_ids: frozenset[int] = frozenset()  # special tokens kept in the text (`marker_token_ids`)
 
     def describe(self) -> dict[str, Any]:
         return {**self.params.model_dump(), **super().describe(), "max_model_len": self.max_model_len}
@@ -112,7 +116,8 @@ class TransformersDecoder(TransformersEngine, TextEngine):
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         stream = await self.start(request)
-        async with contextlib.aclosing(stream_outputs(stream, self.tokenizer, self.token_texts)) as outputs:
+        keep = self.tool_marker_ids if request.tools else frozenset()
+        async with contextlib.aclosing(stream_outputs(stream, self.tokenizer, self.token_texts, keep)) as outputs:
             async for output in outputs:
                 yield output
 

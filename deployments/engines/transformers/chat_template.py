@@ -1,56 +1,78 @@
 """How a request becomes a transformers prompt: a chat in the chat-template convention (assistant
-tool calls, tool answers), a request's `tools` (a 400 when the template does not render them), and a
-legacy completion's prompt taken as it is. Shared by the text decoders and the native VLM."""
+tool calls, tool answers), a request's `tools` as the model's tool-call format has them
+(`ToolRendering`: the template renders them, or the generic format's prompt, `tool_prompt`), and a
+legacy completion's prompt taken as it is. Shared by the text decoders and the native VLM.
+
+The format (`capabilities.tool_call_format`) is resolved once at load (`resolve_tool_rendering`):
+`auto` reads the template: one that renders a probe tool is the family whose call syntax it contains
+(`tool_prompt.detect_tool_format`), else generic."""
 
 from __future__ import annotations
 
-import json
+import logging
+from dataclasses import dataclass
 from typing import Any
 
+from deployments.config import TOOL_MARKERS, ToolCallFormat
+from deployments.engines.tool_prompt import generic_chat, resolve_tool_format
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import TextMessage
+
+logger = logging.getLogger("ray.serve")
 
 _TOOL_PROBE = "mmserve_tool_probe"
+_SYSTEM_PROBE = "mmserve_system_probe"
 
 
-def template_message(message: TextMessage) -> dict[str, Any]:
-    """A message in transformers' chat-template convention: an assistant's `tool_calls` as
-    `{"type": "function", "function": {"name", "arguments": <dict>}}` (templates render the
-    arguments with `tojson` or iterate them), a tool answer with its `tool_call_id`."""
-    rendered: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        rendered["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
-            }
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        rendered["tool_call_id"] = message.tool_call_id
-    return rendered
+@dataclass(frozen=True)
+class ToolRendering:
+    """How a model's prompt carries tools: `format` is what the model writes (and the ingress parses);
+    any format but generic is the template's own rendering. `system_role`: the template renders a
+    system message (where the generic format's prompt goes)."""
+
+    format: ToolCallFormat
+    system_role: bool = True
+
+    def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The messages for `apply_chat_template` and its extra arguments (the tools, when it renders them)."""
+        if self.format == "generic":
+            return generic_chat(messages, tools, self.system_role), {}
+        return messages, ({"tools": tools} if tools else {})
 
 
-def _arguments(text: str) -> Any:
-    """OpenAI's arguments (JSON text) as the object templates expect; text that is no JSON object stays text."""
+def resolve_tool_rendering(front: Any, configured: str, model: str) -> ToolRendering:
+    """The model's `ToolRendering` from `capabilities.tool_call_format` and its template (`front`: a
+    tokenizer or a processor). A named family whose template does not render tools is a `ConfigError`."""
+    chosen = resolve_tool_format(configured, template_supports_tools(front), template_text(front), model)
+    return ToolRendering(chosen, template_supports_system(front))
+
+
+def template_text(front: Any) -> str:
+    """The chat template's text (all of them, for a tokenizer with named templates)."""
+    template = getattr(front, "chat_template", None) or ""
+    return "\n".join(map(str, template.values())) if isinstance(template, dict) else str(template)
+
+
+def marker_token_ids(tokenizer: Any, fmt: ToolCallFormat) -> frozenset[int]:
+    """The special tokens that open the format's calls (`[TOOL_CALLS]`, `<|python_tag|>`): decoding
+    keeps them in the text of a request with tools, so that the ingress sees where calls start."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = {str(token): int(i) for i, token in added.items() if getattr(token, "special", False)}
+    return frozenset(special[m] for m in TOOL_MARKERS[fmt] if m in special)
+
+
+def template_supports_system(front: Any) -> bool:
+    """Whether the template renders a system message (some refuse the role, some drop it)."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, dict) else text
-
-
-def template_tools(tools: list[dict[str, Any]] | None, supported: bool) -> dict[str, Any]:
-    """`apply_chat_template`'s arguments for a request's `tools`; a 400 when the model's template
-    does not render them (`template_supports_tools`)."""
-    if not tools:
-        return {}
-    if not supported:
-        raise InvalidRequestError(
-            "This model's chat template does not support tools; send the request without `tools`.", param="tools"
+        text = front.apply_chat_template(
+            [{"role": "system", "content": _SYSTEM_PROBE}, {"role": "user", "content": "hi"}],
+            tokenize=False,
+            add_generation_prompt=True,
         )
-    return {"tools": tools}
+    except Exception:
+        return False
+    return _SYSTEM_PROBE in str(text)
 
 
 def template_supports_tools(tokenizer: Any) -> bool:

@@ -25,7 +25,6 @@ ops instead, so nothing is compiled at run time.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deployments.engines.grammar import grammar_schema, whitespace
 from deployments.errors import InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec
 from deployments.protocol.responses import TokenLogprob, TopLogprob
@@ -43,11 +43,6 @@ from deployments.protocol.responses import TokenLogprob, TopLogprob
 logger = logging.getLogger("ray.serve")
 
 BIAS_LIMIT = 100.0
-# JSON whitespace between tokens: any, but at most this many characters in a row. Unbounded (the
-# library's default), a weak model can fill its whole budget with indentation and never close the
-# document; llama.cpp's JSON grammars and xgrammar's `max_whitespace_cnt` bound it the same way.
-# 40 leaves room for a newline and 39 columns of indentation.
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,40}"
 
 
 @dataclass(frozen=True)
@@ -119,21 +114,11 @@ class GrammarCompiler:
     def compile(self, spec: GrammarSpec) -> Grammar:
         import llguidance
 
-        if spec.kind == "json_object":
-            schema: Any = {"type": "object"}
-        else:
-            if not spec.json_schema:
-                raise InvalidRequestError("response_format json_schema needs a schema.", param="response_format")
-            try:
-                schema = json.loads(spec.json_schema)
-            except json.JSONDecodeError as exc:
-                raise InvalidRequestError(
-                    f"response_format's JSON schema is not valid JSON: {exc}", param="response_format"
-                ) from exc
+        schema = grammar_schema(spec)
         tokenizer = self._tokenizer_for_grammars()
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_pattern": JSON_WHITESPACE}
+                schema, defaults={"whitespace_pattern": whitespace(spec)}
             )
         except ValueError as exc:
             raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc
@@ -180,29 +165,6 @@ def build_constraints(
     if constraints.logprobs is None and constraints.bias_ids is None and constraints.grammar is None:
         return None
     return constraints
-
-
-class ConstraintRegistry:
-    """Request id -> constraints, between the request's stream (registers before the sequence is
-    added, removes in its `finally`) and the sampling thread (looks rows up at every step)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, RequestConstraints] = {}
-        self._lock = threading.Lock()
-
-    def add(self, request_id: str, constraints: RequestConstraints) -> None:
-        with self._lock:
-            self._entries[request_id] = constraints
-
-    def remove(self, request_id: str) -> None:
-        with self._lock:
-            self._entries.pop(request_id, None)
-
-    def lookup(self, request_ids: Sequence[str]) -> list[RequestConstraints | None]:
-        with self._lock:
-            if not self._entries:
-                return [None] * len(request_ids)
-            return [self._entries.get(r) for r in request_ids]
 
 
 class ConstrainedStep:

@@ -8,8 +8,9 @@ replica's event loop, where each request's stream picks up its own.
 Sampling is per request in one manager: every request brings its own temperature, top-k and
 top-p, and `PerRequestSampler` draws the tokens, leaving the manager an argmax. Greedy
 (temperature 0) is top-k 1, an exact argmax, so a temperature is never divided by zero; a step
-whose sequences are all greedy and unconstrained is only the argmax. Seeds and penalties are not
-supported by the batched sampler; such requests get a 400 that says to use `batching: sequential`.
+whose sequences are all greedy, unconstrained and unpenalized is only the argmax. A seeded request
+draws from its own generator, and a penalized one is penalized over its own tokens
+(`row_sampling.RowSampling`), next to the others in the same step.
 
 Per-request constraints (`constraints.py`: logprobs, logit bias, a JSON grammar) run in the same
 sampler, row by row, next to unconstrained sequences in the same step: the sampler learns which
@@ -40,11 +41,12 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 from transformers.generation.continuous_batching.requests import FutureRequestState
 
 from deployments.config import ModelConfig
-from deployments.engines.transformers.constraints import ConstraintRegistry, RequestConstraints, constrain
+from deployments.engines.transformers.constraints import RequestConstraints, constrain
+from deployments.engines.transformers.row_sampling import RequestRegistry, RowSampling, draw
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
-from deployments.errors import DecoderUnavailable, InvalidRequestError
+from deployments.errors import DecoderUnavailable
 from deployments.protocol.payloads import GenerateRequest
 
 logger = logging.getLogger("ray.serve")
@@ -56,45 +58,71 @@ DEFAULT_BATCH_TOKENS = 512
 class PerRequestSampler(ContinuousBatchingLogitsProcessorList):
     """The manager's warpers (temperature, top-k, top-p: two full-vocabulary sorts per token) and the
     draw, so that the manager's own sampler (`do_sample` off) only takes an argmax. A step whose
-    sequences are all greedy (top-k 1) and unconstrained leaves the scores as they are: an argmax,
-    with no sorts, softmax or draw (a quarter more throughput on CPU at 8 sequences). Otherwise
-    constrained rows get their logprobs recorded, bias and grammar mask applied; each row is warped by
-    its request's knobs and becomes a one-hot on a token drawn from it (a greedy row draws its argmax),
-    or, when every row is greedy, stays for the manager's argmax.
+    sequences are all greedy (top-k 1), unconstrained and unpenalized leaves the scores as they are:
+    an argmax, with no sorts, softmax or draw (a quarter more throughput on CPU at 8 sequences).
+    Otherwise penalized rows are penalized, constrained rows get their logprobs recorded, bias and
+    grammar mask applied; each row is warped by its request's knobs and becomes a one-hot on a token
+    drawn from it (from its own generator when seeded; a greedy row draws its argmax), or, when every
+    row is greedy, stays for the manager's argmax.
 
     The manager hands over one row per scheduled request, but only the first rows (those of requests
     with a new token, in order) are real; the others (prompt chunks that are not their prompt's last)
     are read from position 0 and discarded: they are left alone."""
 
-    def __init__(self, processors: Any, registry: ConstraintRegistry) -> None:
+    def __init__(
+        self,
+        processors: Any,
+        registry: RequestRegistry[RequestConstraints],
+        samplings: RequestRegistry[RowSampling],
+    ) -> None:
         super().__init__(processors, per_request_processors=True)
         per_request = [p for p in self.logits_processor if isinstance(p, ContinuousBatchingLogitsProcessor)]
         self._top_k_row = next(
             i for i, p in enumerate(per_request) if isinstance(p, ContinuousBatchingTopKLogitsWarper)
         )
         self._registry = registry
+        self._samplings = samplings
         self._rows: list[RequestConstraints | None] = []
+        self._row_samplings: list[RowSampling | None] = []
 
     def prepare_tensor_args(
         self, requests_in_batch: list[FutureRequestState], arg_storage: torch.Tensor
     ) -> torch.Tensor:
-        self._rows = self._registry.lookup([r.state.request_id for r in requests_in_batch if r.has_new_token])
+        ids = [r.state.request_id for r in requests_in_batch if r.has_new_token]
+        self._rows = self._registry.lookup(ids)
+        self._row_samplings = self._samplings.lookup(ids)
         return super().prepare_tensor_args(requests_in_batch, arg_storage)
 
     def __call__(self, input_ids: Any, scores: torch.Tensor, logits_processor_args: torch.Tensor) -> torch.Tensor:
         rows = len(self._rows)
+        own = [(i, s) for i, s in enumerate(self._row_samplings) if s is not None]
+        for i, sampling in own:
+            sampling.penalize(scores[i])
         step = constrain(scores, self._rows)
         if bool((logits_processor_args[self._top_k_row, :rows] == 1).all()):
-            if step is not None:  # the manager's argmax, taken here too for the grammars and logprobs
-                step.accept(scores.index_select(0, torch.tensor(step.indices)).argmax(dim=-1))
+            if step is not None or own:  # the manager's argmax, taken here too for grammars, logprobs, penalties
+                self._chose(scores[:rows].argmax(dim=-1), step, own)
             return scores
         warped = super().__call__(input_ids, scores[:rows], logits_processor_args)
-        drawn = torch.multinomial(warped.softmax(dim=-1), num_samples=1)
-        if step is not None:
-            step.accept(drawn[step.indices])
+        probs = warped.softmax(dim=-1)
+        drawn = torch.multinomial(probs, num_samples=1)
+        for i, sampling in own:
+            if sampling.generator is not None:
+                drawn[i, 0] = draw(probs[i], sampling.generator)
+        self._chose(drawn[:, 0], step, own)
         chosen = torch.full_like(scores, float("-inf"))
         chosen[:rows].scatter_(-1, drawn, 0.0)
         return chosen
+
+    @staticmethod
+    def _chose(tokens: torch.Tensor, step: Any, own: list[tuple[int, RowSampling]]) -> None:
+        """Each row's token is known (one per real row): grammars, logprobs and penalty counts learn it."""
+        if step is not None:
+            step.accept(tokens[step.indices])
+        if own:
+            chosen = tokens.tolist()
+            for i, sampling in own:
+                sampling.chose(chosen[i])
 
 
 class ContinuousBatchingTextEngine(TransformersTextEngine):
@@ -124,8 +152,11 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             generation_config=generation, continuous_batching_config=batching
         )
         # Read by the batch processor that `start` creates.
-        self._constraints = ConstraintRegistry()
-        self._manager.logit_processor = PerRequestSampler(self.model._get_logits_processor(warpers), self._constraints)
+        self._constraints: RequestRegistry[RequestConstraints] = RequestRegistry()
+        self._samplings: RequestRegistry[RowSampling] = RequestRegistry()
+        self._manager.logit_processor = PerRequestSampler(
+            self.model._get_logits_processor(warpers), self._constraints, self._samplings
+        )
         self._manager.start()
         self._ids = itertools.count()
 
@@ -176,30 +207,18 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             "kv_cache_usage": round(_kv_cache_usage(processor.cache), 4),
         }
 
-    def _knobs(self, request: GenerateRequest, sampling: Sampling) -> dict[str, Any]:
-        """Per-request sampling arguments of the manager; rejects what the batched sampler cannot do."""
-        frequency, presence = self.penalties(request)
-        for name, value in (("frequency_penalty", frequency), ("presence_penalty", presence)):
-            if value:
-                raise InvalidRequestError(
-                    f"{name} is not supported by this model's continuous batching engine "
-                    "(set batching: sequential in models.yaml to use it).",
-                    param=name,
-                )
+    def _knobs(self, sampling: Sampling) -> dict[str, Any]:
+        """Per-request sampling arguments of the manager (greedy is top-k 1)."""
         if sampling.greedy:
             return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-        if request.seed is not None:
-            raise InvalidRequestError(
-                "seed is not supported with temperature > 0 by this model's continuous batching engine "
-                "(set batching: sequential in models.yaml to use it).",
-                param="seed",
-            )
         top_k = min(sampling.top_k, self.vocab_size) if sampling.top_k else self.vocab_size
         return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": float(sampling.top_p)}
 
     async def start(self, request: GenerateRequest) -> TokenStream:
         prepared = await self.prepare(request)
-        knobs = self._knobs(request, self.sampling(request))
+        sampling = self.sampling(request)
+        knobs = self._knobs(sampling)
+        own = RowSampling.of(None if sampling.greedy else request.seed, *self.penalties(request))
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
         request_id = f"seq-{next(self._ids)}"
@@ -211,6 +230,8 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                 self._manager.register_result_handler(request_id, outputs.put_nowait)
                 if prepared.constraints is not None:  # before the sequence can be scheduled
                     self._constraints.add(request_id, prepared.constraints)
+                if own is not None:
+                    self._samplings.add(request_id, own)
                 accepted = self._manager.add_request(
                     prepared.prompt, request_id=request_id, max_new_tokens=prepared.max_tokens, streaming=True, **knobs
                 )
@@ -234,6 +255,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                     with self._manager.output_router._lock:  # a cancelled request gets no final output
                         self._manager.output_router.result_handlers.pop(request_id, None)
                 self._constraints.remove(request_id)
+                self._samplings.remove(request_id)
                 self._drop_orphans()
 
         return TokenStream(

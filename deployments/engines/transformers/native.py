@@ -22,7 +22,11 @@ from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.batcher import Batcher
 from deployments.engines.context import fit_context
 from deployments.engines.transformers.base import TransformersDecoder
-from deployments.engines.transformers.chat_template import raw_prompt_ids
+from deployments.engines.transformers.chat_template import (
+    marker_token_ids,
+    raw_prompt_ids,
+    resolve_tool_rendering,
+)
 from deployments.engines.transformers.constraints import build_constraints
 from deployments.engines.transformers.memory_profile import (
     MemoryProfile,
@@ -51,7 +55,10 @@ class NativeVisionEngine(TransformersDecoder):
         limit = model.capabilities.max_images_per_request
         self.max_images = ImageInputConfig().max_images_per_request if limit is None else limit
         self.cache = ProcessorCache(int(self.params.processor_cache_mb * 2**20))
-        self.prompts = NativePromptBuilder(self.processor, model.capabilities.image_token, self.cache)
+        tools = resolve_tool_rendering(self.processor, model.capabilities.tool_call_format, model.name)
+        self.tool_format = tools.format
+        self.tool_marker_ids = marker_token_ids(self.tokenizer, tools.format)
+        self.prompts = NativePromptBuilder(self.processor, model.capabilities.image_token, self.cache, tools)
         self._batcher: Batcher[NativeJob, None] = Batcher(
             self._run_batch, self.params.max_num_seqs, self.params.batch_wait_ms / 1000
         )
@@ -66,7 +73,7 @@ class NativeVisionEngine(TransformersDecoder):
             "engine": "native-vision",
             "max_images_per_request": self.max_images,
             "image_token": self.prompts.image_token,
-            "tools": self.prompts.supports_tools,
+            "tool_call_format": self.tool_format,
             "memory_profile_peak_mb": self.profile.peak_mb,
             "memory_budget_mb": self.profile.budget_mb,
             "memory_profile": self.profile.describe(),

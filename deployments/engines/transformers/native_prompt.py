@@ -18,8 +18,9 @@ import torch
 from PIL import Image
 
 from deployments.engines.images import decode_rgb
+from deployments.engines.tool_prompt import template_message
+from deployments.engines.transformers.chat_template import ToolRendering
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
-from deployments.engines.transformers.text import template_message, template_supports_tools, template_tools
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
 from deployments.protocol.payloads import ImageBytes, MessageImage, TextMessage
 
@@ -46,7 +47,7 @@ def _aligned(key: str) -> bool:
 
 
 class NativePromptBuilder:
-    def __init__(self, processor: Any, image_token: str | None, cache: ProcessorCache) -> None:
+    def __init__(self, processor: Any, image_token: str | None, cache: ProcessorCache, tools: ToolRendering) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.cache = cache
@@ -57,7 +58,7 @@ class NativePromptBuilder:
         self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(token))
         if not getattr(processor, "chat_template", None):
             raise ConfigError("the processor has no chat template; use an instruct VLM")
-        self.supports_tools = template_supports_tools(processor)
+        self.tools = tools
 
     def chat(
         self, messages: list[TextMessage], images: list[ImageBytes], tools: list[dict[str, Any]] | None = None
@@ -79,7 +80,7 @@ class NativePromptBuilder:
                 else:
                     content.append({"type": "text", "text": part.text})
             rendered.append({"role": message.role, "content": content})
-        extra = template_tools(tools, self.supports_tools)
+        rendered, extra = self.tools.chat(rendered, tools)
         text = self.processor.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra)
         ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
         processed = [self.image(images[k], param=f"messages[{i}].content") for i, k in slots]

@@ -15,12 +15,19 @@ from deployments.engines.transformers.constraints import LogprobStream, RequestC
 
 
 class IncrementalText:
-    """Turns a growing list of token ids into text deltas, holding back incomplete characters."""
+    """Turns a growing list of token ids into text deltas, holding back incomplete characters. Special
+    tokens are left out, but those in `keep` (the tool-call markers of a request with tools)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, keep: frozenset[int] = frozenset()) -> None:
         self._tokenizer = tokenizer
         self.ids: list[int] = []
         self._emitted = ""
+        self._keep = keep
+        self._skip: frozenset[int] = frozenset()
+        if keep:
+            added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+            special = {int(i) for i, t in added.items() if getattr(t, "special", False)}
+            self._skip = frozenset(special | set(getattr(tokenizer, "all_special_ids", []))) - keep
 
     def feed(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
@@ -31,7 +38,11 @@ class IncrementalText:
         return self._delta(final=True)
 
     def _delta(self, *, final: bool) -> str:
-        text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+        if self._keep:
+            ids = [i for i in self.ids if i not in self._skip]
+            text = str(self._tokenizer.decode(ids, skip_special_tokens=False))
+        else:
+            text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
         if not final and text.endswith("\ufffd"):  # a multi-byte character is still incomplete
             return ""
         delta, self._emitted = text[len(self._emitted) :], text
@@ -51,11 +62,12 @@ class TokenStream:
 
 
 async def stream_outputs(
-    stream: TokenStream, tokenizer: Any, token_texts: TokenTexts
+    stream: TokenStream, tokenizer: Any, token_texts: TokenTexts, keep: frozenset[int] = frozenset()
 ) -> AsyncGenerator[EngineOutput, None]:
     """`EngineOutput` pieces for `stream`; the last piece has `finish_reason` (``length`` at its
-    `max_tokens`, else ``stop``). Closing this generator closes `stream.tokens` at once."""
-    text = IncrementalText(tokenizer)
+    `max_tokens`, else ``stop``); `keep`: special tokens kept in the text. Closing this generator
+    closes `stream.tokens` at once."""
+    text = IncrementalText(tokenizer, keep)
     logprobs = LogprobStream(stream.constraints, token_texts)
     async with contextlib.aclosing(stream.tokens):  # type: ignore[type-var]
         async for ids in stream.tokens:

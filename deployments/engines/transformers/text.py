@@ -1,7 +1,8 @@
 """A transformers causal LM (hub id, local directory or GGUF file) as a text decoder: what the
 sequential and the continuous-batching engines share on top of `TransformersDecoder`.
 
-The prompt is a chat rendered by the model's template (with tools when it supports them), or a
+The prompt is a chat rendered by the model's template (with tools as its tool-call format has them:
+`chat_template.ToolRendering`), or a
 legacy completion's text or token ids used as they are. A chat is fitted to the context by
 `context.fit_context` (a 400, or with `context_overflow: truncate` its oldest turns dropped whole);
 a legacy prompt is never cut. The per-request constraints (`constraints.py`: logit bias, JSON
@@ -18,13 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import ModelConfig
 from deployments.engines.context import fit_context
+from deployments.engines.tool_prompt import template_message
 from deployments.engines.transformers.base import TransformersDecoder
-from deployments.engines.transformers.chat_template import (
-    raw_prompt_ids,
-    template_message,
-    template_supports_tools,
-    template_tools,
-)
+from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
 from deployments.errors import ConfigError
 from deployments.protocol.payloads import GenerateRequest, TextMessage
@@ -50,7 +47,9 @@ class TransformersTextEngine(TransformersDecoder):
 
     def __init__(self, model: ModelConfig, **load: Any) -> None:
         super().__init__(Role.DECODER, model, **load)
-        self.supports_tools = template_supports_tools(self.tokenizer)
+        self.tools = resolve_tool_rendering(self.tokenizer, model.capabilities.tool_call_format, model.name)
+        self.tool_format = self.tools.format
+        self.tool_marker_ids = marker_token_ids(self.tokenizer, self.tool_format)
         self.progress.done(self.model)
 
     def check_front(self, model: ModelConfig) -> None:
@@ -58,7 +57,7 @@ class TransformersTextEngine(TransformersDecoder):
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "tools": self.supports_tools}
+        return {**super().describe(), "tool_call_format": self.tool_format}
 
     async def prepare(self, request: GenerateRequest) -> Prepared:
         """The prompt's token ids, the completion budget and the constraints (tokenizing and compiling
@@ -84,7 +83,6 @@ class TransformersTextEngine(TransformersDecoder):
 
     def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> list[int]:
         """Messages rendered by the model's template (with the generation prompt) and `tools`."""
-        extra = template_tools(tools, self.supports_tools)
-        chat = [template_message(m) for m in messages]
+        chat, extra = self.tools.chat([template_message(m) for m in messages], tools)
         encoded = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, **extra)
         return list(encoded["input_ids"])

@@ -338,3 +338,21 @@ def test_the_builders_make_a_deployment_per_primary_and_per_captioner(tmp_path):
 
 def _deployments(app) -> list:
     return list(bound_deployments(app).values())
+
+
+def test_tool_call_format_and_chat_template_are_checked(tmp_path):
+    entry = {"name": "a", "engine": "fake", "capabilities": {"tool_call_format": "qwen"}}
+    with pytest.raises(ConfigError) as err:
+        load_models_file(write(tmp_path, {"models": [entry]}))
+    assert "models[0].capabilities.tool_call_format: Input should be 'auto', 'hermes'" in str(err.value)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "good.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    (tmp_path / "templates" / "bad.jinja").write_text("{% for m in messages %}{{ m.content }")
+    good = {"name": "a", "engine": "fake", "chat_template": "templates/good.jinja"}
+    assert load_models_file(write(tmp_path, {"models": [good]})).models[0].chat_template == str(
+        (tmp_path / "templates" / "good.jinja").resolve()
+    )
+    for name, message in (("bad.jinja", "is not a valid Jinja template: line 1"), ("none.jinja", "is not a file")):
+        bad = {**good, "chat_template": f"templates/{name}"}
+        with pytest.raises(ConfigError, match=f"models\\[0\\].chat_template: .*{name} {message}"):
+            load_models_file(write(tmp_path, {"models": [bad]}))

@@ -1,14 +1,14 @@
 """Per-request constraints and prompts in the transformers engines: logprobs, logit_bias, JSON grammars
 (on the tiny model in every engine, and on the real SmolLM2 GGUF in a continuous batch), legacy
-completion prompts and tools."""
+completion prompts (tools: test_tool_rendering.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -20,7 +20,6 @@ from deployments.engines.transformers.constraints import TokenTexts, _bytes_to_u
 from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 from deployments.errors import ContextLengthError, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
-from deployments.protocol.responses import ToolCall, ToolCallFunction
 
 NEEDS_INT4 = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
 
@@ -223,84 +222,6 @@ async def test_prompt_token_ids_are_checked(tiny_llm):
     assert err.value.param == "prompt"
 
 
-HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
-Functions you may call, in <tools></tools>:
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}
-</tools>
-Call one as <tool_call>{"name": <name>, "arguments": <object>}</tool_call><|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
-{{ message.content }}
-{%- for call in message.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif message.role == "tool" %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
-@pytest.fixture(scope="module")
-def tool_llm(tmp_path_factory, tiny_llm_dir) -> TextEngine:
-    """The tiny model with a Hermes-style template (Qwen2.5's conventions)."""
-    copy = tmp_path_factory.mktemp("tiny-tools")
-    shutil.copytree(tiny_llm_dir, copy, dirs_exist_ok=True)
-    (copy / "chat_template.jinja").write_text(HERMES_TEMPLATE)
-    engine = create_text_engine(
-        ModelConfig(name="tools", local_path=str(copy), params=EngineParams(batching="sequential"))
-    )
-    yield engine
-    engine.close()
-
-
-async def test_tools_and_a_tool_call_history_reach_the_template(tool_llm):
-    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
-    request = GenerateRequest(
-        messages=[
-            TextMessage(role="user", content="Weather in Paris?"),
-            TextMessage(role="assistant", content="", tool_calls=[call]),
-            TextMessage(role="tool", content="18C and sunny", tool_call_id="call_1"),
-        ],
-        tools=[WEATHER],
-        temperature=0,
-        max_tokens=4,
-    )
-    assert tool_llm.describe()["tools"] is True
-    prompt = tool_llm.tokenizer.decode(tool_llm.chat_ids(request.messages, request.tools))
-    assert '"name": "get_weather"' in prompt and "The weather in a city." in prompt  # the tool list
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
-    assert "<tool_response>\n18C and sunny\n</tool_response>" in prompt
-    _, pieces = await complete(tool_llm, request)
-    assert pieces[-1].completion_tokens > 0
-
-
-async def test_a_template_without_tools_rejects_them(tiny_llm):
-    """SmolLM2's template never reads `tools`: they would vanish from the prompt silently."""
-    assert tiny_llm.describe()["tools"] is False
-    with pytest.raises(InvalidRequestError, match="does not support tools") as err:
-        await complete(tiny_llm, ask("Weather in Paris?", tools=[WEATHER], max_tokens=2))
-    assert err.value.param == "tools"
-
-
 # --------------------------------------------------------------------------- a continuous batch, mixed
 
 
@@ -378,3 +299,41 @@ async def test_constrained_and_free_requests_share_a_batch(smollm2_engine):
             assert text.startswith("{")
     assert results[2][1][-1].finish_reason == "stop"
     assert len(entries(results[3][1])) == results[3][1][-1].completion_tokens
+
+
+@pytest.mark.parametrize(
+    ("question", "schema"),
+    [
+        ("Who is the president of France? Answer in JSON.", PERSON),
+        ("Describe a cat in JSON, with a long description.", {"type": "object"}),
+    ],
+)
+async def test_the_grammar_only_replaces_tokens_it_forbids(smollm2_engine, question, schema):
+    """The grammar never adds to a loop: replayed against a fresh matcher, each greedy token of a
+    constrained answer is the model's own most likely token (the raw logprobs' first) unless the
+    grammar forbids that one at that point. A constrained answer that loops until max_tokens loops on
+    tokens the model chose itself."""
+    spec = GrammarSpec(kind="json_schema", json_schema=json.dumps(schema))
+    _, pieces = await complete(smollm2_engine, ask(question, temperature=0, max_tokens=80, grammar=spec, logprobs=1))
+    grammar = smollm2_engine.grammars.compile(spec)
+    tokenizer, vocab = smollm2_engine.tokenizer, smollm2_engine.grammars._vocab_size
+    replaced = 0
+    for entry in entries(pieces):
+        chosen, favourite = token_id(tokenizer, entry), token_id(tokenizer, entry.top_logprobs[0])
+        if chosen != favourite:
+            bitmask = np.zeros((1, (vocab + 31) // 32), dtype=np.int32)
+            grammar.fill_mask(bitmask, 0)
+            allowed = bool((bitmask[0, favourite // 32] >> (favourite % 32)) & 1)
+            assert not allowed, f"the grammar replaced an allowed token: {entry.top_logprobs[0].token!r}"
+            replaced += 1
+        grammar.accept(chosen)
+    assert len(entries(pieces)) == pieces[-1].completion_tokens and replaced < len(entries(pieces))
+
+
+async def test_a_compact_grammar_allows_at_most_a_space_between_tokens(tiny_llm):
+    """Tool calls are compact: the tiny model's random weights otherwise fill gaps with whitespace."""
+    schema = {"type": "array", "items": {"type": "object", "properties": {"x": {"enum": ["a", "b"]}}}, "maxItems": 2}
+    spec = GrammarSpec(kind="json_schema", json_schema=json.dumps(schema), compact=True)
+    text, pieces = await complete(tiny_llm, ask("hi", temperature=0, max_tokens=60, grammar=spec))
+    assert pieces[-1].finish_reason == "stop" and isinstance(json.loads(text), list)
+    assert not any(c in text for c in "\n\r\t") and "  " not in text

@@ -94,6 +94,24 @@ async def test_answers_with_the_configured_tool_call_when_given_tools():
     assert "".join(p.text for p in await pieces(engine, ask("hi"))) == "user: hi"  # no tools: the echo
 
 
+@pytest.mark.parametrize(
+    ("fmt", "written"),
+    [
+        ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+        ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+        ("pythonic", "[get_weather(city='Paris')]"),
+        ("generic", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ],
+)
+async def test_the_tool_call_is_written_in_the_models_format(fmt, written):
+    fake = FakeEngineConfig(tool_call={"name": "get_weather", "arguments": {"city": "Paris"}})
+    model = ModelConfig(name="tools", engine="fake", fake=fake, capabilities={"tool_call_format": fmt})
+    engine = create_text_engine(model)
+    assert engine.tool_format == fmt
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    assert "".join(p.text for p in await pieces(engine, ask("Weather?", tools=tools))) == written
+
+
 async def test_logprobs_are_one_sorted_entry_per_token():
     engine = create_text_engine(ModelConfig(name="echo", engine="fake"))
     out = await pieces(engine, ask("tell me a story", logprobs=3))

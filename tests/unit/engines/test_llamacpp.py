@@ -219,11 +219,18 @@ async def test_truncate_drops_whole_oldest_turns(smollm2):
         engine.close()
 
 
-async def test_tools_need_a_template_that_renders_them(engine):
+async def test_tools_without_template_syntax_take_the_generic_format(engine):
+    """SmolLM2's template never reads `tools`: the definitions go into the system message in the
+    generic format, which the ingress then parses."""
     tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
-    assert engine.supports_tools is False  # SmolLM2's template never reads `tools`
-    with pytest.raises(InvalidRequestError, match="does not support tools"):
-        await complete(engine, ask(tools=[tool]))
+    assert engine.supports_tools is False and engine.tool_format == "generic"
+    chat = [TextMessage(role="user", content=QUESTION)]
+    with_tools = engine.chat_ids(chat, [tool])
+    rendered = engine._server.call("/detokenize", {"tokens": with_tools})["content"]
+    assert '"name": "weather"' in rendered and "JSON list of calls" in rendered
+    assert len(with_tools) > len(engine.chat_ids(chat))
+    _, pieces = await complete(engine, ask(tools=[tool], max_tokens=8))
+    assert pieces[-1].finish_reason in ("stop", "length") and pieces[-1].prompt_tokens == len(with_tools)
 
 
 # --------------------------------------------------------------------------- constrained JSON

@@ -21,7 +21,7 @@ class FakeStream:
     each of the request's `n` sequences in turn (sequence i's text starts with "i:" when n > 1); with
     `logprobs`, one fake entry per piece (logprob -0.1 * position, alternatives sorted). `error` is
     raised in place of the chunk numbered `fail_at`. The final chunks say `truncated` prompt tokens
-    were dropped to fit the context."""
+    were dropped to fit the context; the first chunk of a request with tools names `tool_format`."""
 
     def __init__(
         self,
@@ -31,13 +31,15 @@ class FakeStream:
         fail_at: int,
         request: GenerateRequest,
         truncated: int = 0,
+        tool_format: str | None = None,
     ) -> None:
         self._chunks: list[GenerateChunk] = []
         for index in range(request.n):
             texts = [f"{index}:" + pieces[0], *pieces[1:]] if request.n > 1 and pieces else list(pieces)
             for position, text in enumerate(texts):
                 logprobs = None if request.logprobs is None else [fake_logprob(text, position, request.logprobs)]
-                self._chunks.append(GenerateChunk(index=index, text=text, logprobs=logprobs))
+                told = tool_format if request.tools and position == 0 else None
+                self._chunks.append(GenerateChunk(index=index, text=text, logprobs=logprobs, tool_format=told))
             final = GenerateChunk(
                 index=index,
                 finish_reason="stop",
@@ -84,6 +86,7 @@ class FakeDecoder:
         self.fail_at = 0
         self.down = False  # `status()` says not ready
         self.truncated = 0  # prompt tokens the final chunks say were dropped to fit the context
+        self.tool_format: str | None = None  # what the first chunk of a request with tools says
         self.requests: list[GenerateRequest] = []
         self.streams: list[FakeStream] = []
         self.generate = SimpleNamespace(remote=self._generate)
@@ -95,7 +98,9 @@ class FakeDecoder:
 
     def _generate(self, request: GenerateRequest) -> FakeStream:
         self.requests.append(request)
-        self.streams.append(FakeStream(self.pieces, self.delay_s, self.error, self.fail_at, request, self.truncated))
+        self.streams.append(
+            FakeStream(self.pieces, self.delay_s, self.error, self.fail_at, request, self.truncated, self.tool_format)
+        )
         return self.streams[-1]
 
     async def _status(self) -> ComponentStatus:

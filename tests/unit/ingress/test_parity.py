@@ -112,19 +112,59 @@ async def test_text_that_is_no_call_stays_content():
 
 
 async def test_required_and_named_tool_choice_constrain_the_output():
+    """Both are constrained to the JSON list of calls (the generic format's call, in every format)."""
     output = ['[{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}]']
-    whole, sent = await post(FakeDecoder(output), CHAT, chat(tools=[WEATHER], tool_choice="required"))
+    one = chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    whole, sent = await post(FakeDecoder(output), CHAT, one)
     assert sent is not None and sent.grammar is not None and sent.grammar.kind == "json_schema"
     schema = json.loads(sent.grammar.json_schema or "")
-    assert schema["type"] == "array" and schema["items"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
+    assert schema["type"] == "array" and schema["items"]["properties"]["name"] == {"const": "get_weather"}
+    assert (schema["minItems"], schema["maxItems"]) == (1, 1) and sent.grammar.compact
     calls = whole["choices"][0]["message"]["tool_calls"]
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Oslo"}]
+    other = {**WEATHER, "function": {**WEATHER["function"], "name": "get_time"}}
     named = {"type": "function", "function": {"name": "get_weather"}}
-    whole, sent = await post(FakeDecoder(['{"city": ', '"Rome"}']), CHAT, chat(tools=[WEATHER], tool_choice=named))
-    assert sent is not None and json.loads(sent.grammar.json_schema or "") == WEATHER["function"]["parameters"]
+    rome = ['[{"name": "get_weather", "arguments": ', '{"city": "Rome"}}]']
+    whole, sent = await post(FakeDecoder(rome), CHAT, chat(tools=[other, WEATHER], tool_choice=named))
+    assert sent is not None and sent.tools is not None and len(sent.tools) == 2
+    schema = json.loads(sent.grammar.json_schema or "")
+    assert schema["items"]["properties"] == {
+        "name": {"const": "get_weather"},
+        "arguments": {**WEATHER["function"]["parameters"], "additionalProperties": False},  # closed
+    }
     call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Rome"}
     assert whole["choices"][0]["message"]["content"] is None
+    both = chat(tools=[other, WEATHER], tool_choice="required")  # parallel_tool_calls: true by default
+    _, sent = await post(FakeDecoder(output), CHAT, both)
+    schema = json.loads(sent.grammar.json_schema or "")
+    assert len(schema["items"]["anyOf"]) == 2 and "maxItems" not in schema
+
+
+@pytest.mark.parametrize(
+    ("tool_format", "pieces"),
+    [
+        ("generic", ["  [{", '"name": "get_weather", "arguments": {"city":', ' "Paris"}}]']),
+        ("llama3_json", ['{"name": "get_weather", ', '"parameters": {"city": "Paris"}}']),
+        ("mistral", ["[TOOL_", 'CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]']),
+        ("pythonic", ["[get_weather(", 'city="Paris")]']),
+    ],
+)
+async def test_the_decoder_names_the_format_the_calls_are_read_in(tool_format, pieces):
+    answers = []
+    for stream in (False, True):
+        decoder = FakeDecoder(pieces)
+        decoder.tool_format = tool_format
+        answers.append((await post(decoder, CHAT, chat("weather?", tools=[WEATHER], stream=stream)))[0])
+    whole, chunks = answers
+    call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})
+    assert whole["choices"][0]["message"]["content"] is None and whole["choices"][0]["finish_reason"] == "tool_calls"
+    deltas = [c["choices"][0] for c in chunks]
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == ""
+    assert [t["function"] for d in deltas for t in d["delta"].get("tool_calls") or []] == [call]
+    hermes = FakeDecoder(pieces)  # not told: read as Hermes, where this is text
+    assert (await post(hermes, CHAT, chat("weather?", tools=[WEATHER])))[0]["choices"][0]["message"]["content"]
 
 
 async def test_tool_choice_none_neither_renders_nor_parses():
