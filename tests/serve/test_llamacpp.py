@@ -111,12 +111,20 @@ def test_a_gguf_on_cpu_runs_on_llama_cpp_in_one_replica_and_health_shows_its_seq
     assert wait_until(lambda: decoder_details()["running"] == 0, 10)  # the closed stream freed its slot
 
 
-def test_tools_are_a_400_when_the_template_has_no_tool_syntax(client):
-    """As on transformers: SmolLM2's template never reads `tools`, so they would vanish silently."""
-    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool])
-    assert err.value.body["param"] == "tools" and "does not support tools" in err.value.body["message"]
+def test_tools_on_a_template_without_tool_syntax_take_the_generic_format(client):
+    """SmolLM2's template never reads `tools`: the generic format carries them, and a forced call
+    (`tool_choice: required`) is constrained to a call of the request's tool, whole and streamed."""
+    parameters = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": parameters}}
+    ask = {"model": MODEL, "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 32}
+    whole = client.chat.completions.create(**ask)
+    calls = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name == "weather"
+    assert set(json.loads(calls[0].function.arguments)) == {"city"}
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**ask, stream=True) if c.choices]
+    streamed = [call for d in deltas for call in d.tool_calls or []]
+    assert streamed and streamed[0].function.name == "weather"
+    assert "".join(call.function.arguments or "" for call in streamed) == calls[0].function.arguments
 
 
 def test_whole_and_streamed_answers_with_usage(client):

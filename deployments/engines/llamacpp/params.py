@@ -100,7 +100,10 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
     body: dict[str, Any] = {
         "stream": True,
         "timings_per_token": True,  # each chunk's `predicted_n`: completion tokens so far
-        "cache_prompt": True,
+        # A prompt whose prefix a slot still holds would be computed from that cache, in smaller batches
+        # than a fresh prefill, and llama.cpp's logits differ (slightly) with the batch size: the same
+        # request at temperature 0, or with a seed, could answer differently the second time.
+        "cache_prompt": False,
         **sampling_fields(request, params, context),
         **logit_bias_field(request.logit_bias, vocab_size),
         **json_schema_field(request.grammar),
