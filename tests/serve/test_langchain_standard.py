@@ -3,7 +3,12 @@
 names its `/v1` base URL (and `MMSERVE_LANGCHAIN_MODEL` the model, by default the offline default's).
 
     MMSERVE_LANGCHAIN_URL=http://127.0.0.1:8000/v1 .venv/bin/python -m pytest \\
-        tests/serve/test_langchain_standard.py -o asyncio_mode=auto -W ignore::DeprecationWarning
+        tests/serve/test_langchain_standard.py -o asyncio_mode=auto \\
+        -o asyncio_default_test_loop_scope=session -W ignore::DeprecationWarning -W ignore::UserWarning
+
+One event loop for the session: langchain-openai caches its async HTTP client across tests, and a
+loop per test closes it under the next one ("Event loop is closed"). The suite's Pydantic v1 test
+expects LangChain's UserWarning, which this repository's warnings-as-errors would turn into a failure.
 
 `stream_usage` is on, as in langchain-openai's own run of the suite. Image, PDF, audio and video
 inputs and model overrides are left out: the offline default has no captioner (images degrade) and
