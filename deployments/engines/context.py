@@ -52,6 +52,7 @@ class Message(Protocol):
 
 
 M = TypeVar("M", bound=Message)
+R = TypeVar("R")  # an engine's rendering of a chat
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,26 @@ def fit_context(
         chosen, wanted = most, limits.completion(counts[most], note=note(kept(most)) + dropped)
     chat = kept(chosen)
     return Fitted(chat, counts[chosen], wanted, len(messages) - len(chat), max(total - counts[chosen], 0))
+
+
+def fit_rendered(
+    messages: list[M],
+    render: Callable[[list[M]], R],
+    size: Callable[[R], int],
+    limits: Limits,
+    overflow: Overflow,
+    note: Callable[[R], str] = lambda _: "",
+) -> tuple[R, Fitted[M]]:
+    """`fit_context` for an engine that renders a chat to count it (`render`, whose result has
+    `size(...)` prompt tokens and is said in `note`): each candidate chat is rendered once, and the
+    kept chat's rendering is returned with the fit."""
+    rendered: dict[tuple[int, ...], R] = {}  # the chats counted, by their messages
+
+    def of(chat: list[M]) -> R:
+        key = tuple(map(id, chat))
+        if key not in rendered:
+            rendered[key] = render(chat)
+        return rendered[key]
+
+    fitted = fit_context(messages, lambda chat: size(of(chat)), limits, overflow, lambda chat: note(of(chat)))
+    return of(fitted.messages), fitted

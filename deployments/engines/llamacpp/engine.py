@@ -39,7 +39,7 @@ from typing import Any
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
-from deployments.engines.context import Limits, fit_context
+from deployments.engines.context import Limits, fit_rendered
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
@@ -304,16 +304,9 @@ class LlamaCppTextEngine(TextEngine):
         if request.prompt is not None:
             ids = self.prompt_ids(request.prompt)
             return Prepared(ids, {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})
-        rendered: dict[tuple[int, ...], list[int]] = {}  # the chats `fit_context` counted, by their messages
-
-        def count(messages: list[TextMessage]) -> int:
-            key = tuple(map(id, messages))
-            if key not in rendered:
-                rendered[key] = self.chat_ids(messages, request.tools)
-            return len(rendered[key])
-
-        fitted = fit_context(request.messages, count, limits, self.params.context_overflow)
-        ids = rendered[tuple(map(id, fitted.messages))]
+        ids, fitted = fit_rendered(
+            request.messages, lambda chat: self.chat_ids(chat, request.tools), len, limits, self.params.context_overflow
+        )
         return Prepared(ids, {**body, "prompt": ids, "n_predict": fitted.max_tokens}, fitted.dropped_prompt_tokens)
 
     def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:

@@ -20,7 +20,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.batcher import Batcher
-from deployments.engines.context import fit_context
+from deployments.engines.context import fit_rendered
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import (
     marker_token_ids,
@@ -41,7 +41,7 @@ from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.payloads import GenerateRequest
 from deployments.roles import Role
 
 
@@ -103,22 +103,15 @@ class NativeVisionEngine(TransformersDecoder):
             prompt = self.prompt(request)
             max_tokens, dropped = limits.completion(len(prompt.ids), "prompt"), 0
         else:
-            built: dict[tuple[int, ...], NativePrompt] = {}  # the chats counted, by their messages
-
-            def chat(messages: list[TextMessage]) -> NativePrompt:
-                key = tuple(map(id, messages))
-                if key not in built:
-                    built[key] = self.prompts.chat(messages, request.images, request.tools)
-                return built[key]
-
-            def image_note(messages: list[TextMessage]) -> str:
-                tokens = chat(messages).image_tokens
-                return f" ({tokens} of them image tokens)" if tokens else ""
-
-            fitted = fit_context(
-                request.messages, lambda m: len(chat(m).ids), limits, self.params.context_overflow, image_note
+            prompt, fitted = fit_rendered(
+                request.messages,
+                lambda chat: self.prompts.chat(chat, request.images, request.tools),
+                lambda built: len(built.ids),
+                limits,
+                self.params.context_overflow,
+                lambda built: f" ({built.image_tokens} of them image tokens)" if built.image_tokens else "",
             )
-            prompt, max_tokens, dropped = chat(fitted.messages), fitted.max_tokens, fitted.dropped_prompt_tokens
+            max_tokens, dropped = fitted.max_tokens, fitted.dropped_prompt_tokens
         return NativeJob(
             prompt=prompt,
             max_tokens=max_tokens,

@@ -18,7 +18,7 @@ from typing import Any
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import ModelConfig
-from deployments.engines.context import fit_context
+from deployments.engines.context import fit_rendered
 from deployments.engines.tool_prompt import template_message
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
@@ -69,16 +69,13 @@ class TransformersTextEngine(TransformersDecoder):
         if request.prompt is not None:
             ids = raw_prompt_ids(self.tokenizer, request.prompt, self.vocab_size)
             return Prepared(ids, self.limits(request).completion(len(ids), "prompt"), constraints)
-        rendered: dict[tuple[int, ...], list[int]] = {}  # the chats `fit_context` counted, by their messages
-
-        def count(messages: list[TextMessage]) -> int:
-            key = tuple(map(id, messages))
-            if key not in rendered:
-                rendered[key] = self.chat_ids(messages, request.tools)
-            return len(rendered[key])
-
-        fitted = fit_context(request.messages, count, self.limits(request), self.params.context_overflow)
-        ids = rendered[tuple(map(id, fitted.messages))]
+        ids, fitted = fit_rendered(
+            request.messages,
+            lambda chat: self.chat_ids(chat, request.tools),
+            len,
+            self.limits(request),
+            self.params.context_overflow,
+        )
         return Prepared(ids, fitted.max_tokens, constraints, fitted.dropped_prompt_tokens)
 
     def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> list[int]:
