@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor
 
+from deployments.engines.transformers.chat_template import resolve_tool_rendering
 from deployments.engines.transformers.native_prompt import NativePromptBuilder
 from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.ingress.vision.native import native_messages
@@ -77,7 +78,9 @@ def test_native_answer_whole_and_streamed_with_image_tokens_in_usage(service, cl
     image = png_bytes((10, 200, 30))
     whole = ask(client, image)
     assert whole.choices[0].finish_reason in ("stop", "length") and whole.choices[0].message.content
-    builder = NativePromptBuilder(AutoProcessor.from_pretrained(tiny_vlm_dir), None, ProcessorCache(0))
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    tools = resolve_tool_rendering(processor, "auto", MODEL)  # as the engine resolves it
+    builder = NativePromptBuilder(processor, None, ProcessorCache(0), tools)
     body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": chat(image)})
     expected = builder.chat(native_messages(body.messages), [ImageBytes(data=image, sha256="unused: no cache")])
     assert expected.image_tokens == 16
