@@ -109,8 +109,9 @@ def test_a_stop_still_open_when_generation_ends_is_cut_with_finish_stop(service,
 def test_full_decoder_queue_is_503_with_retry_after(service, http):
     """2 generating + 1 waiting in the replica + 1 queued fit; the rest are turned away at once
     instead of waiting. (Serve counts a request as queued until a replica takes it, so a burst can
-    be turned away below the bound.)"""
-    long = chat("long", max_tokens=100)  # 2 s each
+    be turned away below the bound.) Each takes 1.2 s, so a fourth that was let in ends by about
+    3.6 s, well inside the deadline (at 2 s each it ended at the deadline itself: a 408)."""
+    long = chat("long", max_tokens=60)  # 1.2 s each
     with ThreadPoolExecutor(6) as pool:
         responses = list(pool.map(lambda _: http.post("/v1/chat/completions", json=long), range(6)))
     statuses = sorted(r.status_code for r in responses)
