@@ -35,12 +35,17 @@ from openai import AsyncOpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 
-from tests.support.bench import ROOT, Server, image_url, pct, start_ours, start_peer, write_models
-
-PROMPTS = [
-    f"Write a short story about a {thing}."
-    for thing in ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
-]
+from tests.support.bench import (
+    PROMPTS,
+    ROOT,
+    Server,
+    closed_loop,
+    image_url,
+    pct,
+    start_ours,
+    start_peer,
+    write_models,
+)
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -125,16 +130,7 @@ async def engine_run(
 
     await one("Say hello.")
     for c in concurrency:
-        queue: list[int] = list(range(max(4, c * rounds)))
-        results: list[tuple[float, float, int]] = []
-
-        async def worker(queue: list[int], results: list[tuple[float, float, int]]) -> None:
-            while queue:
-                results.append(await one(PROMPTS[queue.pop() % len(PROMPTS)]))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(queue, results) for _ in range(c)))
-        wall = time.perf_counter() - start
+        results, wall = await closed_loop(one, c, rounds)
         emit(
             {
                 "server": "engine-in-process",

@@ -28,12 +28,11 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout: tests.support
+
+from tests.support.bench import closed_loop  # noqa: E402
+
 ENGINE_PARAMS = {"transformers": {"quantization": "int4-cpu"}}  # under --params: the transformers profile's
-# The prompts of scripts/bench.py: long answers, so that most requests run to --max-tokens.
-PROMPTS = [
-    f"Write a short story about a {thing}."
-    for thing in ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
-]
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -70,16 +69,7 @@ async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_
 
     await asyncio.gather(*(one("Say hello.") for _ in range(2)))  # the first steps are slower
     for c in concurrency:
-        queue = list(range(max(4, c * rounds)))
-        results: list[tuple[float, float, int]] = []
-
-        async def worker(queue: list[int], results: list[tuple[float, float, int]]) -> None:
-            while queue:
-                results.append(await one(PROMPTS[queue.pop() % len(PROMPTS)]))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(queue, results) for _ in range(c)))
-        wall = time.perf_counter() - start
+        results, wall = await closed_loop(one, c, rounds)
         emit(
             {
                 "engine": engine_name,

@@ -4,6 +4,7 @@ serves, distinct test images and percentiles."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -143,3 +144,29 @@ def write_models(directory: Path, captioner: Path, max_batch_size: int, engine: 
     path = directory / f"models-batch{max_batch_size}.yaml"
     path.write_text(yaml.safe_dump(models))
     return path
+
+
+# Long answers, so that most requests run to the benchmark's max_tokens.
+PROMPTS = [
+    f"Write a short story about a {thing}."
+    for thing in ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
+]
+
+Timing = tuple[float, float, int]  # (TTFT s, end-to-end s, output tokens) of one request
+
+
+async def closed_loop(
+    one: Callable[[str], Awaitable[Timing]], concurrency: int, rounds: int
+) -> tuple[list[Timing], float]:
+    """`max(4, concurrency * rounds)` requests over `PROMPTS`, `concurrency` at a time, each worker
+    sending its next as soon as the last is answered: every request's timing, and the wall time."""
+    queue = list(range(max(4, concurrency * rounds)))
+    results: list[Timing] = []
+
+    async def worker() -> None:
+        while queue:
+            results.append(await one(PROMPTS[queue.pop() % len(PROMPTS)]))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results, time.perf_counter() - start
