@@ -1,15 +1,20 @@
-"""Side-by-side benchmark: this service (`serve run`) and `transformers serve --continuous-batching`
-on the same model, prompts and machine. Prints one JSON line per configuration.
+"""Side-by-side benchmark: this service (`serve run`) and a peer on the same model, prompts and
+machine: `transformers serve --continuous-batching`, or `llama-server` (a build of yours) on the
+same GGUF file, slots, KV cells and threads. Prints one JSON line per configuration.
 
     ./scripts/bench.sh                       # setup, then this script with its defaults
     .venv/bin/python scripts/bench.py --skip-peer --concurrency 1 8
     .venv/bin/python scripts/bench.py --workloads text --decoder-replicas 1   # one CPU decoder
+    .venv/bin/python scripts/bench.py --workloads text --concurrency 1 8 \
+        --engines llama.cpp transformers --peer llama-server --llama-server PATH/llama-server
 
 Text: streaming chat at each concurrency (default 1, 8, 16), `--max-tokens` new tokens, greedy;
-output tokens/s, TTFT and end-to-end latency p50/p95, for both servers, and the ratios.
+output tokens/s, TTFT and end-to-end latency p50/p95, for this service on each of `--engines` (one
+service after the other) and for the peer, and the ratios of each engine to the peer and to the
+first engine.
 Images (this service only; the peer drops images): captions/s at concurrency 8 with distinct
 images, with captioner batching on and off, and with the caption cache cold and warm. The decoder
-replicas' resident memory is read from their processes.
+replicas' resident memory is read from their processes, the peer's from its process.
 
 The captioner defaults to a small LLaVA built locally (random weights, but the compute of a real
 small captioner: a 224 px ViT and a 12-layer LM); pass `--captioner DIR` for a real one.
@@ -42,6 +47,7 @@ from tests.support.bench import (
     closed_loop,
     image_url,
     pct,
+    start_llama_server,
     start_ours,
     start_peer,
     write_models,
@@ -77,7 +83,10 @@ async def one_chat(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int
 
 
 async def text_run(server: Server, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="bench", max_retries=0, timeout=600)
+    # A new connection per request: llama-server closes a kept-alive connection after a few requests,
+    # and a request sent on it as it closes fails. Both servers get the same client.
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
+    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="bench", max_retries=0, http_client=http)
     # Warm-up, 4 at once: every decoder replica answers one before the run (its first step is slow)
     await asyncio.gather(*(one_chat(client, model, "Say hello.", 8) for _ in range(4)))
     queue = list(range(requests))
@@ -222,6 +231,29 @@ def machine() -> dict[str, Any]:
     }
 
 
+def llama_server_layout(models_file: Path) -> dict[str, Any]:
+    """The llama.cpp engine's layout for the primary of `models_file` (slots, KV cells and whether
+    they are one pool, threads of one replica with every core), for a peer that runs the same."""
+    from deployments.config import cpu_cores, load_models_file
+    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, kv_layout
+    from deployments.engines.llamacpp.gguf_meta import describe_gguf
+
+    model = load_models_file(models_file).models[0]
+    path = gguf_path(model)
+    shape = describe_gguf(path)
+    own_len = shape.context_length or DEFAULT_CONTEXT
+    cells, unified = kv_layout(
+        model.params, min(model.params.max_model_len or own_len, own_len), shape.kv_bytes_per_token
+    )
+    return {
+        "gguf": path,
+        "slots": model.params.max_num_seqs,
+        "cells": cells,
+        "unified": unified,
+        "threads": cpu_cores(),
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
@@ -231,15 +263,19 @@ async def main() -> None:
     parser.add_argument("--captioner", type=Path, help="captioner model directory (default: a tiny LLaVA)")
     parser.add_argument("--workloads", nargs="+", choices=["text", "images"], default=["text", "images"])
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--peer", choices=["transformers-serve", "llama-server"], default="transformers-serve")
+    parser.add_argument("--llama-server", type=Path, help="the llama-server binary (--peer llama-server)")
     parser.add_argument("--decoder-replicas", type=int, default=0, help="decoders on CPU (default: as shipped, auto)")
-    parser.add_argument("--engine", help="our decoder's engine (default: models.yaml's, auto: llama.cpp on CPU)")
+    parser.add_argument(
+        "--engines", nargs="+", default=[None], help="our decoder's engines, one service each (default: models.yaml's)"
+    )
     parser.add_argument("--quantization", help="our decoder's quantization (transformers; default: models.yaml's)")
     parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
     args = parser.parse_args()
     if args.engine_only:
-        await engine_run(args.concurrency, args.rounds, args.max_tokens, args.quantization, args.engine)
+        await engine_run(args.concurrency, args.rounds, args.max_tokens, args.quantization, args.engines[0])
         return
 
     work = ROOT / "models" / "bench"
@@ -254,65 +290,85 @@ async def main() -> None:
             "bench": "start",
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "machine": machine(),
-            "args": vars(args) | {"captioner": str(captioner)},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+            | {"captioner": str(captioner)},
         }
     )
     model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
-    ours: dict[int, dict] = {}
-    peer: dict[int, dict] = {}
-
     text, images = "text" in args.workloads, "images" in args.workloads
-    models_file = write_models(work, captioner, max_batch_size=8, engine=args.engine)
-    server = start_ours(models_file, args.port, args.decoder_replicas, args.quantization)
-    try:
-        if text:
-            for c in args.concurrency:
-                ours[c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
-                emit(ours[c])
-        emit({"server": "ours", **decoder_memory()})
-        if images:
-            seeds = list(range(8 * args.image_rounds))
-            emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "cold"}))
-            emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "warm"}))
-    finally:
-        server.stop()
+    ours: dict[str, dict[int, dict]] = {}  # engine -> concurrency -> record
+    for engine in args.engines:
+        name = f"ours-{engine}" if engine else "ours"
+        models_file = write_models(work, captioner, max_batch_size=8, engine=engine)
+        server = start_ours(models_file, args.port, args.decoder_replicas, args.quantization, name=name)
+        try:
+            if text:
+                ours[name] = {}
+                for c in args.concurrency:
+                    ours[name][c] = await text_run(server, model, c, max(4, c * args.rounds), args.max_tokens)
+                    emit(ours[name][c])
+            emit({"server": name, **decoder_memory()})
+            if images:
+                seeds = list(range(8 * args.image_rounds))
+                emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "cold"}))
+                emit(await image_run(server, model, seeds, 8, {"batching": True, "cache_state": "warm"}))
+        finally:
+            server.stop()
 
     if images:
-        server = start_ours(write_models(work, captioner, max_batch_size=1, engine=args.engine), args.port)
+        server = start_ours(write_models(work, captioner, max_batch_size=1, engine=args.engines[0]), args.port)
         try:
             seeds = list(range(1000, 1000 + 8 * args.image_rounds))
             emit(await image_run(server, model, seeds, 8, {"batching": False, "cache_state": "cold"}))
         finally:
             server.stop()
-
-    if args.skip_peer or not text:
+    if not text:
         return
-    server = start_peer(peer_model_dir(work), args.port + 1, args.peer_dtype)
-    try:
-        peer_model = str(peer_model_dir(work))
-        for c in args.concurrency:
-            peer[c] = await text_run(server, peer_model, c, max(4, c * args.rounds), args.max_tokens)
-            emit(peer[c])
-        emit({"server": "peer", "rss_mb": psutil.Process(server.proc.pid).memory_info().rss // 2**20})
-    finally:
-        server.stop()
 
-    for c in args.concurrency:
-        emit(
-            {
-                "ratio": "ours/peer",
-                "concurrency": c,
-                "output_tok_s": round(ours[c]["output_tok_s"] / peer[c]["output_tok_s"], 2),
-                "ttft_p50": round(ours[c]["ttft_p50_s"] / peer[c]["ttft_p50_s"], 2),
-            }
-        )
-    if 1 in ours:
+    first = next(iter(ours.values()))
+    for name, records in list(ours.items())[1:]:
+        emit({"ratio": f"{next(iter(ours))}/{name}", **ratios(first, records)})
+    if 1 in first:
         emit(
             {
                 "ratio": "ours c/c1",
-                **{f"c{c}": round(ours[c]["output_tok_s"] / ours[1]["output_tok_s"], 2) for c in ours},
+                **{f"c{c}": round(first[c]["output_tok_s"] / first[1]["output_tok_s"], 2) for c in first},
             }
         )
+    if args.skip_peer:
+        return
+
+    if args.peer == "llama-server":
+        if args.llama_server is None:
+            raise SystemExit("--peer llama-server needs --llama-server PATH (a llama-server binary)")
+        layout = llama_server_layout(models_file)
+        server = start_llama_server(args.llama_server, args.port + 1, **layout)
+        peer_model = layout["gguf"].name
+    else:
+        server = start_peer(peer_model_dir(work), args.port + 1, args.peer_dtype)
+        peer_model = str(peer_model_dir(work))
+    peer: dict[int, dict] = {}
+    try:
+        for c in args.concurrency:
+            peer[c] = await text_run(server, peer_model, c, max(4, c * args.rounds), args.max_tokens)
+            emit(peer[c])
+        emit({"server": server.name, "rss_mb": psutil.Process(server.proc.pid).memory_info().rss // 2**20})
+    finally:
+        server.stop()
+    for name, records in ours.items():
+        emit({"ratio": f"{name}/{server.name}", **ratios(records, peer)})
+
+
+def ratios(ours: dict[int, dict], peer: dict[int, dict]) -> dict[str, Any]:
+    """Tokens/s and TTFT p50 of `ours` over `peer`, at each concurrency both ran."""
+    return {
+        f"c{c}": {
+            "output_tok_s": round(ours[c]["output_tok_s"] / peer[c]["output_tok_s"], 2),
+            "ttft_p50": round(ours[c]["ttft_p50_s"] / peer[c]["ttft_p50_s"], 2),
+        }
+        for c in ours
+        if c in peer
+    }
 
 
 if __name__ == "__main__":

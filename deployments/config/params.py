@@ -53,6 +53,15 @@ class EngineParams(StrictModel):
         description="Most tokens per batching step (prompt chunks + decodes; llama.cpp's n_batch). Default: "
         "512 (transformers), llama.cpp's own 2048.",
     )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="llama.cpp: a request whose prompt starts as one that a slot still holds reuses that "
+        "prefix's KV cache (llama.cpp's cache_prompt, vLLM's enable_prefix_caching): the shared chat template "
+        "and system prompt are computed once; usage.prompt_tokens_details.cached_tokens says how many were "
+        "reused. A prefix computed in another batch shape can change the last bits of the logits, so a request "
+        "with a seed is always computed whole: the same seed and request give the same answer whatever ran "
+        "before or beside it. transformers: no prefix cache (ignored).",
+    )
     cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
         None,
         description="Compute threads on CPU (torch's, or llama.cpp's): a number, all (the cores; a decoder "

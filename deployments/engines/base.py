@@ -19,7 +19,8 @@ class EngineOutput:
     """A piece of generated text; `finish_reason` is set on the last piece. Token counts are totals
     so far (text can lag behind tokens while a multi-byte character is incomplete);
     `truncated_prompt_tokens` (on the last piece) is what `context_overflow: truncate` dropped from
-    the prompt (`prompt_tokens` counts what was kept)."""
+    the prompt (`prompt_tokens` counts what was kept); `cached_prompt_tokens` (on the last piece) is
+    how many prompt tokens came from a prefix cache, None for an engine that has none."""
 
     text: str
     completion_tokens: int = 0
@@ -27,6 +28,7 @@ class EngineOutput:
     finish_reason: Literal["stop", "length"] | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token generated since the last piece, when asked for
     truncated_prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None
 
 
 class Engine(ABC):  # noqa: B024 - every hook has a default

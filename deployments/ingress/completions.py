@@ -40,6 +40,7 @@ class _Choice:
     offset: int = 0  # characters of text so far (text_offset of the next token)
     finish: FinishReason | None = None
     prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None
     completion_tokens: int = 0
 
 
@@ -133,6 +134,7 @@ class _Writer:
         if chunk.finish_reason is not None:
             choice.finish = chunk.finish_reason
             choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+            choice.cached_prompt_tokens = chunk.cached_prompt_tokens
         return CompletionChoice(index=chunk.index, text=text, logprobs=logprobs, finish_reason=chunk.finish_reason)
 
     @property
@@ -141,9 +143,10 @@ class _Writer:
 
     def _usage(self) -> Usage:
         """Each prompt once (its n choices share it), every completion added up."""
-        prompt = sum(c.prompt_tokens for c in self._choices[:: self._n])
+        firsts = self._choices[:: self._n]
         completion = sum(c.completion_tokens for c in self._choices)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        cached = [c.cached_prompt_tokens for c in firsts if c.cached_prompt_tokens is not None]
+        return Usage.counted(sum(c.prompt_tokens for c in firsts), completion, cached=sum(cached) if cached else None)
 
     async def whole(self, first: GenerateChunk, merged: MergedStreams[GenerateChunk]) -> dict:
         pieces: dict[int, list[CompletionChoice]] = {}

@@ -71,6 +71,7 @@ class _Choice:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     truncated_prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None
     started: bool = False
 
 
@@ -117,6 +118,7 @@ class ChatChoices:
         choice.finish = "tool_calls" if calls else chunk.finish_reason
         choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
         choice.truncated_prompt_tokens = chunk.truncated_prompt_tokens
+        choice.cached_prompt_tokens = chunk.cached_prompt_tokens
         deltas.append(self._delta(choice, Delta(), finish=choice.finish))
         return deltas
 
@@ -143,16 +145,12 @@ class ChatChoices:
         return whole
 
     def usage(self) -> Usage:
-        """The prompt once (the choices share it), the completions added up; `truncated_prompt_tokens`
-        only when the chat was truncated to fit the context."""
-        prompt = self._choices[0].prompt_tokens
+        """The prompt once (the choices share it: the first one's cached tokens), the completions added
+        up; `truncated_prompt_tokens` only when the chat was truncated to fit the context."""
+        first = self._choices[0]
         completion = sum(choice.completion_tokens for choice in self._choices)
-        truncated = self._choices[0].truncated_prompt_tokens or None
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            total_tokens=prompt + completion,
-            truncated_prompt_tokens=truncated,
+        return Usage.counted(
+            first.prompt_tokens, completion, first.truncated_prompt_tokens or None, first.cached_prompt_tokens
         )
 
 

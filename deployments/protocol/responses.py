@@ -77,16 +77,35 @@ class _VisionFields(BaseModel):
     vision: VisionReport | None = Field(None, exclude_if=_absent)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Prompt tokens read from the prefix cache (enable_prefix_caching).")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        None, exclude_if=_absent, description="Present for an engine with a prefix cache (llama.cpp)."
+    )
     truncated_prompt_tokens: int | None = Field(
         None,
         exclude_if=_absent,
         description="Prompt tokens of earlier turns dropped to fit the context (context_overflow: truncate); "
         "only present when some were. prompt_tokens counts what the model read.",
     )
+
+    @classmethod
+    def counted(cls, prompt: int, completion: int, truncated: int | None = None, cached: int | None = None) -> Usage:
+        """Usage of `prompt` and `completion` tokens; `cached`: None for an engine with no prefix cache."""
+        details = None if cached is None else PromptTokensDetails(cached_tokens=cached)
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            truncated_prompt_tokens=truncated,
+            prompt_tokens_details=details,
+        )
 
 
 class ChoiceLogprobs(BaseModel):

@@ -140,6 +140,7 @@ class PrimaryDecoder:
                     completion_tokens=piece.completion_tokens,
                     logprobs=logprobs if wants_logprobs else None,
                     truncated_prompt_tokens=piece.truncated_prompt_tokens,
+                    cached_prompt_tokens=piece.cached_prompt_tokens,
                 )
                 return  # closes the engine's stream: a stop string cancels the sequence at once
 

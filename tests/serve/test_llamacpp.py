@@ -24,6 +24,9 @@ from tests.serve.conftest import BASE_URL, deploy, undeploy, wait_until, write_m
 
 MODEL = "smollm2-llamacpp"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
+# Answers compared across requests carry a seed: a seeded request is computed whole, never from a
+# cached prefix (whose other batch shape can change the last bits of the logits, and a greedy token).
+WHOLE = {"seed": 1}
 MAX_MODEL_LEN = 1024
 PERSON = {
     "type": "object",
@@ -116,7 +119,7 @@ def test_tools_on_a_template_without_tool_syntax_take_the_generic_format(client)
     (`tool_choice: required`) is constrained to a call of the request's tool, whole and streamed."""
     parameters = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
     tool = {"type": "function", "function": {"name": "weather", "parameters": parameters}}
-    ask = {"model": MODEL, "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 32}
+    ask = {"model": MODEL, "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 32, **WHOLE}
     whole = client.chat.completions.create(**ask)
     calls = whole.choices[0].message.tool_calls
     assert whole.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name == "weather"
@@ -128,13 +131,13 @@ def test_tools_on_a_template_without_tool_syntax_take_the_generic_format(client)
 
 
 def test_whole_and_streamed_answers_with_usage(client):
-    whole = client.chat.completions.create(model=MODEL, messages=ASK)
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, **WHOLE)
     answer = whole.choices[0].message.content
     assert answer and whole.choices[0].finish_reason == "length"
     assert whole.usage.completion_tokens == 32
     assert whole.usage.prompt_tokens > 10
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
-    text, finish, usage, chunks = streamed(client, model=MODEL, messages=ASK)
+    text, finish, usage, chunks = streamed(client, model=MODEL, messages=ASK, **WHOLE)
     assert (text, finish) == (answer, "length")  # greedy: the stream is the whole answer
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len(chunks) > 10 and chunks[-1].choices == []
@@ -142,16 +145,25 @@ def test_whole_and_streamed_answers_with_usage(client):
 
 
 def test_stop_strings_cut_the_answer(client):
-    answer = client.chat.completions.create(model=MODEL, messages=ASK).choices[0].message.content
+    answer = client.chat.completions.create(model=MODEL, messages=ASK, **WHOLE).choices[0].message.content
     words = answer.split()
     assert len(words) > 3, answer
     stop = words[2]
-    cut = client.chat.completions.create(model=MODEL, messages=ASK, stop=[stop])
+    cut = client.chat.completions.create(model=MODEL, messages=ASK, stop=[stop], **WHOLE)
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == answer[: answer.index(stop)]
     assert cut.usage.completion_tokens < 32
-    text, finish, _, _ = streamed(client, model=MODEL, messages=ASK, stop=[stop])
+    text, finish, _, _ = streamed(client, model=MODEL, messages=ASK, stop=[stop], **WHOLE)
     assert (text, finish) == (cut.choices[0].message.content, "stop")
+
+
+def test_a_repeated_prompt_reads_its_prefix_from_the_cache(client):
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Name a river."}], "max_tokens": 2}
+    first, second = (client.chat.completions.create(**ask).usage for _ in range(2))
+    assert second.prompt_tokens == first.prompt_tokens
+    assert 0 < second.prompt_tokens_details.cached_tokens < second.prompt_tokens
+    seeded = client.chat.completions.create(**ask, seed=3).usage
+    assert seeded.prompt_tokens_details.cached_tokens == 0
 
 
 def test_n_choices_with_a_seed(client):

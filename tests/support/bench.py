@@ -114,6 +114,27 @@ def start_peer(model_dir: Path, port: int, dtype: str) -> Server:
     return server
 
 
+def start_llama_server(
+    binary: Path, port: int, gguf: Path, slots: int, cells: int, unified: bool, threads: int
+) -> Server:
+    """A `llama-server` built by the user, laid out as the llama.cpp engine runs the same file: `slots`
+    parallel sequences over `cells` KV cells (one pool when `unified`), `threads` threads, and, as the
+    engine, no host-memory prompt cache."""
+    server = Server(
+        "llama-server",
+        [
+            *(str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
+            *("-np", str(slots), "-c", str(cells), "-t", str(threads), "-tb", str(threads)),
+            *("--kv-unified" if unified else "--no-kv-unified", "--cache-ram", "0"),
+        ],
+        f"http://127.0.0.1:{port}",
+        "/health",
+        {},
+    )
+    server.wait_ready(lambda r: r.status_code == 200)
+    return server
+
+
 def image_url(seed: int) -> str:
     img = Image.new("RGB", (96, 64), ((seed * 37) % 256, (seed * 91) % 256, (seed * 13) % 256))
     img.putpixel((seed % 96, seed % 64), (255, 255, 255))

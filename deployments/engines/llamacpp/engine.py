@@ -284,6 +284,7 @@ class LlamaCppTextEngine(TextEngine):
                         finish_reason=piece.finish,
                         logprobs=logprobs,
                         truncated_prompt_tokens=prepared.dropped_prompt_tokens,
+                        cached_prompt_tokens=piece.cached,
                     )
                     return
                 if piece.text or logprobs:

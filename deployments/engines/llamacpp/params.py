@@ -100,10 +100,10 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
     body: dict[str, Any] = {
         "stream": True,
         "timings_per_token": True,  # each chunk's `predicted_n`: completion tokens so far
-        # A prompt whose prefix a slot still holds would be computed from that cache, in smaller batches
-        # than a fresh prefill, and llama.cpp's logits differ (slightly) with the batch size: the same
-        # request at temperature 0, or with a seed, could answer differently the second time.
-        "cache_prompt": False,
+        # A prompt whose prefix a slot still holds is computed from that cache, in a smaller batch than a
+        # fresh prefill, and llama.cpp's logits differ (slightly) with the batch size: a seeded request,
+        # which asks for the same answer every time, is computed whole.
+        "cache_prompt": params.enable_prefix_caching and request.seed is None,
         **sampling_fields(request, params, context),
         **logit_bias_field(request.logit_bias, vocab_size),
         **json_schema_field(request.grammar),
@@ -116,12 +116,14 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
 @dataclass(frozen=True)
 class Piece:
     """One streamed chunk: its text, completion tokens so far (None: not said), the finish reason
-    on the last one, and its tokens' logprob entries (llama.cpp's OpenAI form)."""
+    on the last one, its tokens' logprob entries (llama.cpp's OpenAI form), and on the last one the
+    prompt tokens that came from the prefix cache."""
 
     text: str
     tokens: int | None
     finish: Literal["stop", "length"] | None
     logprobs: list[dict[str, Any]]
+    cached: int = 0
 
 
 class LlamaCppError(RuntimeError):
@@ -149,14 +151,17 @@ def read_chunk(chunk: dict[str, Any]) -> Piece:
     choice = chunk["choices"][0]
     finish = choice.get("finish_reason")
     tokens = (chunk.get("timings") or {}).get("predicted_n")
+    cached = 0
     if finish is not None and (usage := chunk.get("usage")):
         tokens = usage.get("completion_tokens", tokens)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     content = (choice.get("logprobs") or {}).get("content") or []
     return Piece(
         choice.get("text") or "",
         tokens,
         None if finish is None else ("length" if finish == "length" else "stop"),
         content,
+        cached,
     )
 
 

@@ -77,10 +77,29 @@ async def test_finish_reason_stop_at_end_of_sequence(engine):
     assert pieces[-1].finish_reason == "stop" and pieces[-1].completion_tokens < 200
 
 
-async def test_greedy_is_deterministic(engine):
-    first, _ = await complete(engine, ask(max_tokens=24))
-    second, _ = await complete(engine, ask(max_tokens=24))
-    assert first == second and first
+async def test_a_repeated_prompt_reuses_its_prefix_and_a_seeded_one_is_computed_whole(engine):
+    request = ask("Name three rivers.", max_tokens=8)
+    _, cold = await complete(engine, request)
+    _, warm = await complete(engine, request)
+    prompt = cold[-1].prompt_tokens
+    assert warm[-1].prompt_tokens == prompt
+    # llama.cpp computes at least the prompt's last token again, to have its logits
+    assert 0 < warm[-1].cached_prompt_tokens < prompt
+    seeded = request.model_copy(update={"seed": 7, "max_tokens": 24})
+    first_text, first = await complete(engine, seeded)
+    second_text, second = await complete(engine, seeded)
+    assert first[-1].cached_prompt_tokens == second[-1].cached_prompt_tokens == 0
+    assert first_text == second_text and first_text
+
+
+async def test_without_prefix_caching_no_prompt_token_is_reused(smollm2):
+    engine = create_text_engine(llamacpp_model(smollm2, enable_prefix_caching=False, max_num_seqs=1))
+    try:
+        for _ in range(2):
+            _, pieces = await complete(engine, ask(max_tokens=2))
+            assert pieces[-1].cached_prompt_tokens == 0
+    finally:
+        engine.close()
 
 
 async def test_seed_gives_the_same_answer_alone_and_beside_other_requests(engine):

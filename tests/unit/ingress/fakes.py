@@ -21,7 +21,8 @@ class FakeStream:
     each of the request's `n` sequences in turn (sequence i's text starts with "i:" when n > 1); with
     `logprobs`, one fake entry per piece (logprob -0.1 * position, alternatives sorted). `error` is
     raised in place of the chunk numbered `fail_at`. The final chunks say `truncated` prompt tokens
-    were dropped to fit the context; the first chunk of a request with tools names `tool_format`."""
+    were dropped to fit the context and `cached` came from a prefix cache; the first chunk of a
+    request with tools names `tool_format`."""
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class FakeStream:
         request: GenerateRequest,
         truncated: int = 0,
         tool_format: str | None = None,
+        cached: int | None = None,
     ) -> None:
         self._chunks: list[GenerateChunk] = []
         for index in range(request.n):
@@ -46,6 +48,7 @@ class FakeStream:
                 prompt_tokens=3,
                 completion_tokens=len(texts),
                 truncated_prompt_tokens=truncated,
+                cached_prompt_tokens=cached,
             )
             self._chunks.append(final)
         self._delay_s, self._error, self._fail_at = delay_s, error, fail_at
@@ -87,6 +90,7 @@ class FakeDecoder:
         self.down = False  # `status()` says not ready
         self.truncated = 0  # prompt tokens the final chunks say were dropped to fit the context
         self.tool_format: str | None = None  # what the first chunk of a request with tools says
+        self.cached: int | None = None  # prompt tokens the final chunks say came from the prefix cache
         self.requests: list[GenerateRequest] = []
         self.streams: list[FakeStream] = []
         self.generate = SimpleNamespace(remote=self._generate)
@@ -99,7 +103,16 @@ class FakeDecoder:
     def _generate(self, request: GenerateRequest) -> FakeStream:
         self.requests.append(request)
         self.streams.append(
-            FakeStream(self.pieces, self.delay_s, self.error, self.fail_at, request, self.truncated, self.tool_format)
+            FakeStream(
+                self.pieces,
+                self.delay_s,
+                self.error,
+                self.fail_at,
+                request,
+                self.truncated,
+                self.tool_format,
+                self.cached,
+            )
         )
         return self.streams[-1]
 

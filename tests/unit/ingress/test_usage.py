@@ -1,14 +1,17 @@
-"""How a truncated chat (`context_overflow: truncate`) is reported: `usage.truncated_prompt_tokens`
-in a whole answer and in a stream's usage chunk (absent when nothing was dropped), the access
-log's field, and the decoder's pass-through and log line."""
+"""What usage says beyond the counts. A truncated chat (`context_overflow: truncate`):
+`usage.truncated_prompt_tokens` in a whole answer and in a stream's usage chunk (absent when nothing
+was dropped), the access log's field, and the decoder's pass-through and log line. Prompt tokens
+from a prefix cache: `usage.prompt_tokens_details.cached_tokens`, for an engine that has one."""
 
 from __future__ import annotations
 
 import logging
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
+from deployments.ingress.completions import CompletionService
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.requests import CompletionRequest
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.ingress.fakes import FakeDecoder
 from tests.unit.ingress.test_chat import chat, events, payloads, service
@@ -44,6 +47,23 @@ async def test_without_truncation_usage_has_no_such_field():
     reply = await service(FakeDecoder()).create(chat(), record)
     assert reply.body is not None and "truncated_prompt_tokens" not in reply.body["usage"]
     assert record.fields(1.0)["truncated_prompt_tokens"] is None
+
+
+async def test_cached_prompt_tokens_are_the_prompts_details_whole_streamed_and_legacy():
+    decoder = FakeDecoder(["Hi"])
+    decoder.cached = 2
+    whole = await service(decoder).create(chat(n=2), RequestRecord())
+    assert whole.body is not None and whole.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+    streamed = await service(decoder).create(chat(stream=True, stream_options={"include_usage": True}), RequestRecord())
+    assert payloads(await events(streamed))[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+    legacy_service = CompletionService(decoder, model_name="echo", request_timeout_s=5)
+    legacy = await legacy_service.create(CompletionRequest(model="echo", prompt=["a", "b"]), RequestRecord())
+    assert legacy.body is not None and legacy.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+
+
+async def test_an_engine_without_a_prefix_cache_sends_no_details():
+    reply = await service(FakeDecoder()).create(chat(), RequestRecord())
+    assert reply.body is not None and "prompt_tokens_details" not in reply.body["usage"]
 
 
 async def test_the_decoder_passes_the_figure_on_and_logs_one_line(caplog):
