@@ -36,7 +36,8 @@ from typing import Any
 import httpx
 import psutil
 import yaml
-from openai import AsyncOpenAI
+from httpx2 import Limits  # the openai client's own transport library
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 
@@ -85,8 +86,13 @@ async def one_chat(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int
 async def text_run(server: Server, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
     # A new connection per request: llama-server closes a kept-alive connection after a few requests,
     # and a request sent on it as it closes fails. Both servers get the same client.
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
-    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="bench", max_retries=0, http_client=http)
+    client = AsyncOpenAI(
+        base_url=server.base_url + "/v1",
+        api_key="bench",
+        max_retries=0,
+        timeout=600,
+        http_client=DefaultAsyncHttpxClient(limits=Limits(max_keepalive_connections=0)),
+    )
     # Warm-up, 4 at once: every decoder replica answers one before the run (its first step is slow)
     await asyncio.gather(*(one_chat(client, model, "Say hello.", 8) for _ in range(4)))
     queue = list(range(requests))
