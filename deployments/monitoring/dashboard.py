@@ -123,6 +123,7 @@ DECODER_PANELS = [
         "tokens/s",
         [
             Target(expr=_rate("prompt_tokens", "model"), legend="prompt {{model}}"),
+            Target(expr=_rate("prompt_tokens_cached", "model"), legend="prompt from the prefix cache {{model}}"),
             Target(expr=_rate("generation_tokens", "model"), legend="generation {{model}}"),
         ],
         note=_spec("generation_tokens").description,

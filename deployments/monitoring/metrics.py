@@ -96,7 +96,16 @@ DECODER_METRICS = (
         "Decoder: time waiting for one of the replica's max_num_seqs slots.",
         buckets=LATENCY_BUCKETS,
     ),
-    _spec("prompt_tokens", "counter", "Decoder: prompt tokens prefilled (cancelled requests included)."),
+    _spec(
+        "prompt_tokens",
+        "counter",
+        "Decoder: prompt tokens of requests (cancelled requests included), those read from the prefix cache too.",
+    ),
+    _spec(
+        "prompt_tokens_cached",
+        "counter",
+        "Decoder: prompt tokens read from the prefix cache instead of computed (enable_prefix_caching, llama.cpp).",
+    ),
     _spec("generation_tokens", "counter", "Decoder: tokens generated (cancelled requests included)."),
     _spec(
         "request_success",
@@ -244,6 +253,7 @@ class DecoderRequestTimer:
         self.arrived = time.monotonic()
         self._first: float | None = None
         self.prompt_tokens = self.completion_tokens = 0
+        self.cached_prompt_tokens = 0  # told on the last piece, by an engine with a prefix cache
 
     def admitted(self) -> None:
         self._recorder.observe("request_queue_time_seconds", time.monotonic() - self.arrived)
@@ -259,6 +269,7 @@ class DecoderRequestTimer:
         (counted by the ingress as a rejection or an error)."""
         now = time.monotonic()
         self._recorder.inc("prompt_tokens", self.prompt_tokens)
+        self._recorder.inc("prompt_tokens_cached", self.cached_prompt_tokens)
         self._recorder.inc("generation_tokens", self.completion_tokens)
         if reason is None:
             self._recorder.inc("requests_cancelled")

@@ -119,6 +119,7 @@ class PrimaryDecoder:
             wants_logprobs = request.logprobs is not None
             async for piece in pieces:
                 timer.piece(piece.prompt_tokens, piece.completion_tokens)
+                timer.cached_prompt_tokens = piece.cached_prompt_tokens or 0
                 logprobs.extend(piece.logprobs)
                 text = pending + stop.feed(piece.text)
                 if piece.finish_reason is not None:

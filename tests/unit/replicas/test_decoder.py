@@ -1,11 +1,15 @@
 """The decoder deployment's own streaming layer (stop strings, stream_interval_ms), on a fake engine
 and without Ray: the deployment class is constructed directly."""
 
+import dataclasses
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 import pytest
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
+from deployments.engines.base import EngineOutput
+from deployments.engines.fake import FakeTextEngine
 from deployments.protocol.payloads import GenerateChunk, GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.fake_metrics import FakeMetrics
@@ -98,3 +102,23 @@ async def test_closing_an_n_stream_frees_every_sequence():
             break
     assert metrics.count("requests_cancelled") == 2
     assert replica._seqs._value == 2  # both slots back
+
+
+class PrefixCachingEcho(FakeTextEngine):
+    """The echo engine, saying on its last piece that all its prompt but one token came from a cache."""
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+        async for piece in super().generate(request):
+            cached = piece.prompt_tokens - 1 if piece.finish_reason else None
+            yield dataclasses.replace(piece, cached_prompt_tokens=cached)
+
+
+async def test_cached_prompt_tokens_reach_the_last_chunk_and_their_counter():
+    model = ModelConfig(name="echo", engine=f"{__name__}:PrefixCachingEcho")
+    replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+    replica.metrics = metrics = FakeMetrics()
+    sent = [
+        chunk async for chunk in replica.generate(GenerateRequest(messages=[TextMessage(role="user", content="hi")]))
+    ]
+    assert sent[-1].cached_prompt_tokens == sent[-1].prompt_tokens - 1 > 0
+    assert metrics.count("prompt_tokens_cached") == sent[-1].cached_prompt_tokens
