@@ -143,6 +143,8 @@ def build_tiny_vlm(out: Path, shape: dict[str, Any] | None = None) -> Path:
 # The tiny mmproj: a CLIP-style ViT on 32 px images in 8 px patches (16 image tokens), projected by a
 # LLaVA MLP to SmolLM2's embedding width (576, which llama.cpp checks against the language model).
 TINY_MMPROJ: dict[str, int] = {"image_size": 32, "patch": 8, "width": 32, "ffn": 64, "layers": 2, "heads": 2}
+# For benchmarks: the vision compute of `SMALL_VLM`'s tower (224 px in 32 px patches: 49 image tokens).
+SMALL_MMPROJ: dict[str, int] = {"image_size": 224, "patch": 32, "width": 384, "ffn": 1536, "layers": 6, "heads": 6}
 SMOLLM2_WIDTH = 576
 TINY_MMPROJ_FILE = "tiny-mmproj.gguf"
 
@@ -213,12 +215,12 @@ def build_tiny_mmproj(path: Path, shape: dict[str, int] = TINY_MMPROJ, seed: int
     return path
 
 
-def build_tiny_gguf_vlm(out: Path) -> Path:
+def build_tiny_gguf_vlm(out: Path, shape: dict[str, int] = TINY_MMPROJ) -> Path:
     """A directory as a GGUF VLM is downloaded: the language model (the offline SmolLM2 GGUF, linked)
-    and the tiny projector file beside it (`TINY_MMPROJ_FILE`)."""
+    and a projector file of `shape` beside it (`TINY_MMPROJ_FILE`)."""
     out.mkdir(parents=True, exist_ok=True)
     model = out / SMOLLM2_FILE
     if not model.exists():
         model.symlink_to(smollm2_gguf())
-    build_tiny_mmproj(out / TINY_MMPROJ_FILE)
+    build_tiny_mmproj(out / TINY_MMPROJ_FILE, shape)
     return out
