@@ -129,6 +129,8 @@ class LlamaCppTextEngine(TextEngine):
         ignored = [f for f in _TRANSFORMERS_ONLY if getattr(self.params, f) != getattr(defaults, f)]
         if ignored:
             logger.warning("model %s: engine llama.cpp runs the GGUF file as it is; ignored: %s", self.name, ignored)
+        if model.mmproj_file and self.projector is None:
+            logger.warning("model %s: mmproj_file is loaded for vision_mode native only; ignored", self.name)
         if os.environ.get("CUDA_VISIBLE_DEVICES"):
             logger.warning(
                 "model %s: engine llama.cpp computes on the CPU (the PyPI xllamacpp wheel is CPU-only), but this "
@@ -266,6 +268,9 @@ class LlamaCppTextEngine(TextEngine):
                 live[1] = tokens
                 logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
                 if piece.finish is not None:
+                    if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
+                        counts = (self.name, piece.prompt_tokens, prompt_tokens)
+                        logger.warning("model %s: llama.cpp counted %s prompt tokens, the engine %s", *counts)
                     yield EngineOutput(
                         piece.text,
                         tokens,

@@ -73,9 +73,16 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
 
     def __init__(self, model: ModelConfig, role: Role = Role.DECODER) -> None:
         super().__init__(model, role)
+        try:
+            self._start_vision(model)
+        except BaseException:
+            self.close()  # the server started: free it
+            raise
+
+    def _start_vision(self, model: ModelConfig) -> None:
+        """The media marker, the projector's type and the tokens of an image (the load-time probe)."""
         props = self._server.call("/props")
         if not (props.get("modalities") or {}).get("vision"):
-            self.close()
             raise ConfigError(f"model {model.name!r}: llama.cpp loaded {self.projector} without a vision encoder")
         self.marker = str(props["media_marker"])
         self.specials = len(self._call("/tokenize", {"content": "", "add_special": True}, "messages")["tokens"])
@@ -92,7 +99,9 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
             self.name,
             self.projector,
             self.projector_type or "unknown type",
-            self.image_tokens.probe if fixed else f"by size ({self.image_tokens.probe} for {PROBE_SIZE} px)",
+            self.image_tokens.probe
+            if fixed
+            else f"by size ({self.image_tokens.probe} for {PROBE_SIZE[0]}x{PROBE_SIZE[1]} px)",
         )
 
     def projector_file(self, model: ModelConfig, progress: LoadLog) -> Path | None:
@@ -101,7 +110,6 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "engine": "llama.cpp (vision)",
             "mmproj": str(self.projector),
             "projector_type": self.projector_type,
             "image_tokens": self.image_tokens.describe(),
