@@ -17,7 +17,7 @@ from deployments.config import ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppCaptionEngine, LlamaCppTextEngine, LlamaCppVisionEngine
 from deployments.engines.llamacpp.media import ImageTokens, data_url, llama_image
-from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
+from deployments.errors import ConfigError, ContextLengthError, InvalidImageError, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 from tests.conftest import png_bytes
 from tests.support.tiny_models import SMOLLM2_FILE, TINY_MMPROJ_FILE, tiny_mmproj_image_tokens
@@ -199,11 +199,13 @@ async def test_logprobs_and_a_closed_stream_free_the_slot(engine):
     assert slots_processing(engine) == 0
 
 
-async def test_bad_image_slots_are_400s(engine):
+async def test_bad_image_slots_and_bytes_are_400s(engine):
     with pytest.raises(InvalidRequestError, match="Image slot 1 has no image"):
         await complete(engine, GenerateRequest(messages=[user("a", 1)], images=[image(png_bytes())]))
     with pytest.raises(InvalidRequestError, match="legacy completion takes no images"):
         await complete(engine, GenerateRequest(prompt="x", images=[image(png_bytes())]))
+    with pytest.raises(InvalidImageError, match="could not be read"):  # bytes no ingress checked
+        await complete(engine, GenerateRequest(messages=[user("a", 0)], images=[image(b"not an image")]))
 
 
 # --------------------------------------------------------------------------- images and their tokens
