@@ -319,7 +319,7 @@ class LlamaCppTextEngine(TextEngine):
     ) -> str:
         """The chat rendered by the GGUF's template (llama.cpp's ``/apply-template``), with the
         generation prompt; `contents`: each message's content as llama.cpp takes it (the vision
-        engine's text and media-marker parts), else its text."""
+        engine's text and image parts), else its text."""
         generic = self.tool_format == "generic"  # tools, calls and results as text any template renders
         rendered = [template_message(m) if generic else chat_message(m) for m in messages]
         for message, content in zip(rendered, contents or (), strict=False):
