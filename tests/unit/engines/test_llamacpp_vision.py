@@ -17,6 +17,7 @@ from deployments.config import ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppCaptionEngine, LlamaCppTextEngine, LlamaCppVisionEngine
 from deployments.engines.llamacpp.media import ImageTokens, data_url, llama_image
+from deployments.engines.llamacpp.params import LlamaCppError, read_native_chunk
 from deployments.errors import ConfigError, ContextLengthError, InvalidImageError, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 from tests.conftest import png_bytes
@@ -206,6 +207,17 @@ async def test_bad_image_slots_and_bytes_are_400s(engine):
         await complete(engine, GenerateRequest(prompt="x", images=[image(png_bytes())]))
     with pytest.raises(InvalidImageError, match="could not be read"):  # bytes no ingress checked
         await complete(engine, GenerateRequest(messages=[user("a", 0)], images=[image(b"not an image")]))
+
+
+def test_native_chunks_as_pieces():
+    """llama.cpp's own /completion stream: its stop types as finish reasons, its prompt count, its errors."""
+    piece = read_native_chunk({"content": "Hi", "stop": False, "tokens_predicted": 1, "tokens_evaluated": 50})
+    assert (piece.text, piece.tokens, piece.finish, piece.prompt_tokens) == ("Hi", 1, None, 50)
+    for stop_type, finish in (("limit", "length"), ("eos", "stop"), ("word", "stop")):
+        assert read_native_chunk({"content": "", "stop": True, "stop_type": stop_type}).finish == finish
+    with pytest.raises(LlamaCppError, match="no slot") as caught:
+        read_native_chunk({"error": {"code": 503, "message": "no slot"}})
+    assert caught.value.status == 503
 
 
 # --------------------------------------------------------------------------- images and their tokens
