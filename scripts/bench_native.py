@@ -161,7 +161,12 @@ async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str,
                 "local_path": str(folder),
                 "weight_file": SMOLLM2_FILE,
                 "mmproj_file": TINY_MMPROJ_FILE,
-                "params": {"max_num_seqs": 8, "max_model_len": args.max_model_len, "temperature": 0},
+                "params": {
+                    "max_num_seqs": 8,
+                    "max_model_len": args.max_model_len,
+                    "temperature": 0,
+                    "cpu_threads": args.threads or "all",
+                },
                 "capabilities": {"vision_mode": "native", "max_images_per_request": 1},
             }
         )
@@ -201,6 +206,8 @@ async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str,
             record = {
                 "path": "llama.cpp engine",
                 "max_num_seqs": 8,
+                "threads": engine.cpu_threads,
+                "max_tokens": args.max_tokens,
                 "load_s": load_s,
                 "image_tokens_per_image": engine.describe()["image_tokens"]["per_image"],
                 "concurrency": concurrency,
@@ -226,6 +233,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--port", type=int, default=8772)
     parser.add_argument("--engine", choices=["transformers", "llama.cpp"], default="transformers")
+    parser.add_argument("--threads", type=int, help="--engine llama.cpp: its threads (default: every core)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-native-"))
     if args.engine == "llama.cpp":
