@@ -27,6 +27,7 @@ from deployments.options import (
     decoder_options,
     deployment_name,
     for_replicas,
+    placed_captioner,
 )
 from deployments.replicas.captioner import VisionCaptioner
 from deployments.replicas.decoder import PrimaryDecoder
@@ -92,7 +93,7 @@ def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
 
     def captioner(model: ModelConfig | None, *others: Application) -> Application:
         name = deployment_name(Role.CAPTIONER, model, bool(rest))
-        model = None if model is None else model.resolved(decoder_on_cpu=False)  # auto: transformers
+        model = None if model is None else placed_captioner(app_args, model)  # auto: by its GPU share
         options = for_replicas(
             VisionCaptioner.name, captioner_options(app_args, model), drain_s=plan.proxy_vision.timeout_s
         )

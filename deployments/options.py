@@ -13,12 +13,12 @@ GPU share from `model_gpus`; on CPU `build_app` gives each its part of the cores
   resolves its `engine: auto` from that placement (`ModelConfig.resolved`); it takes up
   to twice `max_num_seqs` requests (one batch running, one waiting in the replica) and never fewer
   than `max_num_seqs`.
-- VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls; without a GPU
-  share, one replica (a second on the same cores adds no throughput, and when decoder replicas
-  crash it can take the CPU their replacements need: measured, a 5-minute decoder outage in the
-  soak, docs/reliability.md) unless `deployment.autoscaling` says otherwise (e.g. `min_replicas:
-  0`, scale to zero). With no captioner configured, one CPU replica that only says so, behind the
-  same queue bounds.
+- VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls, its `engine:
+  auto` resolved from that share (`placed_captioner`); without a GPU share, one replica (a second
+  on the same cores adds no throughput, and when decoder replicas crash it can take the CPU their
+  replacements need: measured, a 5-minute decoder outage in the soak, docs/reliability.md) unless
+  `deployment.autoscaling` says otherwise (e.g. `min_replicas: 0`, scale to zero). With no
+  captioner configured, one CPU replica that only says so, behind the same queue bounds.
 
 Autoscaling (`scaling`): a model's `deployment.autoscaling` (`AutoscalingConfig`) becomes Serve's
 `autoscaling_config`, its unset fields filled with the defaults of the model's role, which are
@@ -164,7 +164,7 @@ def decoder_layout(
             "it needs at least one replica (only a captioner may scale to zero)",
         )
     share = model_gpus(model, app_args.decoder_gpus)
-    model = model.resolved(decoder_on_cpu=not share)
+    model = model.resolved(on_cpu=not share)
     if share:
         autoscaling = scaling(
             app_args, model, max_replicas=GPU_DECODERS, target=model.params.max_num_seqs, role="GPU decoder"
@@ -221,6 +221,12 @@ def decoder_options(
         )
     layout, placed = decoder_layout(app_args, model, cores, cpus)
     return {**queue, **layout}, placed
+
+
+def placed_captioner(app_args: AppArgs, model: ModelConfig) -> ModelConfig:
+    """The captioner's model config with its `engine: auto` resolved from its GPU share (as
+    `decoder_layout` does for a decoder): llama.cpp for a GGUF captioner without one."""
+    return model.resolved(on_cpu=not model_gpus(model, app_args.captioner_gpus))
 
 
 def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str, Any]:

@@ -9,6 +9,13 @@ Prints one JSON line per configuration and concurrency, then the ratio of batche
 throughput at the highest concurrency.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_native.py [--requests 16] [--max-tokens 32]
+
+`--engine llama.cpp`: a GGUF VLM on the llama.cpp engine alone, in this process (no Serve, no HTTP):
+the offline SmolLM2 GGUF with a random LLaVA-style projector (`tiny_models.SMALL_MMPROJ`: a 224 px
+ViT, 49 image tokens per image; `--shape tiny`: 16), `max_num_seqs` 8, requests with their own image
+at each concurrency, and the ratio of requests/s at the highest concurrency to concurrency 1.
+
+    .venv/bin/python scripts/bench_native.py --engine llama.cpp [--requests 16] [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -34,7 +41,16 @@ sys.path.insert(0, str(ROOT))
 
 from deployments.app import build_app  # noqa: E402
 from tests.support.bench import image_url  # noqa: E402
-from tests.support.tiny_models import SMALL_VLM, TINY_VLM, build_tiny_vlm  # noqa: E402
+from tests.support.tiny_models import (  # noqa: E402
+    SMALL_MMPROJ,
+    SMALL_VLM,
+    SMOLLM2_FILE,
+    TINY_MMPROJ,
+    TINY_MMPROJ_FILE,
+    TINY_VLM,
+    build_tiny_gguf_vlm,
+    build_tiny_vlm,
+)
 
 MODEL = "bench-vlm"
 
@@ -126,6 +142,88 @@ async def bench(args: argparse.Namespace, model_dir: Path, work: Path) -> list[d
     return records
 
 
+async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """The GGUF VLM on the llama.cpp engine alone (see the module's docstring)."""
+    import base64
+    import hashlib
+
+    from deployments.config import ModelConfig
+    from deployments.engines import create_text_engine
+    from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
+
+    folder = build_tiny_gguf_vlm(work / "gguf-vlm", SMALL_MMPROJ if args.shape == "small" else TINY_MMPROJ)
+    started = time.perf_counter()
+    engine = create_text_engine(
+        ModelConfig.model_validate(
+            {
+                "name": MODEL,
+                "engine": "llama.cpp",
+                "local_path": str(folder),
+                "weight_file": SMOLLM2_FILE,
+                "mmproj_file": TINY_MMPROJ_FILE,
+                "params": {
+                    "max_num_seqs": 8,
+                    "max_model_len": args.max_model_len,
+                    "temperature": 0,
+                    "cpu_threads": args.threads or "all",
+                },
+                "capabilities": {"vision_mode": "native", "max_images_per_request": 1},
+            }
+        )
+    )
+    load_s = round(time.perf_counter() - started, 1)
+    text = "Describe this picture."
+
+    async def one(seed: int) -> tuple[float, float, int]:
+        data = base64.b64decode(image_url(seed).split(",", 1)[1])
+        request = GenerateRequest(
+            messages=[TextMessage(role="user", content=text, parts=[MessageText(text=text), MessageImage(index=0)])],
+            images=[ImageBytes(data=data, sha256=hashlib.sha256(data).hexdigest())],
+            max_tokens=args.max_tokens,
+        )
+        start, ttft, tokens = time.perf_counter(), None, 0
+        async for piece in engine.generate(request):
+            ttft = ttft or time.perf_counter() - start
+            tokens = piece.completion_tokens
+        return ttft or float("nan"), time.perf_counter() - start, tokens
+
+    records = []
+    seed = 0
+    try:
+        await one(10_000)  # warm-up
+        for concurrency in args.concurrency:
+            seeds = list(range(seed, seed + args.requests))
+            seed += args.requests
+            results: list[tuple[float, float, int]] = []
+
+            async def worker(seeds: list[int] = seeds, results: list[tuple[float, float, int]] = results) -> None:
+                while seeds:
+                    results.append(await one(seeds.pop()))
+
+            start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            wall = time.perf_counter() - start
+            record = {
+                "path": "llama.cpp engine",
+                "max_num_seqs": 8,
+                "threads": engine.cpu_threads,
+                "max_tokens": args.max_tokens,
+                "load_s": load_s,
+                "image_tokens_per_image": engine.describe()["image_tokens"]["per_image"],
+                "concurrency": concurrency,
+                "requests": len(results),
+                "requests_per_s": round(len(results) / wall, 3),
+                "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
+                "ttft_p50_s": round(statistics.median(r[0] for r in results), 3),
+                "latency_p50_s": round(statistics.median(r[1] for r in results), 3),
+            }
+            print(json.dumps(record), flush=True)
+            records.append(record)
+    finally:
+        engine.close()
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=["small", "tiny"], default="small")
@@ -134,8 +232,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--port", type=int, default=8772)
+    parser.add_argument("--engine", choices=["transformers", "llama.cpp"], default="transformers")
+    parser.add_argument("--threads", type=int, help="--engine llama.cpp: its threads (default: every core)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-native-"))
+    if args.engine == "llama.cpp":
+        records = asyncio.run(bench_llamacpp(args, work))
+        rate = {r["concurrency"]: r["requests_per_s"] for r in records}
+        top, low = max(rate), min(rate)
+        ratio = round(rate[top] / rate[low], 2) if rate[low] else None
+        print(json.dumps({"engine": "llama.cpp", "shape": args.shape, f"c{top}_over_c{low}": ratio}), flush=True)
+        return
     model_dir = build_tiny_vlm(work / "vlm", SMALL_VLM if args.shape == "small" else TINY_VLM)
     # The shipped serve_config.yaml's environment (OpenMP threads that sleep, so the proxy and the
     # ingress get a core on a small machine; bounded oneDNN caches).

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.support.tiny_models import build_tiny_llm, build_tiny_vlm, smollm2_gguf
+from tests.support.tiny_models import build_tiny_gguf_vlm, build_tiny_llm, build_tiny_vlm, smollm2_gguf
 
 # Ray's workers (Serve replicas running a test engine such as tests.support.native_probe) and the
 # services tests start in subprocesses import the test helpers from this checkout.
@@ -41,3 +41,9 @@ def tiny_llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SmolLM2 GGUF with a tiny LLaVA-style projector beside it (`TINY_MMPROJ_FILE`)."""
+    return build_tiny_gguf_vlm(tmp_path_factory.mktemp("tiny-gguf-vlm"))

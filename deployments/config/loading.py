@@ -105,6 +105,9 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
                 raise ConfigError(f"{path}: models[{i}].local_path: {local} does not exist")
             if m.weight_file and not (local / m.weight_file).is_file():
                 raise ConfigError(f"{path}: models[{i}].weight_file: {local / m.weight_file} not found")
+            beside = local.parent if local.is_file() else local
+            if m.mmproj_file and not (beside / m.mmproj_file).is_file():
+                raise ConfigError(f"{path}: models[{i}].mmproj_file: {beside / m.mmproj_file} not found")
             m = m.model_copy(update={"local_path": str(local)})
         if m.chat_template is not None:
             template = (path.parent / m.chat_template).resolve()

@@ -49,6 +49,13 @@ class ModelConfig(StrictModel):
     hf_id: str | None = Field(None, description="Hugging Face model id.")
     local_path: str | None = Field(None, description="Local model directory (relative to models.yaml).")
     weight_file: str | None = Field(None, description="GGUF file inside hf_id or local_path.")
+    mmproj_file: str | None = Field(
+        None,
+        description="A GGUF vision-language model's multimodal projector (the `mmproj` file llama.cpp's --mmproj "
+        "takes: the vision encoder and its projection), beside weight_file: inside local_path (or its directory "
+        "when local_path is the GGUF file) or the hub repo hf_id. Needed by engine llama.cpp for vision_mode "
+        "native and as a captioner (docs/vision.md).",
+    )
     chat_template: str | None = Field(
         None,
         description="A chat template file (Jinja, relative to models.yaml) used instead of the model's own, "
@@ -57,12 +64,13 @@ class ModelConfig(StrictModel):
     )
     engine: str = Field(
         AUTO,
-        description="auto: llama.cpp for a decoder whose weight_file is a .gguf and that runs on CPU (no GPU "
-        "share: deployment.num_gpus or builder arg decoder_gpus 0, or auto on a cluster without GPUs) and is not "
-        "vision_mode native; transformers for everything else (Hugging Face models, GPU replicas, captioners). "
-        "The builder resolves it from the placement and logs the engine it picked. transformers; llama.cpp (a "
-        "GGUF file, weight_file, on llama.cpp's CPU kernels: decoders only); fake (deterministic: echoes the "
-        "prompt, captions by pixel colour); or `module:Class` of your own TextEngine/CaptionEngine.",
+        description="auto: llama.cpp for a model whose weight_file is a .gguf and that runs on CPU (no GPU "
+        "share: deployment.num_gpus, or builder arg decoder_gpus for a decoder and captioner_gpus for a "
+        "captioner, 0, or auto on a cluster without GPUs); transformers for everything else (Hugging Face "
+        "models, GPU replicas). The builder resolves it from the placement and logs the engine it picked. "
+        "transformers; llama.cpp (a GGUF file, weight_file, on llama.cpp's CPU kernels: a text decoder, or with "
+        "mmproj_file a native vision primary or a captioner); fake (deterministic: echoes the prompt, captions by "
+        "pixel colour); or `module:Class` of your own TextEngine/CaptionEngine.",
     )
     params: EngineParams = Field(default_factory=EngineParams, description="Engine settings.")
     capabilities: Capabilities = Field(
@@ -93,15 +101,15 @@ class ModelConfig(StrictModel):
             raise ValueError("set exactly one of hf_id and local_path")
         return self
 
-    def resolved(self, *, decoder_on_cpu: bool) -> ModelConfig:
-        """This entry with `engine: auto` resolved (any other engine is kept): llama.cpp when it runs as a
-        decoder on CPU (`decoder_on_cpu`; a captioner passes False), its weight_file is a .gguf and its
-        vision mode is not native; else transformers."""
+    def resolved(self, *, on_cpu: bool) -> ModelConfig:
+        """This entry with `engine: auto` resolved (any other engine is kept): llama.cpp when it runs on
+        CPU (`on_cpu`: its replica has no GPU share) and its weight_file is a .gguf, as a decoder (text, or
+        vision_mode native with its mmproj_file) or a captioner; else transformers (which loads GGUF
+        text models only, and the PyPI llama.cpp wheel computes on the CPU only)."""
         if self.engine != AUTO:
             return self
         gguf = (self.weight_file or "").lower().endswith(".gguf")
-        llama = decoder_on_cpu and gguf and self.capabilities.vision_mode != "native"
-        return self.model_copy(update={"engine": LLAMA_CPP if llama else TRANSFORMERS})
+        return self.model_copy(update={"engine": LLAMA_CPP if on_cpu and gguf else TRANSFORMERS})
 
     @property
     def source(self) -> str:

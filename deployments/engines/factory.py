@@ -1,11 +1,12 @@
 """The engine a `ModelConfig` names: ``transformers`` (the real engines, imported only when chosen,
-so that choosing another never imports torch), ``llama.cpp`` (a GGUF file on llama.cpp, text only,
-imported only when chosen), ``fake`` (deterministic, shipped for tests and demos), or
+so that choosing another never imports torch), ``llama.cpp`` (a GGUF file on llama.cpp: a text
+decoder, or with its projector file a native vision primary or a captioner; imported only when
+chosen), ``fake`` (deterministic, shipped for tests and demos), or
 ``module:Class`` of your own engine, constructed with the `ModelConfig`.
 
-``auto`` is resolved by the builder from the decoder's placement (`deployments/options.py`), so a
+``auto`` is resolved by the builder from the replica's placement (`deployments/options.py`), so a
 replica always gets a named engine. An engine built here directly (tests, scripts) from an entry
-still on ``auto`` is resolved as a decoder on CPU would be (`ModelConfig.resolved`)."""
+still on ``auto`` is resolved as on CPU (`ModelConfig.resolved`)."""
 
 from __future__ import annotations
 
@@ -34,15 +35,17 @@ def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig],
 
 
 def create_text_engine(model: ModelConfig) -> TextEngine:
-    """The decoder engine named by `model.engine`; for transformers, the native VLM engine under
-    `vision_mode: native`, else continuous batching unless `params.batching` is `sequential`."""
-    model = model.resolved(decoder_on_cpu=True)
+    """The decoder engine named by `model.engine`: under `vision_mode: native` the engine's VLM
+    engine; for transformers otherwise, continuous batching unless `params.batching` is
+    `sequential`."""
+    model = model.resolved(on_cpu=True)
     if model.engine == "fake":
         return FakeTextEngine(model)
     if model.engine == LLAMA_CPP:
-        from deployments.engines.llamacpp import LlamaCppTextEngine
+        from deployments.engines.llamacpp import LlamaCppTextEngine, LlamaCppVisionEngine
 
-        return LlamaCppTextEngine(model)
+        native = model.capabilities.vision_mode == "native"
+        return LlamaCppVisionEngine(model) if native else LlamaCppTextEngine(model)
     if model.engine != TRANSFORMERS:
         return _custom_engine(model, TextEngine)(model)  # type: ignore[type-abstract]
     if model.capabilities.vision_mode == "native":
@@ -59,12 +62,14 @@ def create_text_engine(model: ModelConfig) -> TextEngine:
 
 
 def create_caption_engine(model: ModelConfig) -> CaptionEngine:
-    """The captioner engine named by `model.engine` (``auto``: transformers)."""
-    model = model.resolved(decoder_on_cpu=False)
+    """The captioner engine named by `model.engine`."""
+    model = model.resolved(on_cpu=True)
     if model.engine == "fake":
         return FakeCaptionEngine(model)
     if model.engine == LLAMA_CPP:
-        raise ConfigError(f"model {model.name!r}: engine llama.cpp runs decoders only, not captioners")
+        from deployments.engines.llamacpp import LlamaCppCaptionEngine
+
+        return LlamaCppCaptionEngine(model)
     if model.engine != TRANSFORMERS:
         return _custom_engine(model, CaptionEngine)(model)  # type: ignore[type-abstract]
     from deployments.engines.transformers.captioner import TransformersCaptionEngine

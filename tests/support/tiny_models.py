@@ -2,7 +2,10 @@
 
 - a tiny Llama causal LM with the SmolLM2 tokenizer and chat template;
 - a tiny LLaVA (CLIP vision tower + Llama text model, `CLIPImageProcessor`, the SmolLM2 tokenizer
-  with an added `<image>` token): its processor needs no torchvision.
+  with an added `<image>` token): its processor needs no torchvision;
+- a tiny GGUF VLM for llama.cpp: the real SmolLM2 GGUF as its language model and a random
+  LLaVA-style projector file (an mmproj GGUF, projector type ``mlp``) written with the `gguf`
+  package, which llama.cpp's mtmd loads as it loads a real one.
 
 The SmolLM2 tokenizer comes from the offline default GGUF (scripts/prepare_models.py).
 """
@@ -134,4 +137,90 @@ def build_tiny_vlm(out: Path, shape: dict[str, Any] | None = None) -> Path:
     )
     LlavaForConditionalGeneration(config).save_pretrained(out)
     processor.save_pretrained(out)
+    return out
+
+
+# The tiny mmproj: a CLIP-style ViT on 32 px images in 8 px patches (16 image tokens), projected by a
+# LLaVA MLP to SmolLM2's embedding width (576, which llama.cpp checks against the language model).
+TINY_MMPROJ: dict[str, int] = {"image_size": 32, "patch": 8, "width": 32, "ffn": 64, "layers": 2, "heads": 2}
+# For benchmarks: the vision compute of `SMALL_VLM`'s tower (224 px in 32 px patches: 49 image tokens).
+SMALL_MMPROJ: dict[str, int] = {"image_size": 224, "patch": 32, "width": 384, "ffn": 1536, "layers": 6, "heads": 6}
+SMOLLM2_WIDTH = 576
+TINY_MMPROJ_FILE = "tiny-mmproj.gguf"
+
+
+def tiny_mmproj_image_tokens(shape: dict[str, int] = TINY_MMPROJ) -> int:
+    """Image tokens of one image: one per patch (an ``mlp`` projector keeps every patch)."""
+    return (shape["image_size"] // shape["patch"]) ** 2
+
+
+def build_tiny_mmproj(path: Path, shape: dict[str, int] = TINY_MMPROJ, seed: int = 0) -> Path:
+    """A random LLaVA-style projector file with the keys and tensors llama.cpp's `clip.cpp` reads for
+    projector type ``mlp`` (``clip.vision.*`` hyper-parameters; ``v.*`` ViT tensors, ``mm.0``/``mm.2``
+    the projector; numpy shapes are ggml's dimensions reversed)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    size, patch, width, ffn = shape["image_size"], shape["patch"], shape["width"], shape["ffn"]
+    patches = (size // patch) ** 2
+
+    def weights(*dims: int, std: float = 0.02) -> Any:
+        return rng.normal(0.0, std, dims).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(path), arch="clip")
+    writer.add_name("tiny-mmproj")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type(gguf.VISION_PROJECTOR_TYPE_NAMES[gguf.VISION_PROJECTOR_TYPE.MLP])
+    writer.add_vision_image_size(size)
+    writer.add_vision_patch_size(patch)
+    writer.add_vision_embedding_length(width)
+    writer.add_vision_feed_forward_length(ffn)
+    writer.add_vision_block_count(shape["layers"])
+    writer.add_vision_head_count(shape["heads"])
+    writer.add_vision_attention_layernorm_eps(1e-5)
+    writer.add_vision_projection_dim(SMOLLM2_WIDTH)
+    writer.add_vision_image_mean([0.5, 0.5, 0.5])
+    writer.add_vision_image_std([0.5, 0.5, 0.5])
+    writer.add_vision_use_gelu(True)
+    tensors = {
+        "v.patch_embd.weight": weights(width, 3, patch, patch, std=0.2),
+        "v.position_embd.weight": weights(patches, width),
+        "v.pre_ln.weight": np.ones(width, np.float32),
+        "v.pre_ln.bias": np.zeros(width, np.float32),
+    }
+    for i in range(shape["layers"]):
+        block = f"v.blk.{i}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{block}.{name}.weight"] = weights(width, width, std=0.1)
+            tensors[f"{block}.{name}.bias"] = np.zeros(width, np.float32)
+        for name in ("ln1", "ln2"):
+            tensors[f"{block}.{name}.weight"] = np.ones(width, np.float32)
+            tensors[f"{block}.{name}.bias"] = np.zeros(width, np.float32)
+        tensors[f"{block}.ffn_up.weight"] = weights(ffn, width, std=0.1)
+        tensors[f"{block}.ffn_up.bias"] = np.zeros(ffn, np.float32)
+        tensors[f"{block}.ffn_down.weight"] = weights(width, ffn, std=0.1)
+        tensors[f"{block}.ffn_down.bias"] = np.zeros(width, np.float32)
+    tensors["mm.0.weight"] = weights(4 * width, width, std=0.2)
+    tensors["mm.0.bias"] = np.zeros(4 * width, np.float32)
+    tensors["mm.2.weight"] = weights(SMOLLM2_WIDTH, 4 * width, std=0.2)
+    tensors["mm.2.bias"] = np.zeros(SMOLLM2_WIDTH, np.float32)
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def build_tiny_gguf_vlm(out: Path, shape: dict[str, int] = TINY_MMPROJ) -> Path:
+    """A directory as a GGUF VLM is downloaded: the language model (the offline SmolLM2 GGUF, linked)
+    and a projector file of `shape` beside it (`TINY_MMPROJ_FILE`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model = out / SMOLLM2_FILE
+    if not model.exists():
+        model.symlink_to(smollm2_gguf())
+    build_tiny_mmproj(out / TINY_MMPROJ_FILE, shape)
     return out

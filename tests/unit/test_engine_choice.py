@@ -1,10 +1,11 @@
-"""`engine: auto` resolved where the decoder is placed (`options.decoder_layout`, the rule in
-`ModelConfig.resolved`), and the CPU layout of a llama.cpp decoder: one replica with every core."""
+"""`engine: auto` resolved where the decoder or the captioner is placed (`options.decoder_layout`,
+`options.placed_captioner`, the rule in `ModelConfig.resolved`), and the CPU layout of a llama.cpp
+decoder: one replica with every core."""
 
 import pytest
 
 from deployments.config import AppArgs, AutoscalingConfig, Capabilities, DeploymentConfig, ModelConfig
-from deployments.options import decoder_layout
+from deployments.options import decoder_layout, placed_captioner
 
 
 def layout(cores: int, llm: ModelConfig, **args):
@@ -37,14 +38,22 @@ def test_auto_runs_a_gguf_decoder_on_cpu_on_llama_cpp_and_everything_else_on_tra
     # The model's own GPU share wins over the builder's.
     own = gguf().model_copy(update={"deployment": DeploymentConfig(num_gpus=0)})
     assert layout(4, own, decoder_gpus=1)[1].engine == "llama.cpp"
-    # A Hugging Face model, a native VLM, and an engine that is named stay as they are.
+    # A GGUF native VLM (its projector beside it) runs on llama.cpp too; a Hugging Face model and an
+    # engine that is named stay as they are.
+    native = gguf().model_copy(update={"capabilities": Capabilities(vision_mode="native"), "mmproj_file": "p.gguf"})
+    assert layout(4, native, decoder_gpus=0)[1].engine == "llama.cpp"
     assert layout(4, hf_model(), decoder_gpus=0)[1].engine == "transformers"
-    native = gguf().model_copy(update={"capabilities": Capabilities(vision_mode="native")})
-    assert layout(4, native, decoder_gpus=0)[1].engine == "transformers"
     for named in ("transformers", "llama.cpp", "fake", "mine:Engine"):
         assert layout(4, gguf(named), decoder_gpus=0)[1].engine == named
-    # A captioner is never run on llama.cpp.
-    assert gguf().resolved(decoder_on_cpu=False).engine == "transformers"
+
+
+def test_auto_runs_a_gguf_captioner_on_llama_cpp_on_cpu_only():
+    captioner = gguf().model_copy(update={"mmproj_file": "mmproj.gguf"})
+    engines = {gpus: placed_captioner(AppArgs(captioner_gpus=gpus), captioner).engine for gpus in (0, 0.5)}
+    assert engines == {0: "llama.cpp", 0.5: "transformers"}
+    own = captioner.model_copy(update={"deployment": DeploymentConfig(num_gpus=0)})
+    assert placed_captioner(AppArgs(captioner_gpus=1), own).engine == "llama.cpp"
+    assert placed_captioner(AppArgs(captioner_gpus=0), hf_model()).engine == "transformers"
 
 
 @pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (16, 16)])

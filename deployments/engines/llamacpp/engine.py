@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +40,11 @@ from typing import Any
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.context import Limits, fit_rendered
+from deployments.engines.llamacpp.files import gguf_path
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
-from deployments.engines.load_log import HubCache, LoadLog, file_size, size_text
+from deployments.engines.load_log import LoadLog, size_text
 from deployments.engines.tool_prompt import generic_chat, resolve_tool_format, template_message
 from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, TextMessage
@@ -55,32 +56,6 @@ DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
 _END = object()
 # Settings of the transformers engines that mean nothing here: the GGUF file is run as it is.
 _TRANSFORMERS_ONLY = ("dtype", "quantization", "batching", "device_ids")
-
-
-def gguf_path(model: ModelConfig, progress: LoadLog | None = None) -> Path:
-    """The GGUF file: `weight_file` inside `local_path` (or `local_path` itself when it is the
-    file), or `weight_file` of the hub repo `hf_id` (through the hub cache). With `progress`, the
-    load's download step is logged (0 s for a local file)."""
-    started = time.monotonic()
-    if model.local_path is not None:
-        base = Path(model.local_path)
-        path = base / model.weight_file if model.weight_file else base
-        note = f"local, {size_text(file_size(path))} on disk"
-    elif model.hf_id is not None and model.weight_file:
-        from huggingface_hub import hf_hub_download
-
-        cache = HubCache(model.hf_id)
-        before = cache.blobs()
-        path = Path(hf_hub_download(model.hf_id, model.weight_file))
-        fetched = cache.blobs().keys() - before.keys()
-        note = f"fetched {size_text(cache.blob_bytes(fetched))} from the hub" if fetched else "cached in the hub cache"
-    else:
-        raise ConfigError(f"model {model.name!r}: engine llama.cpp needs a GGUF file: set weight_file")
-    if not path.is_file():
-        raise ConfigError(f"model {model.name!r}: engine llama.cpp needs a GGUF file, and {path} is not a file")
-    if progress is not None:
-        progress.step("download", time.monotonic() - started, note)
-    return path
 
 
 def llama_threads(params: EngineParams) -> int:
@@ -106,10 +81,10 @@ def kv_layout(params: EngineParams, max_model_len: int, bytes_per_token: int | N
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready for llama.cpp: its prompt's token ids, the completion body, and the prompt
-    tokens that truncation dropped."""
+    """A request ready for llama.cpp: its prompt's tokens (image tokens included), the completion
+    body, and the prompt tokens that truncation dropped."""
 
-    prompt: list[int]
+    prompt_tokens: int
     body: dict[str, Any]
     dropped_prompt_tokens: int = 0
 
@@ -125,14 +100,21 @@ def chat_message(message: TextMessage) -> dict[str, Any]:
 
 
 class LlamaCppTextEngine(TextEngine):
-    device = "cpu"
+    """A text decoder; `LlamaCppVisionEngine` (`vision.py`) extends it with images, through the hooks
+    `projector_file`, `_prepare`, `_stream` and `_read`."""
 
-    def __init__(self, model: ModelConfig) -> None:
-        if model.capabilities.vision_mode == "native":
-            raise ConfigError(f"model {model.name!r}: engine llama.cpp does not run vision_mode native (yet)")
-        progress = LoadLog(Role.DECODER, model)
+    device = "cpu"
+    takes_images = False
+
+    def __init__(self, model: ModelConfig, role: Role = Role.DECODER) -> None:
+        if model.capabilities.vision_mode == "native" and not self.takes_images:
+            raise ConfigError(
+                f"model {model.name!r}: vision_mode native on llama.cpp is LlamaCppVisionEngine's (with mmproj_file)"
+            )
+        progress = LoadLog(role, model)
         self.name, self.params = model.name, model.params
         self.path = gguf_path(model, progress)
+        self.projector = self.projector_file(model, progress)
         started = time.monotonic()
         shape = describe_gguf(self.path)
         own_len = shape.context_length or DEFAULT_CONTEXT
@@ -140,10 +122,15 @@ class LlamaCppTextEngine(TextEngine):
         self.kv_bytes_per_token = shape.kv_bytes_per_token
         self.kv_cells, self.kv_unified = kv_layout(self.params, self.max_model_len, self.kv_bytes_per_token)
         self.cpu_threads = llama_threads(self.params)
+        # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
+        # cancelled streams that wait for their next token to stop.
+        self.streams = 2 * self.params.max_num_seqs
         defaults = EngineParams()
         ignored = [f for f in _TRANSFORMERS_ONLY if getattr(self.params, f) != getattr(defaults, f)]
         if ignored:
             logger.warning("model %s: engine llama.cpp runs the GGUF file as it is; ignored: %s", self.name, ignored)
+        if model.mmproj_file and self.projector is None:
+            logger.warning("model %s: mmproj_file is loaded for vision_mode native only; ignored", self.name)
         if os.environ.get("CUDA_VISIBLE_DEVICES"):
             logger.warning(
                 "model %s: engine llama.cpp computes on the CPU (the PyPI xllamacpp wheel is CPU-only), but this "
@@ -160,6 +147,8 @@ class LlamaCppTextEngine(TextEngine):
                     kv_unified=self.kv_unified,
                     threads=self.cpu_threads,
                     n_batch=self.params.prefill_chunk_size,
+                    mmproj_path=None if self.projector is None else str(self.projector),
+                    http_streams=self.streams if self.takes_images else 0,
                 )
             )
         except BaseException as exc:
@@ -173,9 +162,7 @@ class LlamaCppTextEngine(TextEngine):
         )
         meta = (self._server.call("/v1/models").get("data") or [{}])[0].get("meta", {})
         self.vocab_size = int(meta.get("n_vocab") or shape.vocab_size or 0)
-        # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
-        # cancelled streams that wait for their next token to stop.
-        self._pool = ThreadPoolExecutor(2 * self.params.max_num_seqs, thread_name_prefix="llamacpp")
+        self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="llamacpp")
         self._live: dict[int, list[int]] = {}  # request -> [prompt tokens, completion tokens so far]
         self._ids = itertools.count()
         self._closed = False
@@ -189,6 +176,10 @@ class LlamaCppTextEngine(TextEngine):
             f"{self.cpu_threads} threads",
         )
         progress.finished()
+
+    def projector_file(self, model: ModelConfig, progress: LoadLog) -> Path | None:
+        """The multimodal projector llama.cpp loads beside the model: none for text."""
+        return None
 
     # ------------------------------------------------------------------ engine contract
 
@@ -253,14 +244,14 @@ class LlamaCppTextEngine(TextEngine):
         def run() -> None:
             try:
                 if not cancelled.is_set():
-                    self._server.stream(prepared.body, on_chunk)
+                    self._stream(prepared.body, on_chunk)
             except BaseException as exc:  # surfaces in the request
                 deliver(exc)
             finally:
                 deliver(_END)
 
         key = next(self._ids)
-        prompt_tokens = len(prepared.prompt)
+        prompt_tokens = prepared.prompt_tokens
         live = self._live[key] = [prompt_tokens, 0]
         k = request.logprobs
         try:
@@ -270,17 +261,20 @@ class LlamaCppTextEngine(TextEngine):
                 if isinstance(item, BaseException):
                     raise _request_error(item)
                 try:
-                    piece = read_chunk(item)
+                    piece = self._read(item)
                 except LlamaCppError as exc:
                     raise _request_error(exc) from None
                 tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
                 live[1] = tokens
                 logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
                 if piece.finish is not None:
+                    if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
+                        counts = (self.name, piece.prompt_tokens, prompt_tokens)
+                        logger.warning("model %s: llama.cpp counted %s prompt tokens, the engine %s", *counts)
                     yield EngineOutput(
                         piece.text,
                         tokens,
-                        prompt_tokens,
+                        piece.prompt_tokens or prompt_tokens,  # llama.cpp's own count where it says it
                         finish_reason=piece.finish,
                         logprobs=logprobs,
                         truncated_prompt_tokens=prepared.dropped_prompt_tokens,
@@ -294,6 +288,12 @@ class LlamaCppTextEngine(TextEngine):
             cancelled.set()
             self._live.pop(key, None)
 
+    def _stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
+        """Runs one streamed completion (blocking, on the pool's thread)."""
+        self._server.stream(body, on_chunk)
+
+    _read = staticmethod(read_chunk)  # a streamed chunk as our piece
+
     # ------------------------------------------------------------------ the prompt
 
     def _prepare(self, request: GenerateRequest) -> Prepared:
@@ -304,20 +304,32 @@ class LlamaCppTextEngine(TextEngine):
         limits = Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
         if request.prompt is not None:
             ids = self.prompt_ids(request.prompt)
-            return Prepared(ids, {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})
+            return Prepared(len(ids), {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})
         ids, fitted = fit_rendered(
             request.messages, lambda chat: self.chat_ids(chat, request.tools), len, limits, self.params.context_overflow
         )
-        return Prepared(ids, {**body, "prompt": ids, "n_predict": fitted.max_tokens}, fitted.dropped_prompt_tokens)
+        body = {**body, "prompt": ids, "n_predict": fitted.max_tokens}
+        return Prepared(len(ids), body, fitted.dropped_prompt_tokens)
 
     def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The chat rendered by the GGUF's template, with the generation prompt, as token ids."""
-        if self.tool_format == "generic":  # tools, calls and results as text any template renders
-            chat: dict[str, Any] = {"messages": generic_chat([template_message(m) for m in messages], tools)}
+        return self.tokenize(self.render_chat(messages, tools))
+
+    def render_chat(
+        self, messages: list[TextMessage], tools: list[dict[str, Any]] | None, contents: list[Any] | None = None
+    ) -> str:
+        """The chat rendered by the GGUF's template (llama.cpp's ``/apply-template``), with the
+        generation prompt; `contents`: each message's content as llama.cpp takes it (the vision
+        engine's text and image parts), else its text."""
+        generic = self.tool_format == "generic"  # tools, calls and results as text any template renders
+        rendered = [template_message(m) if generic else chat_message(m) for m in messages]
+        for message, content in zip(rendered, contents or (), strict=False):
+            message["content"] = content
+        if generic:
+            chat: dict[str, Any] = {"messages": generic_chat(rendered, tools)}
         else:
-            chat = {"messages": [chat_message(m) for m in messages], **({"tools": tools} if tools else {})}
-        prompt = self._call("/apply-template", chat, "messages")["prompt"]
-        return self.tokenize(prompt)
+            chat = {"messages": rendered, **({"tools": tools} if tools else {})}
+        return str(self._call("/apply-template", chat, "messages")["prompt"])
 
     def tokenize(self, text: str) -> list[int]:
         """Text as llama.cpp tokenizes a prompt: with the tokens the model adds (a BOS where it

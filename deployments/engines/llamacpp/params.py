@@ -116,13 +116,15 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
 @dataclass(frozen=True)
 class Piece:
     """One streamed chunk: its text, completion tokens so far (None: not said), the finish reason
-    on the last one, its tokens' logprob entries (llama.cpp's OpenAI form), and on the last one the
-    prompt tokens that came from the prefix cache."""
+    on the last one, its tokens' logprob entries (llama.cpp's OpenAI form), the prompt's tokens as
+    llama.cpp counted them (None: not said), and on the last one the prompt tokens that came from
+    the prefix cache."""
 
     text: str
     tokens: int | None
     finish: Literal["stop", "length"] | None
     logprobs: list[dict[str, Any]]
+    prompt_tokens: int | None = None
     cached: int = 0
 
 
@@ -161,7 +163,29 @@ def read_chunk(chunk: dict[str, Any]) -> Piece:
         tokens,
         None if finish is None else ("length" if finish == "length" else "stop"),
         content,
-        cached,
+        cached=cached,
+    )
+
+
+def read_native_chunk(chunk: dict[str, Any]) -> Piece:
+    """A streamed chunk of llama.cpp's own ``/completion`` stream (`LlamaServer.stream_native`):
+    `content`, `tokens_predicted`, `tokens_evaluated` (the prompt, image tokens included), and on the
+    last one `stop` with its `stop_type` (``limit``: the length; ``eos`` or ``word``: a stop); its
+    `completion_probabilities` have the entries of the OpenAI form; the last one's `timings.cache_n`:
+    prompt tokens reused from the prefix cache. Raises the error it carries."""
+    if "error" in chunk:
+        raise error_of(chunk) or LlamaCppError(str(chunk["error"]), 500)
+    finish: Literal["stop", "length"] | None = None
+    if chunk.get("stop"):
+        finish = "length" if chunk.get("stop_type") == "limit" else "stop"
+    prompt = chunk.get("tokens_evaluated")
+    return Piece(
+        chunk.get("content") or "",
+        chunk.get("tokens_predicted"),
+        finish,
+        chunk.get("completion_probabilities") or [],
+        prompt if isinstance(prompt, int) else None,
+        int((chunk.get("timings") or {}).get("cache_n") or 0) if finish is not None else 0,
     )
 
 

@@ -1,8 +1,15 @@
-"""llama.cpp's server, in this process (xllamacpp): how it is started, and the two ways in.
+"""llama.cpp's server, in this process (xllamacpp): how it is started, and the ways in.
 
 - `stream(body, on_chunk)`: a completion request, blocking its thread until the stream ends; each
   streamed chunk (a dict in llama.cpp's OpenAI completion form) goes to `on_chunk`, and
   `on_chunk` returning True ends the stream: llama.cpp cancels the task and frees its slot.
+- `stream_native(body, on_chunk)`: the same through llama.cpp's own ``/completion`` route (its native
+  chunks), over the local HTTP listener. With a projector loaded (`mmproj_path`), this is the only
+  way to send images: xllamacpp binds only the OpenAI completion route, which then takes a text
+  prompt alone (no token ids, no ``multimodal_data``); ``/completion`` takes token ids and
+  ``{"prompt_string": ..., "multimodal_data": [base64, ...]}``. Each such stream holds one of the
+  server's HTTP threads (`http_streams` more are started); closing the connection (`on_chunk`
+  returning True) cancels the task as the in-process stream does.
 - `call(path, body)`: one of its HTTP routes (``/apply-template``, ``/tokenize``, ``/props``).
   xllamacpp has no binding for the chat template or the tokenizer, but the server always listens
   on 127.0.0.1 (a random port); a random API key, known only to this process, keeps other local
@@ -42,6 +49,8 @@ class ServerSettings:
     kv_unified: bool
     threads: int
     n_batch: int | None = None  # most tokens per decode step (prompt chunks + one per running slot)
+    mmproj_path: str | None = None  # a vision model's projector (llama.cpp's mtmd): images in prompts
+    http_streams: int = 0  # streams read over HTTP at once (`stream_native`), beside the route calls
 
 
 class LlamaServer:
@@ -61,7 +70,9 @@ class LlamaServer:
         params.cache_ram_mib = 0
         params.ctx_shift = False
         params.ui = False
-        params.n_threads_http = HTTP_THREADS
+        if settings.mmproj_path is not None:
+            params.mmproj.path = settings.mmproj_path
+        params.n_threads_http = HTTP_THREADS + settings.http_streams
         params.verbosity = LOG_ERRORS_ONLY
         self._key = secrets.token_urlsafe(24)
         params.api_keys = [self._key]
@@ -81,20 +92,39 @@ class LlamaServer:
             raise LlamaCppError("the llama.cpp server was closed", 503)
         server.handle_completions(body, on_chunk)
 
+    def stream_native(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
+        """A streamed ``/completion`` request to its end (blocking); see the module's docstring. An
+        error before the stream starts raises `LlamaCppError` with llama.cpp's status; one inside it
+        is a chunk ``{"error": {...}}``, as in `stream`."""
+        server = self._server  # held until the stream ends, as `stream` holds it
+        if server is None:
+            raise LlamaCppError("the llama.cpp server was closed", 503)
+        request = self._request("/completion", body)
+        try:
+            response = self._http.open(request)  # no timeout: a queued request waits for a free slot
+        except urllib.error.HTTPError as exc:
+            raise LlamaCppError(_error_message(exc.read()), exc.code) from None
+        with response:  # leaving it closes the connection: llama.cpp then cancels the task
+            for line in response:
+                if line.startswith(b"data: ") and on_chunk(json.loads(line[6:])):
+                    return
+
     def call(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
         """One HTTP route of the server (GET without a body, else POST); `LlamaCppError` with its
         message and status when it answers with an error."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self._base + path,
-            data=data,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._key}"},
-        )
         try:
-            with self._http.open(request, timeout=timeout_s) as response:
+            with self._http.open(self._request(path, body), timeout=timeout_s) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             raise LlamaCppError(_error_message(exc.read()), exc.code) from None
+
+    def _request(self, path: str, body: dict[str, Any] | None) -> urllib.request.Request:
+        """A request to one of the server's routes: GET without a body, else POST."""
+        return urllib.request.Request(
+            self._base + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._key}"},
+        )
 
     def close(self) -> None:
         """Stops llama.cpp's loop and frees the model and the KV cache (once streams still running,

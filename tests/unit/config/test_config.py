@@ -71,6 +71,19 @@ def test_missing_local_path_and_weight_file(tmp_path):
         load_models_file(path)
 
 
+def test_a_projector_file_is_found_beside_the_gguf(tmp_path):
+    """`mmproj_file` is looked up where `weight_file` is: in `local_path`, or beside it when it is the file."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "m.gguf").write_bytes(b"")
+    entry = {"name": "a", "local_path": "d", "weight_file": "m.gguf", "mmproj_file": "p.gguf"}
+    with pytest.raises(ConfigError, match=r"models\[0\]\.mmproj_file: .*d/p.gguf not found"):
+        load_models_file(write(tmp_path, {"models": [entry]}))
+    (tmp_path / "d" / "p.gguf").write_bytes(b"")
+    assert load_models_file(write(tmp_path, {"models": [entry]})).models[0].mmproj_file == "p.gguf"
+    as_file = {"name": "a", "local_path": "d/m.gguf", "mmproj_file": "p.gguf"}
+    assert load_models_file(write(tmp_path, {"models": [as_file]})).models[0].mmproj_file == "p.gguf"
+
+
 def test_exactly_one_source(tmp_path):
     with pytest.raises(ConfigError, match="exactly one of hf_id and local_path"):
         load_models_file(write(tmp_path, {"models": [{"name": "a"}]}))

@@ -331,10 +331,10 @@ def test_kv_layout():
     assert kv_layout(EngineParams(max_num_seqs=16, mem=1), 8192, per_token) == (8192, True)
 
 
-def test_config_needs_a_gguf_and_runs_decoders_only(smollm2):
+def test_config_needs_a_gguf_and_a_captioner_its_projector(smollm2):
     with pytest.raises(ValueError, match="exactly one of hf_id and local_path"):
         ModelConfig(name="x", engine="llama.cpp")
-    with pytest.raises(ConfigError, match="decoders only"):
+    with pytest.raises(ConfigError, match="set mmproj_file"):
         create_caption_engine(llamacpp_model(smollm2))
     with pytest.raises(ConfigError, match="needs a GGUF file"):
         create_text_engine(ModelConfig(name="x", engine="llama.cpp", local_path=str(smollm2.parent)))
