@@ -202,12 +202,15 @@ class ToolCallText:
                     return
 
     def _may_repeat(self, index: int, view: CallView) -> bool:
+        """The call's arguments so far begin an earlier complete call's with the same name."""
         written = compact(view.arguments)
-        return any(c.name == view.name and compact(c.sent).startswith(written) for c in self._calls[:index])
+        return any(
+            c.complete and c.name == view.name and compact(c.sent).startswith(written) for c in self._calls[:index]
+        )
 
     def _repeats(self, index: int, view: CallView) -> bool:
         written = compact(view.arguments)
-        return any(c.name == view.name and compact(c.sent) == written for c in self._calls[:index])
+        return any(c.complete and c.name == view.name and compact(c.sent) == written for c in self._calls[:index])
 
     # ------------------------------------------------------------------ content
 
