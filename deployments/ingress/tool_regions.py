@@ -161,9 +161,10 @@ def json_calls(doc: PartialJson, names: frozenset[str], at: int) -> tuple[list[C
 
 
 class JsonRegion(Region):
-    """One or more JSON documents after the opening (a marker, or nothing for a lead): `documents`
-    separated by `separator` (llama3_json's ``;``), each read by `read` (the whole-answer forms, or one
-    call object), then an optional `closing`. The generic format also takes a code fence around it."""
+    """JSON after the opening (a marker, or nothing for a lead): one document, or several separated
+    by `separator` (llama3_json's ``;``); each is one call object (`one_call`) or any of the
+    whole-answer forms (`json_calls`); then an optional `closing` (Hermes' ``</tool_call>``). With
+    `fenced` (the generic format), a code fence around it is read too."""
 
     def __init__(
         self,
