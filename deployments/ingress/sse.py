@@ -2,8 +2,11 @@
 
 Both are built by `ChatChoices` from the same decoder chunks, so a streamed answer and a whole one
 say the same thing: each of the `n` choices gets its text (split into content and tool calls by
-`tools.ToolCallText`, in the tool-call format the decoder names), its tokens' logprobs when asked
-for, and its finish reason (`tool_calls` when it called a tool).
+`tool_calls.ToolCallText`, in the tool-call format the decoder names; calls stream as argument
+fragments), its tokens' logprobs when asked for, and its finish reason (`tool_calls` when it called
+a tool and no call was cut short). A choice that repeats a tool call ends there (`tool_calls`, the
+tokens counted up to that chunk); once every choice has finished, the generation still running
+for it is cancelled.
 
 Events are ``data: <chat.completion.chunk>`` lines: each choice's first delta carries the role,
 exactly one carries its `finish_reason`, `include_usage` adds a final chunk with no choices and the
@@ -17,6 +20,7 @@ or on every chunk), and the configured notice before each choice's text.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -26,7 +30,8 @@ from dataclasses import dataclass, field
 
 from deployments.errors import to_openai_error
 from deployments.ingress.stream import DecoderStream
-from deployments.ingress.tools import ToolCallText, ToolPlan
+from deployments.ingress.tool_calls import Piece, ToolCallText
+from deployments.ingress.tools import ToolPlan
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.payloads import GenerateChunk
 from deployments.protocol.responses import (
@@ -73,6 +78,7 @@ class _Choice:
     truncated_prompt_tokens: int = 0
     cached_prompt_tokens: int | None = None
     started: bool = False
+    stopped: bool = False  # ended before its sequence: a repeated tool call
 
 
 class ChatChoices:
@@ -88,8 +94,16 @@ class ChatChoices:
     def finished(self) -> bool:
         return all(choice.finish is not None for choice in self._choices)
 
+    @property
+    def cut_short(self) -> bool:
+        """Some choice ended before its sequence did (a repeated tool call): the caller stops the
+        generation once every choice has finished."""
+        return any(choice.stopped for choice in self._choices)
+
     def feed(self, chunk: GenerateChunk) -> list[ChunkChoice]:
         choice = self._choices[chunk.index]
+        if choice.finish is not None:  # ended early: the rest of its sequence is not the answer's
+            return []
         deltas: list[ChunkChoice] = []
         if not choice.started:
             choice.started = True
@@ -101,25 +115,35 @@ class ChatChoices:
         if chunk.logprobs:
             choice.logprobs += chunk.logprobs
             choice.unsent_logprobs += chunk.logprobs
-        if text := choice.split.feed(chunk.text):
-            choice.content.append(text)
-            deltas.append(self._delta(choice, Delta(content=text)))
-        if chunk.finish_reason is None:
+        deltas += self._deltas(choice, choice.split.feed(chunk.text))
+        if choice.split.stopped:
+            choice.stopped = True
+            finish: ChoiceFinish = "tool_calls"
+        elif chunk.finish_reason is None:
             return deltas
-        tail, calls = choice.split.finish()
-        if tail:
-            choice.content.append(tail)
-            deltas.append(self._delta(choice, Delta(content=tail)))
-        if calls:
-            tool_deltas = [
-                ToolCallDelta(index=i, id=c.id, type="function", function=c.function) for i, c in enumerate(calls)
-            ]
-            deltas.append(self._delta(choice, Delta(tool_calls=tool_deltas)))
-        choice.finish = "tool_calls" if calls else chunk.finish_reason
+        else:
+            deltas += self._deltas(choice, choice.split.finish())
+            complete = choice.split.calls and choice.split.complete
+            finish = "tool_calls" if complete else chunk.finish_reason
+        choice.finish = finish
         choice.prompt_tokens, choice.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
         choice.truncated_prompt_tokens = chunk.truncated_prompt_tokens
         choice.cached_prompt_tokens = chunk.cached_prompt_tokens
-        deltas.append(self._delta(choice, Delta(), finish=choice.finish))
+        deltas.append(self._delta(choice, Delta(), finish=finish))
+        return deltas
+
+    def _deltas(self, choice: _Choice, pieces: list[Piece]) -> list[ChunkChoice]:
+        """Content and tool-call pieces in order, a delta per run of each kind."""
+        deltas: list[ChunkChoice] = []
+        for is_text, run in itertools.groupby(pieces, key=lambda piece: isinstance(piece, str)):
+            items = list(run)
+            if is_text:
+                text = "".join(str(item) for item in items)
+                choice.content.append(text)
+                deltas.append(self._delta(choice, Delta(content=text)))
+            else:
+                calls = [item for item in items if isinstance(item, ToolCallDelta)]
+                deltas.append(self._delta(choice, Delta(tool_calls=calls)))
         return deltas
 
     def _delta(self, choice: _Choice, delta: Delta, finish: ChoiceFinish | None = None) -> ChunkChoice:
@@ -164,6 +188,8 @@ async def completion(
         if choices.finished:
             break
         chunk = await stream.next()
+    if choices.cut_short:
+        stream.cancel()
     return ChatCompletion(
         id=cid,
         model=model,
@@ -219,6 +245,8 @@ def sse_events(
             for delta in choices.feed(chunk):
                 yield event([delta])
             if choices.finished:
+                if choices.cut_short:
+                    stream.cancel()
                 if include_usage:
                     yield event([], usage=choices.usage())
                 return

@@ -22,7 +22,8 @@ class ChunkStream(Protocol):
 class DecoderStream:
     """`next()` is the decoder's next chunk; past the deadline the generation is cancelled and
     `timed_out()` raised. Serve's errors (a full queue, a dead replica) become ours. The request's
-    `record` gets the time of the first chunk and the token counts of the last."""
+    `record` gets the time of the first chunk and the token counts so far (each chunk carries its
+    sequence's totals), also when the answer ends before its sequences do."""
 
     def __init__(
         self,
@@ -35,6 +36,7 @@ class DecoderStream:
         self._deadline = deadline
         self._timed_out = timed_out
         self._record = record or RequestRecord()
+        self._completion_tokens: dict[int, int] = {}  # per sequence, so far
 
     async def next(self) -> GenerateChunk:
         timeout = asyncio.timeout_at(self._deadline)
@@ -51,10 +53,13 @@ class DecoderStream:
         except Exception as exc:  # a full queue, a dead replica: ours to name
             raise from_serve(exc) from None
         self._record.first_token()
-        if chunk.finish_reason is not None:  # the end of one of the request's sequences
+        if chunk.prompt_tokens:
             self._record.prompt_tokens = chunk.prompt_tokens
+        if chunk.completion_tokens or chunk.finish_reason is not None:
+            self._completion_tokens[chunk.index] = chunk.completion_tokens
+            self._record.completion_tokens = sum(self._completion_tokens.values())
+        if chunk.finish_reason is not None:  # the end of one of the request's sequences
             self._record.truncated_prompt_tokens = chunk.truncated_prompt_tokens or None
-            self._record.completion_tokens = (self._record.completion_tokens or 0) + chunk.completion_tokens
         return chunk
 
     def cancel(self) -> None:

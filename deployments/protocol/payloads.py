@@ -89,8 +89,10 @@ class GenerateRequest(BaseModel):
 
 class GenerateChunk(BaseModel):
     """PrimaryDecoder -> Ingress, streamed. The last chunk of each sequence (`index`, 0 to n-1) has
-    `finish_reason` set; `logprobs` covers the tokens whose text this chunk carries; `tool_format`
-    (`capabilities.tool_call_format` as the engine resolved it) tells the ingress how to read calls."""
+    `finish_reason` set; the token counts are the sequence's totals so far, on every chunk (the
+    ingress may end an answer before its sequence ends: a repeated tool call); `logprobs` covers the
+    tokens whose text this chunk carries; `tool_format` (`capabilities.tool_call_format` as the
+    engine resolved it) tells the ingress how to read calls."""
 
     index: int = 0
     text: str = ""

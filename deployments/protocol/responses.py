@@ -135,11 +135,21 @@ class ChatCompletion(_VisionFields):
     usage: Usage
 
 
+class ToolCallDeltaFunction(BaseModel):
+    """A call's first delta has its name (and the arguments so far); the next ones only arguments."""
+
+    name: str | None = Field(None, exclude_if=_absent)
+    arguments: str = ""
+
+
 class ToolCallDelta(BaseModel):
+    """One streamed piece of a tool call: the first names it (`id`, `type`, `function.name`), the
+    next ones carry `function.arguments` fragments, as OpenAI and vLLM stream them."""
+
     index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: ToolCallFunction
+    id: str | None = Field(None, exclude_if=_absent)
+    type: Literal["function"] | None = Field(None, exclude_if=_absent)
+    function: ToolCallDeltaFunction
 
 
 class Delta(BaseModel):

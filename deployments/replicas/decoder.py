@@ -129,7 +129,11 @@ class PrimaryDecoder:
                     pending = text
                     if text and (now := time.monotonic()) >= send_at:
                         yield GenerateChunk(
-                            text=text, logprobs=logprobs if wants_logprobs else None, tool_format=tool_format
+                            text=text,
+                            logprobs=logprobs if wants_logprobs else None,
+                            tool_format=tool_format,
+                            prompt_tokens=piece.prompt_tokens,
+                            completion_tokens=piece.completion_tokens,
                         )
                         pending, send_at, logprobs, tool_format = "", now + self._interval_s, [], None
                     continue

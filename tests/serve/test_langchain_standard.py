@@ -1,6 +1,8 @@
 """LangChain's standard integration suite (`langchain-tests`' `ChatModelIntegrationTests`) through
 `ChatOpenAI`, against a service that is already running: skipped unless `MMSERVE_LANGCHAIN_URL`
-names its `/v1` base URL (and `MMSERVE_LANGCHAIN_MODEL` the model, by default the offline default's).
+names its `/v1` base URL (and `MMSERVE_LANGCHAIN_MODEL` the model, by default the offline default's;
+`MMSERVE_LANGCHAIN_PARAMS`, a JSON object, adds `ChatOpenAI` parameters such as a
+`frequency_penalty`).
 
     MMSERVE_LANGCHAIN_URL=http://127.0.0.1:8000/v1 .venv/bin/python -m pytest \\
         tests/serve/test_langchain_standard.py -o asyncio_mode=auto \\
@@ -17,6 +19,7 @@ is the only model. What passes on the offline default and why the rest fails: do
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -24,6 +27,7 @@ import pytest
 
 URL = os.environ.get("MMSERVE_LANGCHAIN_URL")
 MODEL = os.environ.get("MMSERVE_LANGCHAIN_MODEL", "smollm2-135m-instruct")
+EXTRA_PARAMS = json.loads(os.environ.get("MMSERVE_LANGCHAIN_PARAMS", "{}"))
 
 if URL is None:
     pytest.skip("set MMSERVE_LANGCHAIN_URL to a running service's /v1 URL", allow_module_level=True)
@@ -39,7 +43,7 @@ class TestStandardSuite(ChatModelIntegrationTests):  # type: ignore[misc]
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"model": MODEL, "base_url": URL, "api_key": "unused", "stream_usage": True}
+        return {"model": MODEL, "base_url": URL, "api_key": "unused", "stream_usage": True, **EXTRA_PARAMS}
 
     @property
     def supports_json_mode(self) -> bool:

@@ -1,16 +1,18 @@
 """Tools through real Serve, with the official openai client and with LangChain's `ChatOpenAI`, as
 agent frameworks call them:
 
-- the offline default (SmolLM2-135M GGUF, `engine: transformers`, continuous batching), whose
+- the offline default (SmolLM2-135M GGUF on its default engine, llama.cpp, on the CPU), whose
   template has no tools: the generic format. `auto` answers (never a 400), `required` and a named
-  function are always a valid call, a round trip (call, tool result, answer) goes through, and
+  function are always a valid call, with parallel calls allowed too (OpenAI's default: the model's
+  repeats of its call end the answer), a round trip (call, tool result, answer) goes through, and
   LangChain's `bind_tools`, `with_structured_output` in its three methods and a two-step agent
   loop work;
 - a tiny model whose template renders tools (Hermes, Qwen2.5's conventions): the same calls in its
   own format;
 - the fake engine's Hermes answer, parsed under `auto`.
 
-Streamed equals whole under greedy decoding, tool calls included."""
+Streamed equals whole under greedy decoding, tool calls included: the stream is added up by the
+openai client's own accumulator (`ChatCompletionStreamState`), from argument fragments."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Literal
 
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from pydantic import BaseModel, Field
 
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
@@ -90,13 +93,11 @@ def served(request) -> tuple[openai.OpenAI, str]:
 
 
 def streamed(client: openai.OpenAI, **request) -> tuple[str, list[tuple[str, str]], str | None]:
-    content, calls, finish = "", [], None
+    """The streamed answer as the openai client adds up its chunks."""
+    state = ChatCompletionStreamState()
     for chunk in client.chat.completions.create(stream=True, **request):
-        for choice in chunk.choices:
-            content += choice.delta.content or ""
-            calls += [(t.function.name, t.function.arguments) for t in choice.delta.tool_calls or []]
-            finish = choice.finish_reason or finish
-    return content, calls, finish
+        state.handle_chunk(chunk)
+    return whole_as_streamed(state.get_final_completion())
 
 
 def whole_as_streamed(reply) -> tuple[str, list[tuple[str, str]], str | None]:
@@ -132,7 +133,47 @@ def test_required_is_always_a_valid_call_streamed_as_whole(served, parallel):
     assert calls and (parallel or len(calls) == 1)
     for call in calls:
         assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in CITY["enum"]
+    written = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+    assert len(written) == len({json.dumps(w) for w in written}), written  # no call repeated
     assert streamed(client, **request) == whole_as_streamed(whole)
+
+
+def test_a_forced_call_without_arguments_ends_with_parallel_calls_allowed(smol):
+    """LangChain's `tool_calling_with_no_arguments`: `tool_choice` "any" (required) and parallel calls
+    allowed; the 135M model writes the call, then the same one again: the answer ends there."""
+    tool = {"type": "function", "function": {"name": "magic", "parameters": {"type": "object", "properties": {}}}}
+    request = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "What is the value of magic_function?"}],
+        "tools": [tool],
+        "tool_choice": "required",
+        "max_tokens": 200,
+    }
+    whole = smol.chat.completions.create(**request)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and whole.usage.completion_tokens < 200, whole
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [("magic", {})]
+    assert streamed(smol, **request) == whole_as_streamed(whole)
+
+
+def test_arguments_stream_as_fragments_that_add_up_to_the_call(smol):
+    request = {
+        "model": "smol",
+        "messages": ASK,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 64,
+    }
+    deltas = [
+        call
+        for chunk in smol.chat.completions.create(stream=True, **request)
+        for choice in chunk.choices
+        for call in choice.delta.tool_calls or []
+    ]
+    assert deltas[0].id and deltas[0].type == "function" and deltas[0].function.name == "get_weather"
+    assert len(deltas) > 2 and all(d.id is None and d.function.name is None for d in deltas[1:])
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(arguments)["city"] in CITY["enum"]
 
 
 def test_a_named_function_and_a_round_trip(served):
@@ -210,6 +251,17 @@ def test_langchain_bind_tools_and_a_two_step_agent_loop(served):
     assert isinstance(final, AIMessage) and (final.content or final.tool_calls)
     auto = llm.bind_tools([weather]).invoke([HumanMessage("Hello!")])  # the model decides: never a 400
     assert isinstance(auto, AIMessage)
+
+
+def test_langchain_forced_calls_with_parallel_calls_allowed(served):
+    """`bind_tools(tool_choice="any")` as LangChain's standard suite calls it: parallel calls are not
+    turned off, and the answer is one call, not the same call until max_tokens."""
+    from langchain_core.messages import AIMessage
+
+    client, model = served
+    out = chat_model(client, model).bind_tools([get_weather_tool()], tool_choice="any").invoke("Weather in Oslo?")
+    assert isinstance(out, AIMessage) and out.tool_calls and not out.invalid_tool_calls, out
+    assert len({json.dumps(c["args"], sort_keys=True) for c in out.tool_calls}) == len(out.tool_calls)
 
 
 @pytest.mark.parametrize("method", ["function_calling", "json_schema", "json_mode"])

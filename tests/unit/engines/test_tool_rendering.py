@@ -16,7 +16,8 @@ from deployments.engines.tool_prompt import detect_tool_format, generic_chat, to
 from deployments.engines.transformers.chat_template import marker_token_ids
 from deployments.engines.transformers.stream import IncrementalText
 from deployments.errors import ConfigError
-from deployments.ingress.tool_formats import parse_generic
+from deployments.ingress.tool_calls import ToolCallText
+from deployments.ingress.tools import ToolPlan
 from deployments.protocol.payloads import GenerateRequest, TextMessage
 from deployments.protocol.responses import ToolCall, ToolCallFunction
 
@@ -131,12 +132,16 @@ def test_the_generic_prompt_teaches_what_the_ingress_parses():
     """The prompt's example call, and a history's call as the prompt writes it, parse as calls."""
     example = tool_prompt([WEATHER]).split("for example:\n")[1].splitlines()[0]
     assert example == '[{"name": "get_weather", "arguments": {"city": "..."}}]'
-    names = frozenset({"get_weather"})
-    assert parse_generic(example, names) is not None
     chat = generic_chat([{"role": "assistant", "content": "Let me see.", "tool_calls": [CALL.model_dump()]}], None)
     written = chat[0]["content"].split("\n", 1)[1]
-    _, calls = parse_generic(written, names) or ("", [])
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    calls = []
+    for text in (example, written):
+        reader = ToolCallText(ToolPlan("auto", names=frozenset({"get_weather"})))
+        reader.use("generic")
+        reader.feed(text)
+        reader.finish()
+        calls += [(c.function.name, json.loads(c.function.arguments)) for c in reader.calls]
+    assert calls == [("get_weather", {"city": "..."}), ("get_weather", {"city": "Paris"})]
 
 
 def test_the_generic_prompt_goes_where_the_template_takes_it():

@@ -41,7 +41,15 @@ class FakeStream:
             for position, text in enumerate(texts):
                 logprobs = None if request.logprobs is None else [fake_logprob(text, position, request.logprobs)]
                 told = tool_format if request.tools and position == 0 else None
-                self._chunks.append(GenerateChunk(index=index, text=text, logprobs=logprobs, tool_format=told))
+                chunk = GenerateChunk(
+                    index=index,
+                    text=text,
+                    logprobs=logprobs,
+                    tool_format=told,
+                    prompt_tokens=3,
+                    completion_tokens=position + 1,  # totals so far, as the decoder sends them
+                )
+                self._chunks.append(chunk)
             final = GenerateChunk(
                 index=index,
                 finish_reason="stop",

@@ -33,6 +33,21 @@ def events(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
+def streamed_calls(deltas: list[dict]) -> list[dict]:
+    """A stream's tool calls as OpenAI's client adds them up: the first delta of a call has its id,
+    type and name, the next ones only argument fragments (on the wire: no null fields)."""
+    calls: list[dict] = []
+    for delta in deltas:
+        for piece in delta["delta"].get("tool_calls") or []:
+            if piece["index"] == len(calls):
+                assert piece["id"].startswith("call_") and piece["type"] == "function", piece
+                calls.append({"id": piece["id"], "function": dict(piece["function"])})
+            else:
+                assert set(piece) == {"index", "function"} and set(piece["function"]) == {"arguments"}, piece
+                calls[piece["index"]]["function"]["arguments"] += piece["function"]["arguments"]
+    return calls
+
+
 async def post(decoder: FakeDecoder, path: str, body: dict) -> tuple[dict | list[dict], GenerateRequest | None]:
     async with client(decoder) as http:
         reply = await http.post(path, json=body)
@@ -98,8 +113,7 @@ async def test_a_tool_call_in_the_models_text_is_parsed_whole_and_streamed():
     chunks, _ = await post(FakeDecoder(CALL_TEXT), CHAT, chat("weather?", tools=[WEATHER], stream=True))
     deltas = [c["choices"][0] for c in chunks]
     assert "".join(d["delta"].get("content") or "" for d in deltas) == "Let me check."
-    streamed_calls = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-    assert [(t["index"], t["function"]) for t in streamed_calls] == [(0, call["function"])]
+    assert [c["function"] for c in streamed_calls(deltas)] == [call["function"]]
     assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == ["tool_calls"]
 
 
@@ -162,9 +176,29 @@ async def test_the_decoder_names_the_format_the_calls_are_read_in(tool_format, p
     assert whole["choices"][0]["message"]["content"] is None and whole["choices"][0]["finish_reason"] == "tool_calls"
     deltas = [c["choices"][0] for c in chunks]
     assert "".join(d["delta"].get("content") or "" for d in deltas) == ""
-    assert [t["function"] for d in deltas for t in d["delta"].get("tool_calls") or []] == [call]
+    assert [c["function"] for c in streamed_calls(deltas)] == [call]
     hermes = FakeDecoder(pieces)  # not told: read as Hermes, where this is text
     assert (await post(hermes, CHAT, chat("weather?", tools=[WEATHER])))[0]["choices"][0]["message"]["content"]
+
+
+async def test_a_repeated_call_ends_the_answer_and_its_generation():
+    """`required` with parallel calls allowed (OpenAI's default): the model repeats its call; the
+    answer ends at the first repeat (`tool_calls`, tokens counted up to there), whole and streamed,
+    and the decoder's generation is cancelled."""
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    pieces = ["[", call, ", ", call, ", ", call, "]"]
+    body = chat(tools=[WEATHER], tool_choice="required", stream_options={"include_usage": True})
+    whole_decoder, streamed_decoder = FakeDecoder(pieces), FakeDecoder(pieces)
+    whole, _ = await post(whole_decoder, CHAT, {k: v for k, v in body.items() if k != "stream_options"})
+    chunks, _ = await post(streamed_decoder, CHAT, body | {"stream": True})
+    assert whole_decoder.streams[0].cancelled and streamed_decoder.streams[0].cancelled
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and whole["usage"]["completion_tokens"] == 4
+    assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [{"city": "Oslo"}]
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    assert [c["function"] for c in streamed_calls(deltas)] == [choice["message"]["tool_calls"][0]["function"]]
+    assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == ["tool_calls"]
+    assert chunks[-1]["usage"] == whole["usage"]
 
 
 async def test_tool_choice_none_neither_renders_nor_parses():

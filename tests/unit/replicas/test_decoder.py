@@ -35,6 +35,14 @@ async def test_without_an_interval_every_piece_is_its_own_chunk():
     assert len(sent) == 1 + len(QUESTION.split()) + 1
 
 
+async def test_every_chunk_carries_the_token_counts_so_far():
+    """The ingress may end an answer before its sequence does (a repeated tool call): the counts it
+    reports then are those of the last chunk it read."""
+    sent = await chunks(0)
+    assert [c.completion_tokens for c in sent[:3]] == [1, 2, 3]
+    assert {c.prompt_tokens for c in sent} == {sent[-1].prompt_tokens} and sent[-1].prompt_tokens > 0
+
+
 async def test_an_interval_coalesces_pieces_but_sends_the_first_and_the_last_at_once():
     alone = await chunks(0)
     sent = await chunks(10_000)  # nothing after the first piece is due before the end
