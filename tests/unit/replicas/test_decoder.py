@@ -98,3 +98,21 @@ async def test_closing_an_n_stream_frees_every_sequence():
             break
     assert metrics.count("requests_cancelled") == 2
     assert replica._seqs._value == 2  # both slots back
+
+
+async def test_health_counts_the_sequences_waiting_for_a_slot():
+    """Three sequences on two slots: two in the engine's batch, one waiting in the replica, which
+    the engine never sees; /health's `waiting` says so, as the num_requests_waiting gauge does."""
+    fake = {"token_delay_ms": 20, "fill_to_max_tokens": True}
+    model = ModelConfig(name="echo", engine="fake", params=EngineParams(max_num_seqs=2, max_tokens=1000), fake=fake)
+    replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+    replica.metrics = metrics = FakeMetrics()
+    ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)], n=3)
+    async with aclosing(replica.generate(ask)) as stream:
+        async for _ in stream:
+            break
+        details = replica.status().details
+        replica._sample()
+    assert (details["running"], details["waiting"]) == (2, 1)
+    assert metrics.gauges["num_requests_waiting"] == 1
+    assert (replica.status().details["running"], replica.status().details["waiting"]) == (0, 0)
