@@ -215,7 +215,7 @@ def test_eight_concurrent_streams(client):
     assert max(r[3] for r in results) < min(r[4] for r in results)
 
 
-def test_json_schema_and_legacy_completions(client):
+def test_json_schema_json_object_and_legacy_completions(client):
     reply = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Invent a person. Answer in JSON with name and age."}],
@@ -223,6 +223,11 @@ def test_json_schema_and_legacy_completions(client):
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
     )
     jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+    ask = 'Give a JSON object with a key "city" naming the capital of France.'
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ask}], response_format={"type": "json_object"}
+    )
+    assert reply.choices[0].finish_reason == "stop" and isinstance(json.loads(reply.choices[0].message.content), dict)
     legacy = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, logprobs=2)
     assert legacy.choices[0].text and legacy.usage.completion_tokens == 6
     assert len(legacy.choices[0].logprobs.tokens) == 6
@@ -237,25 +242,21 @@ def test_a_prompt_beyond_the_context_is_a_400(client):
 
 
 def test_a_long_chat_drops_its_oldest_turns_to_fit(client):
-    """`context_overflow: truncate`: four turns of about 300 tokens and a question do not fit in 1024
-    with the 16 completion tokens asked for; the oldest turn goes, and the answer and usage are those
-    of the chat without it, whole and streamed (usage says how many prompt tokens were dropped)."""
+    """`context_overflow: truncate`: four turns of about 120 tokens and a question leave no room for
+    the 600 completion tokens asked for in 1024; the oldest turn goes, and the answer and usage are
+    those of the chat without it, whole and streamed (usage says how many prompt tokens went)."""
     messages = []
     for i in range(4):
-        messages += [{"role": "user", "content": f"{i}. " + "Tell me about rivers. " * 60}]
+        messages += [{"role": "user", "content": f"{i}. " + "Tell me about rivers. " * 20}]
         messages += [{"role": "assistant", "content": "Rivers flow to the sea."}]
-    messages.append(ASK[0])
-    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16)
+    ask = {"model": MODEL, "messages": [*messages, *ASK], "max_tokens": 600, "stop": ["."]}
+    whole = client.chat.completions.create(**ask)
     dropped = whole.usage.model_extra["truncated_prompt_tokens"]
-    shorter = client.chat.completions.create(model=MODEL, messages=messages[2:], max_tokens=16)
-    assert (
-        whole.usage.prompt_tokens
-        == shorter.usage.prompt_tokens
-        <= MAX_MODEL_LEN - 16
-        < shorter.usage.prompt_tokens + dropped
-    )
+    shorter = client.chat.completions.create(**{**ask, "messages": ask["messages"][2:]})
+    kept = shorter.usage.prompt_tokens
+    assert whole.usage.prompt_tokens == kept <= MAX_MODEL_LEN - 600 < kept + dropped
     assert whole.choices[0].message.content == shorter.choices[0].message.content
-    text, _, usage, _ = streamed(client, model=MODEL, messages=messages, max_tokens=16)
+    text, _, usage, _ = streamed(client, **ask)
     assert (text, usage.model_extra["truncated_prompt_tokens"]) == (whole.choices[0].message.content, dropped)
 
 
