@@ -18,9 +18,10 @@ from deployments.protocol.responses import TokenLogprob
 class EngineOutput:
     """A piece of generated text; `finish_reason` is set on the last piece. Token counts are totals
     so far (text can lag behind tokens while a multi-byte character is incomplete);
-    `truncated_prompt_tokens` (on the last piece) is what `context_overflow: truncate` dropped from
-    the prompt (`prompt_tokens` counts what was kept); `cached_prompt_tokens` (on the last piece) is
-    how many prompt tokens came from a prefix cache, None for an engine that has none."""
+    `truncated_prompt_tokens` (on every piece, as `prompt_tokens`: a stop string may end the answer
+    before the last one) is what `context_overflow: truncate` dropped from the prompt
+    (`prompt_tokens` counts what was kept); `cached_prompt_tokens` (on every piece too) is how many
+    prompt tokens came from a prefix cache, None for an engine that has none."""
 
     text: str
     completion_tokens: int = 0

@@ -192,7 +192,7 @@ class FakeTextEngine(TextEngine):
             for i, piece in enumerate(pieces):
                 await asyncio.sleep(delay_s)
                 logprobs = () if k is None else (_logprob(piece, i, k),)
-                yield EngineOutput(piece, completion_tokens=i + 1, prompt_tokens=prompt_words, logprobs=logprobs)
+                yield EngineOutput(piece, i + 1, prompt_words, logprobs=logprobs, truncated_prompt_tokens=truncated)
             finish: Literal["stop", "length"] = "length" if fill or len(words) > limit else "stop"
             yield EngineOutput("", len(pieces), prompt_words, finish_reason=finish, truncated_prompt_tokens=truncated)
         finally:

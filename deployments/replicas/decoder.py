@@ -134,6 +134,7 @@ class PrimaryDecoder:
                             tool_format=tool_format,
                             prompt_tokens=piece.prompt_tokens,
                             completion_tokens=piece.completion_tokens,
+                            cached_prompt_tokens=piece.cached_prompt_tokens,
                         )
                         pending, send_at, logprobs, tool_format = "", now + self._interval_s, [], None
                     continue
@@ -170,7 +171,13 @@ class PrimaryDecoder:
             self._cache_counts[kind] = cache[kind]
 
     def status(self) -> ComponentStatus:
-        return self._slot.status()
+        """The engine slot's status. Its `waiting` also counts the requests waiting in this replica
+        for one of the `max_num_seqs` slots (as the num_requests_waiting gauge does): the engine
+        only sees the sequences let in, so a full batch with more behind it would show none waiting."""
+        status = self._slot.status()
+        if "waiting" in status.details:
+            status.details["waiting"] += self._queued
+        return status
 
     def check_health(self) -> None:
         """An engine that can no longer generate (its batching thread died) gets the replica restarted."""

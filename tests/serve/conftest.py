@@ -4,23 +4,30 @@ Replicas import only the installed package: fakes are the shipped `engine: fake`
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import ray
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from deployments.app import build_app, build_captioner_app
+from deployments.monitoring.metrics import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = int(os.environ.get("MMSERVE_TEST_PORT", "8731"))  # another port where another suite runs beside
 BASE_URL = f"http://127.0.0.1:{PORT}"
+EXPORTED = {spec.name: spec.exported for spec in SPECS}  # a metric's name in Prometheus' text format
 
 
 def start_local_cluster() -> None:
@@ -86,15 +93,58 @@ def kill_replicas(deployment: str) -> None:
         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
 
 
-def ingress_log_lines(containing: str) -> list[str]:
-    """Lines of the Ingress replicas' Serve log files that contain `containing`."""
+def replica_log_lines(deployment: str, containing: str, app: str = "*") -> list[str]:
+    """Lines of the Serve log files of `deployment`'s replicas (of application `app`) that contain
+    `containing`."""
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
     return [
         line
-        for path in logs.glob("replica_*_Ingress_*.log")
+        for path in logs.glob(f"replica_{app}_{deployment}_*.log")
         for line in path.read_text(errors="replace").splitlines()
         if containing in line
     ]
+
+
+def ingress_log_lines(containing: str) -> list[str]:
+    """Lines of the Ingress replicas' Serve log files that contain `containing`."""
+    return replica_log_lines("Ingress", containing)
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape_metrics(*models: str) -> Samples:
+    """Every sample of Ray's metrics export on this node (the endpoint the Ray dashboard's Prometheus
+    scrapes) whose `model` label is one of `models`, by exported name and labels."""
+    port = ray.nodes()[0]["MetricsExportPort"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("model") in models
+    }
+
+
+def settled_metrics(models: tuple[str, ...], expected: Callable[[Samples], bool], timeout_s: float = 60.0) -> Samples:
+    """The metrics of `models` once `expected` holds of them (Ray exports every few seconds), so that
+    the exact comparisons that follow are fair; the last scrape when it never does."""
+    samples: Samples = {}
+
+    def reached() -> bool:
+        nonlocal samples
+        samples = scrape_metrics(*models)
+        return expected(samples)
+
+    wait_until(reached, timeout_s=timeout_s, every_s=1.0)
+    return samples
+
+
+def metric_total(samples: Samples, name: str, suffix: str = "", **labels: str) -> float:
+    """The sum over replicas of one metric's samples (`name`: its name in `SPECS`; `suffix`: e.g. a
+    histogram's `_count`) with these labels."""
+    wanted = EXPORTED[name] + suffix
+    return sum(v for (n, tags), v in samples.items() if n == wanted and set(labels.items()) <= tags)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 90.0, every_s: float = 0.5) -> bool:
@@ -104,6 +154,65 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 90.0, every_s: 
             return True
         time.sleep(every_s)
     return False
+
+
+def decoder_details() -> dict[str, Any]:
+    """The details of /health's decoder component."""
+    return httpx.get(f"{BASE_URL}/health", timeout=30).json()["components"]["decoder"]["details"]
+
+
+def decoder_sequences() -> tuple[int, int] | None:
+    """The decoder's (running, waiting) sequences on /health: (0, 0) while its model is unloaded,
+    None when /health could not ask the replica (`busy`: Serve's view instead)."""
+    details = decoder_details()
+    if details.get("state") == "unloaded":
+        return 0, 0
+    return (details["running"], details["waiting"]) if "running" in details else None
+
+
+@contextlib.contextmanager
+def open_streams(bodies: list[dict[str, Any]], started: int) -> Iterator[None]:
+    """Streamed chat requests, all at once, each on its own connection. The block runs once `started`
+    of them have sent their first event; leaving it closes them all (a stream that failed fails the
+    test), after which the decoder must show nothing running or waiting."""
+    stop, first_events = threading.Event(), set()
+
+    def one(i: int) -> None:
+        with httpx.stream("POST", f"{BASE_URL}/v1/chat/completions", json=bodies[i], timeout=120) as response:
+            assert response.status_code == 200, response.read()
+            for _ in response.iter_lines():
+                first_events.add(i)
+                if stop.is_set():
+                    return
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(one, i) for i in range(len(bodies))]
+        try:
+            assert wait_until(lambda: len(first_events) >= started, 60), f"{len(first_events)} streams started"
+            yield
+        finally:
+            stop.set()
+            for future in futures:
+                future.result(timeout=120)
+    assert wait_until(lambda: decoder_sequences() == (0, 0), 15), decoder_sequences()
+
+
+def replica_pids(app: str, deployment: str) -> list[int]:
+    """Processes of a deployment's replicas (Ray titles them ray::ServeReplica:APP:DEPLOYMENT)."""
+    pids = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if f"ServeReplica:{app}:{deployment}" in " ".join(process.cmdline()):
+                pids.append(process.pid)
+    return pids
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped by its parent has)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.fixture

@@ -1,8 +1,15 @@
 """The llama.cpp engine behind real Ray Serve, driven by the official openai client, as a GGUF on CPU
 gets it by default (no `engine:`, no replica count: `engine: auto` and one replica with every core):
-/health, whole and streamed answers with usage, stop strings, n, eight concurrent streams in one
-replica's batch, structured output, the legacy endpoint, the context's 400, tools' 400, and a
-replica that exits cleanly when Ray terminates or kills it (and is replaced)."""
+/health, whole and streamed answers with usage, stop strings, max_completion_tokens, n, logprobs,
+logit_bias, a seed's answer beside other requests, eight concurrent streams in one replica's batch,
+structured output, the legacy endpoint, the context's 400 and `context_overflow: truncate`, tools
+(tools' other cases on this engine: test_tools.py's `smol`), sixteen streams with /health still
+answering, the deadline, the replica's metrics, idle unload and reload with the load's progress
+lines, and a replica that exits cleanly when Ray terminates or kills it (and is replaced).
+
+One deployment for the module (a llama.cpp replica loads in seconds, but each costs a replica's
+start): its settings serve every test, and the tests run in file order (idle unload, then the
+replica kills, last)."""
 
 from __future__ import annotations
 
@@ -16,11 +23,26 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import jsonschema
 import openai
-import psutil
 import pytest
 import ray
 
-from tests.serve.conftest import BASE_URL, deploy, undeploy, wait_until, write_models
+from tests.serve.conftest import (
+    BASE_URL,
+    Samples,
+    decoder_details,
+    decoder_sequences,
+    deploy,
+    gone,
+    metric_total,
+    open_streams,
+    replica_log_lines,
+    replica_pids,
+    scrape_metrics,
+    settled_metrics,
+    undeploy,
+    wait_until,
+    write_models,
+)
 
 MODEL = "smollm2-llamacpp"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -28,6 +50,10 @@ ASK = [{"role": "user", "content": "What is the capital of France?"}]
 # cached prefix (whose other batch shape can change the last bits of the logits, and a greedy token).
 WHOLE = {"seed": 1}
 MAX_MODEL_LEN = 1024
+SLOTS = 8
+DEADLINE_S = 30  # server.request_timeout_s
+IDLE_S = 8  # idle_unload_s: longer than any pause between this module's requests but the idle test's
+END, COMMA = 2, 28  # SmolLM2's <|im_end|> and "," token ids
 PERSON = {
     "type": "object",
     "properties": {
@@ -50,37 +76,22 @@ def client(serve_cluster, tmp_path_factory, smollm2):
                 "weight_file": smollm2.name,
                 "params": {
                     "max_tokens": 32,
-                    "max_num_seqs": 8,
+                    "max_num_seqs": SLOTS,
                     "max_model_len": MAX_MODEL_LEN,
                     "temperature": 0,
                     "stream_interval_ms": 0,
+                    "context_overflow": "truncate",
                 },
             }
         ],
+        idle_unload_s=IDLE_S,
+        server={"request_timeout_s": DEADLINE_S, "max_n": 2 * SLOTS},
     )
     deploy(models, decoder_gpus=0)  # on CPU: llama.cpp, one replica (every stream in its batch)
     yield openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
-    pids = decoder_pids()
+    pids = replica_pids("default", "PrimaryDecoder")
     undeploy("default", "vision")
     assert wait_until(lambda: all(map(gone, pids)), 30), "a decoder replica outlived Serve's delete"
-
-
-def decoder_pids() -> list[int]:
-    """Processes of this app's decoder replicas (Ray titles them ray::ServeReplica:APP:DEPLOYMENT)."""
-    pids = []
-    for process in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "ServeReplica:default:PrimaryDecoder" in " ".join(process.cmdline()):
-                pids.append(process.pid)
-    return pids
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie not yet reaped by its parent has)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def streamed(client: openai.OpenAI, **request) -> tuple[str, str | None, object, list]:
@@ -96,14 +107,23 @@ def streamed(client: openai.OpenAI, **request) -> tuple[str, str | None, object,
     return text, finish, usage, chunks
 
 
-def decoder_details() -> dict:
-    return httpx.get(f"{BASE_URL}/health", timeout=30).json()["components"]["decoder"]["details"]
+def endless(content: str, **fields: object) -> dict:
+    """A chat request that generates to its max_tokens (the end-of-turn token banned): longer than
+    the deadline when sixteen run on these 8 slots."""
+    ask = [{"role": "user", "content": content}]
+    return {"model": MODEL, "messages": ask, "max_tokens": 900, "logit_bias": {str(END): -100}, **fields}
+
+
+def streams(count: int) -> contextlib.AbstractContextManager[None]:
+    """`count` endless streams at once; inside the block every slot is taken (or every stream runs)."""
+    bodies = [endless(f"Tell me a long story about the number {i}.", stream=True) for i in range(count)]
+    return open_streams(bodies, started=min(count, SLOTS))
 
 
 def test_a_gguf_on_cpu_runs_on_llama_cpp_in_one_replica_and_health_shows_its_sequences(client):
     """/health names the engine, and while a stream runs, its sequence and the KV cells it holds
     (what the decoder's metrics num_requests_running and kv_cache_usage_perc are sampled from)."""
-    assert len(decoder_pids()) == 1
+    assert len(replica_pids("default", "PrimaryDecoder")) == 1
     details = decoder_details()
     assert (details["engine"], details["device"], details["running"], details["waiting"]) == ("llama.cpp", "cpu", 0, 0)
     stream = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=400, stream=True)
@@ -207,7 +227,7 @@ def test_eight_concurrent_streams(client):
     assert max(r[3] for r in results) < min(r[4] for r in results)
 
 
-def test_json_schema_and_legacy_completions(client):
+def test_json_schema_json_object_and_legacy_completions(client):
     reply = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Invent a person. Answer in JSON with name and age."}],
@@ -215,23 +235,160 @@ def test_json_schema_and_legacy_completions(client):
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
     )
     jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+    ask = 'Give a JSON object with a key "city" naming the capital of France.'
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ask}], response_format={"type": "json_object"}
+    )
+    assert reply.choices[0].finish_reason == "stop" and isinstance(json.loads(reply.choices[0].message.content), dict)
     legacy = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, logprobs=2)
     assert legacy.choices[0].text and legacy.usage.completion_tokens == 6
     assert len(legacy.choices[0].logprobs.tokens) == 6
 
 
 def test_a_prompt_beyond_the_context_is_a_400(client):
+    """Under `context_overflow: truncate` too: the last turn alone does not fit."""
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 1200}])
     assert err.value.code == "context_length_exceeded"
-    assert f"context is {MAX_MODEL_LEN} tokens" in err.value.body["message"]
+    assert f"context is {MAX_MODEL_LEN} tokens; the prompt has 12" in err.value.body["message"]
+
+
+def test_a_long_chat_drops_its_oldest_turns_to_fit(client):
+    """`context_overflow: truncate`: four turns of about 120 tokens and a question leave no room for
+    the 600 completion tokens asked for in 1024; the oldest turn goes, and the answer and usage are
+    those of the chat without it, whole and streamed (usage says how many prompt tokens went)."""
+    messages = []
+    for i in range(4):
+        messages += [{"role": "user", "content": f"{i}. " + "Tell me about rivers. " * 20}]
+        messages += [{"role": "assistant", "content": "Rivers flow to the sea."}]
+    ask = {"model": MODEL, "messages": [*messages, *ASK], "max_tokens": 600, "stop": ["."]}
+    whole = client.chat.completions.create(**ask)
+    dropped = whole.usage.model_extra["truncated_prompt_tokens"]
+    shorter = client.chat.completions.create(**{**ask, "messages": ask["messages"][2:]})
+    kept = shorter.usage.prompt_tokens
+    assert whole.usage.prompt_tokens == kept <= MAX_MODEL_LEN - 600 < kept + dropped
+    assert whole.choices[0].message.content == shorter.choices[0].message.content
+    text, _, usage, _ = streamed(client, **ask)
+    assert (text, usage.model_extra["truncated_prompt_tokens"]) == (whole.choices[0].message.content, dropped)
+
+
+def test_max_completion_tokens_wins_over_max_tokens(client):
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, max_completion_tokens=5)
+    assert (reply.choices[0].finish_reason, reply.usage.completion_tokens) == ("length", 5)
+
+
+def test_logprobs_with_alternatives_streamed_as_whole(client):
+    """One entry per completion token, the chosen token the most likely (greedy), alternatives
+    sorted; the stream carries the same tokens and values."""
+    request = {"model": MODEL, "messages": ASK, "logprobs": True, "top_logprobs": 3, "max_tokens": 12}
+    whole = client.chat.completions.create(**request)
+    tokens = whole.choices[0].logprobs.content
+    assert len(tokens) == whole.usage.completion_tokens == 12
+    assert "".join(t.token for t in tokens) == whole.choices[0].message.content
+    for token in tokens:
+        values = [alt.logprob for alt in token.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True) and token.logprob <= 0
+        assert token.top_logprobs[0].token == token.token
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)
+    chunks = streamed(client, **request)[3]
+    logprobs = [t for c in chunks for choice in c.choices if choice.logprobs for t in choice.logprobs.content or []]
+    assert [(t.token, t.logprob) for t in logprobs] == [(t.token, t.logprob) for t in tokens]
+
+
+def test_logit_bias_forces_a_token_and_checks_the_vocabulary(client):
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=5, logit_bias={str(COMMA): 100}, logprobs=True
+    )
+    assert reply.choices[0].message.content == ",,,,,"
+    assert {t.token for t in reply.choices[0].logprobs.content} == {","}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ASK, logit_bias={"10000000": 1})
+    assert err.value.body["param"] == "logit_bias" and "outside the vocabulary" in err.value.body["message"]
+
+
+def test_a_seed_answers_the_same_alone_and_in_a_full_batch(client):
+    """llama.cpp samples each slot with its own seeded generator: the seeded request answers the same
+    alone and as the eighth sequence beside seven others."""
+    seeded = {"model": MODEL, "messages": ASK, "temperature": 1.0, "seed": 1234, "max_tokens": 24}
+    alone = client.chat.completions.create(**seeded).choices[0].message.content
+    with streams(SLOTS - 1):
+        beside = client.chat.completions.create(**seeded).choices[0].message.content
+    assert beside == alone
+    assert client.chat.completions.create(**{**seeded, "seed": 1235}).choices[0].message.content != alone
+
+
+def test_health_and_the_api_answer_while_sixteen_streams_fill_the_replica(client):
+    """c16 on 8 slots: 8 sequences decode on every core the replica has, 8 more wait in it, and its
+    max_ongoing_requests (16) are all taken. Serve's proxy and the ingress still answer /health (from
+    Serve's view of the decoder when the replica cannot take its status call in time) and
+    /v1/models; closing the streams frees every slot."""
+    with streams(16):
+        health = httpx.get(f"{BASE_URL}/health", timeout=60)
+        assert health.status_code == 200, health.text
+        assert health.json()["status"] == "ok" and health.json()["components"]["decoder"]["ready"]
+        assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_a_request_past_its_deadline_is_a_408_and_frees_its_slots(client):
+    """n=16 endless sequences on 8 slots: 8 decode and 8 wait, as /health and the replica's gauges
+    say. 16 x 900 tokens take minutes on a 2-core CPU, so the deadline ends the request: a 408, and
+    each sequence is cancelled, its slot freed at once. (A CPU decoding this model at more than about
+    480 tokens/s in a batch of 8 would finish within the deadline.) The metrics count it all."""
+
+    def batch(samples: Samples) -> tuple[float, float]:
+        return metric_total(samples, "num_requests_running"), metric_total(samples, "num_requests_waiting")
+
+    before = scrape_metrics(MODEL)
+    with ThreadPoolExecutor(1) as pool:
+        body = endless(ASK[0]["content"], n=2 * SLOTS)
+        reply = pool.submit(httpx.post, f"{BASE_URL}/v1/chat/completions", json=body, timeout=DEADLINE_S + 60)
+        assert wait_until(lambda: decoder_sequences() == (SLOTS, SLOTS), 20), decoder_sequences()
+        during = settled_metrics((MODEL,), lambda s: batch(s) == (SLOTS, SLOTS), DEADLINE_S)
+        assert batch(during) == (SLOTS, SLOTS) and metric_total(during, "kv_cache_usage_perc") > 0
+        response = reply.result()
+    assert response.status_code == 408, response.text
+    assert response.json()["error"]["code"] == "request_timeout"
+    assert wait_until(lambda: decoder_sequences() == (0, 0), 15), decoder_sequences()
+
+    def counted(samples: Samples) -> bool:
+        cancelled = metric_total(samples, "requests_cancelled") - metric_total(before, "requests_cancelled")
+        return cancelled >= 2 * SLOTS and batch(samples) == (0, 0)
+
+    after = settled_metrics((MODEL,), counted, 30)
+    assert counted(after)
+    first_tokens = metric_total(after, "time_to_first_token_seconds", "_count")
+    assert first_tokens >= metric_total(before, "time_to_first_token_seconds", "_count") + SLOTS
+    for counter in ("prompt_tokens", "generation_tokens"):
+        assert metric_total(after, counter) > metric_total(before, counter), counter
+    assert metric_total(after, "engine_loaded", role="decoder") == 1
+
+
+def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_again(client):
+    """`idle_unload_s`: after IDLE_S without a request the replica closes its llama.cpp server (its
+    memory goes back); /health stays ok. The next request loads it again, with the load's progress
+    lines logged again, and answers as before."""
+
+    def load_steps() -> list[str]:
+        lines = replica_log_lines("PrimaryDecoder", f"loading decoder {MODEL!r}: ", app="default")
+        return [line.split(f"loading decoder {MODEL!r}: ")[1].split(" ")[0] for line in lines]
+
+    answer = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8).choices[0].message.content
+    loaded, steps = decoder_details(), load_steps()
+    assert wait_until(lambda: decoder_details()["state"] == "unloaded", IDLE_S + 20)
+    health = httpx.get(f"{BASE_URL}/health", timeout=30).json()
+    assert health["status"] == "ok" and health["components"]["decoder"]["details"]["rss_mb"] < loaded["rss_mb"] - 100
+    assert replica_log_lines("PrimaryDecoder", f"decoder {MODEL!r} unloaded after {IDLE_S}s idle", app="default")
+    again = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8).choices[0].message.content
+    assert again == answer and decoder_details()["state"] == "ready"
+    reloaded = [*steps, "source", "step=download", "step=load", "done"]
+    assert wait_until(lambda: load_steps() == reloaded, 10), load_steps()
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "ray.kill"])
 def test_a_replica_exits_cleanly_and_is_replaced(client, how):
     """llama.cpp's server code runs in the replica's process: Ray's SIGTERM (how it stops a worker)
     and ray.kill must still end that process, and Serve's replacement must serve."""
-    (pid,) = decoder_pids()
+    (pid,) = replica_pids("default", "PrimaryDecoder")
     if how == "SIGTERM":
         os.kill(pid, signal.SIGTERM)
     else:

@@ -13,35 +13,29 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from deployments.app import build_app, build_captioner_app
-from deployments.monitoring.metrics import SPECS
 from tests.conftest import data_url, png_bytes
-from tests.serve.conftest import BASE_URL, image_chat, wait_until, write_models
+from tests.serve.conftest import (
+    BASE_URL,
+    EXPORTED,
+    Samples,
+    image_chat,
+    scrape_metrics,
+    settled_metrics,
+    wait_until,
+    write_models,
+)
+from tests.serve.conftest import metric_total as total
 
 MODEL, CAPTIONER = "mx", "mx-cap"
 URL = f"{BASE_URL}/mx/v1/chat/completions"
-EXPORTED = {spec.name: spec.exported for spec in SPECS}
 
 
-def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape() -> Samples:
     """Every sample of Ray's metrics export on this node whose `model` is ours."""
-    port = ray.nodes()[0]["MetricsExportPort"]
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.labels.get("model") in (MODEL, CAPTIONER)
-    }
-
-
-def total(samples: dict, name: str, suffix: str = "", **labels: str) -> float:
-    """The sum over replicas of one metric's samples with these labels."""
-    wanted = EXPORTED[name] + suffix
-    return sum(v for (n, tags), v in samples.items() if n == wanted and set(labels.items()) <= tags)
+    return scrape_metrics(MODEL, CAPTIONER)
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +65,11 @@ def service(serve_cluster, tmp_path_factory):
         serve.delete(app)
 
 
-def settle(expected: dict[tuple[str, str], float], timeout_s: float = 60.0) -> dict:
-    """The export once every `(metric, suffix)` in `expected` has reached its value (Ray exports every
-    few seconds), so that the exact comparison that follows is fair."""
-    samples: dict = {}
-
-    def reached() -> bool:
-        nonlocal samples
-        samples = scrape()
-        return all(total(samples, name, suffix) >= value for (name, suffix), value in expected.items())
-
-    wait_until(reached, timeout_s=timeout_s, every_s=1.0)
-    return samples
+def settle(expected: dict[tuple[str, str], float]) -> Samples:
+    """The export once every `(metric, suffix)` in `expected` has reached its value."""
+    return settled_metrics(
+        (MODEL, CAPTIONER), lambda s: all(total(s, name, suffix) >= value for (name, suffix), value in expected.items())
+    )
 
 
 def test_metrics_move_by_what_was_sent_and_each_request_leaves_a_json_access_line(service):

@@ -282,7 +282,15 @@ class LlamaCppTextEngine(TextEngine):
                     )
                     return
                 if piece.text or logprobs:
-                    yield EngineOutput(piece.text, tokens, prompt_tokens, logprobs=logprobs)
+                    dropped = prepared.dropped_prompt_tokens
+                    yield EngineOutput(
+                        piece.text,
+                        tokens,
+                        prompt_tokens,
+                        logprobs=logprobs,
+                        truncated_prompt_tokens=dropped,
+                        cached_prompt_tokens=piece.cached,
+                    )
             raise RuntimeError("llama.cpp ended the stream without a finish reason")
         finally:
             cancelled.set()

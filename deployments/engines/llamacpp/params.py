@@ -117,8 +117,8 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
 class Piece:
     """One streamed chunk: its text, completion tokens so far (None: not said), the finish reason
     on the last one, its tokens' logprob entries (llama.cpp's OpenAI form), the prompt's tokens as
-    llama.cpp counted them (None: not said), and on the last one the prompt tokens that came from
-    the prefix cache."""
+    llama.cpp counted them (None: not said), and the prompt tokens that came from the prefix cache
+    (each chunk's `timings`, which `timings_per_token` adds)."""
 
     text: str
     tokens: int | None
@@ -152,11 +152,11 @@ def read_chunk(chunk: dict[str, Any]) -> Piece:
         raise error
     choice = chunk["choices"][0]
     finish = choice.get("finish_reason")
-    tokens = (chunk.get("timings") or {}).get("predicted_n")
-    cached = 0
+    timings = chunk.get("timings") or {}
+    tokens, cached = timings.get("predicted_n"), int(timings.get("cache_n") or 0)
     if finish is not None and (usage := chunk.get("usage")):
         tokens = usage.get("completion_tokens", tokens)
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or cached)
     content = (choice.get("logprobs") or {}).get("content") or []
     return Piece(
         choice.get("text") or "",
@@ -171,8 +171,8 @@ def read_native_chunk(chunk: dict[str, Any]) -> Piece:
     """A streamed chunk of llama.cpp's own ``/completion`` stream (`LlamaServer.stream_native`):
     `content`, `tokens_predicted`, `tokens_evaluated` (the prompt, image tokens included), and on the
     last one `stop` with its `stop_type` (``limit``: the length; ``eos`` or ``word``: a stop); its
-    `completion_probabilities` have the entries of the OpenAI form; the last one's `timings.cache_n`:
-    prompt tokens reused from the prefix cache. Raises the error it carries."""
+    `completion_probabilities` have the entries of the OpenAI form; `timings.cache_n`: prompt tokens
+    reused from the prefix cache. Raises the error it carries."""
     if "error" in chunk:
         raise error_of(chunk) or LlamaCppError(str(chunk["error"]), 500)
     finish: Literal["stop", "length"] | None = None
@@ -185,7 +185,7 @@ def read_native_chunk(chunk: dict[str, Any]) -> Piece:
         finish,
         chunk.get("completion_probabilities") or [],
         prompt if isinstance(prompt, int) else None,
-        int((chunk.get("timings") or {}).get("cache_n") or 0) if finish is not None else 0,
+        int((chunk.get("timings") or {}).get("cache_n") or 0),
     )
 
 

@@ -73,7 +73,13 @@ async def stream_outputs(
         async for ids in stream.tokens:
             if delta := text.feed(ids):
                 n = len(text.ids)
-                yield EngineOutput(delta, n, stream.prompt_tokens, logprobs=logprobs.take(n))
+                yield EngineOutput(
+                    delta,
+                    n,
+                    stream.prompt_tokens,
+                    logprobs=logprobs.take(n),
+                    truncated_prompt_tokens=stream.dropped_prompt_tokens,
+                )
     n = len(text.ids)
     yield EngineOutput(
         text.flush(),

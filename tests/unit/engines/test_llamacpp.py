@@ -85,6 +85,7 @@ async def test_a_repeated_prompt_reuses_its_prefix_and_a_seeded_one_is_computed_
     assert warm[-1].prompt_tokens == prompt
     # llama.cpp computes at least the prompt's last token again, to have its logits
     assert 0 < warm[-1].cached_prompt_tokens < prompt
+    assert {p.cached_prompt_tokens for p in warm} == {warm[-1].cached_prompt_tokens}  # every piece says it
     seeded = request.model_copy(update={"seed": 7, "max_tokens": 24})
     first_text, first = await complete(engine, seeded)
     second_text, second = await complete(engine, seeded)

@@ -112,6 +112,36 @@ async def test_closing_an_n_stream_frees_every_sequence():
     assert replica._seqs._value == 2  # both slots back
 
 
+async def test_health_counts_the_sequences_waiting_for_a_slot():
+    """Three sequences on two slots: two in the engine's batch, one waiting in the replica, which
+    the engine never sees; /health's `waiting` says so, as the num_requests_waiting gauge does."""
+    fake = {"token_delay_ms": 20, "fill_to_max_tokens": True}
+    model = ModelConfig(name="echo", engine="fake", params=EngineParams(max_num_seqs=2, max_tokens=1000), fake=fake)
+    replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+    replica.metrics = metrics = FakeMetrics()
+    ask = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)], n=3)
+    async with aclosing(replica.generate(ask)) as stream:
+        async for _ in stream:
+            break
+        details = replica.status().details
+        replica._sample()
+    assert (details["running"], details["waiting"]) == (2, 1)
+    assert metrics.gauges["num_requests_waiting"] == 1
+    assert (replica.status().details["running"], replica.status().details["waiting"]) == (0, 0)
+
+
+async def test_a_stop_string_keeps_the_count_of_prompt_tokens_truncation_dropped():
+    """`context_overflow: truncate` drops the first turn (6 words) to leave room for 4 tokens in 12;
+    the stop string ends the answer before the engine's last piece, and usage still says so."""
+    params = EngineParams(max_model_len=12, context_overflow="truncate", max_tokens=4)
+    replica = PrimaryDecoder.func_or_class(ModelConfig(name="echo", engine="fake", params=params), Lifecycle())  # type: ignore[attr-defined]
+    turns = [("user", "one two three four"), ("assistant", "five six"), ("user", "say abc")]
+    ask = GenerateRequest(messages=[TextMessage(role=r, content=c) for r, c in turns], stop=["abc"])
+    sent = [chunk async for chunk in replica.generate(ask)]
+    assert "".join(c.text for c in sent) == "user: say "
+    assert (sent[-1].finish_reason, sent[-1].prompt_tokens, sent[-1].truncated_prompt_tokens) == ("stop", 3, 6)
+
+
 class PrefixCachingEcho(FakeTextEngine):
     """The echo engine, saying on its last piece that all its prompt but one token came from a cache."""
 
