@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,16 @@ async def one(client: AsyncOpenAI, seed: int, max_tokens: int) -> tuple[float, f
     return ttft or float("nan"), time.perf_counter() - start, tokens
 
 
-async def run(client: AsyncOpenAI, concurrency: int, requests: int, max_tokens: int, first_seed: int) -> dict:
+async def closed_run(
+    one: Callable[[int], Awaitable[tuple[float, float, int]]], concurrency: int, requests: int, first_seed: int
+) -> dict[str, Any]:
+    """`requests` requests (image seeds from `first_seed`), `concurrency` at a time: their rates and medians."""
     seeds = list(range(first_seed, first_seed + requests))
     results: list[tuple[float, float, int]] = []
 
     async def worker() -> None:
         while seeds:
-            results.append(await one(client, seeds.pop(), max_tokens))
+            results.append(await one(seeds.pop()))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -117,6 +121,10 @@ async def run(client: AsyncOpenAI, concurrency: int, requests: int, max_tokens: 
         "ttft_p50_s": round(statistics.median(r[0] for r in results), 3),
         "latency_p50_s": round(statistics.median(r[1] for r in results), 3),
     }
+
+
+async def run(client: AsyncOpenAI, concurrency: int, requests: int, max_tokens: int, first_seed: int) -> dict:
+    return await closed_run(lambda seed: one(client, seed, max_tokens), concurrency, requests, first_seed)
 
 
 async def bench(args: argparse.Namespace, model_dir: Path, work: Path) -> list[dict[str, Any]]:
@@ -192,17 +200,8 @@ async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str,
     try:
         await one(10_000)  # warm-up
         for concurrency in args.concurrency:
-            seeds = list(range(seed, seed + args.requests))
+            measured = await closed_run(one, concurrency, args.requests, seed)
             seed += args.requests
-            results: list[tuple[float, float, int]] = []
-
-            async def worker(seeds: list[int] = seeds, results: list[tuple[float, float, int]] = results) -> None:
-                while seeds:
-                    results.append(await one(seeds.pop()))
-
-            start = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            wall = time.perf_counter() - start
             record = {
                 "path": "llama.cpp engine",
                 "max_num_seqs": 8,
@@ -210,12 +209,7 @@ async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str,
                 "max_tokens": args.max_tokens,
                 "load_s": load_s,
                 "image_tokens_per_image": engine.describe()["image_tokens"]["per_image"],
-                "concurrency": concurrency,
-                "requests": len(results),
-                "requests_per_s": round(len(results) / wall, 3),
-                "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
-                "ttft_p50_s": round(statistics.median(r[0] for r in results), 3),
-                "latency_p50_s": round(statistics.median(r[1] for r in results), 3),
+                **measured,
             }
             print(json.dumps(record), flush=True)
             records.append(record)
