@@ -29,10 +29,12 @@ def png(colour: tuple[int, int, int]) -> ImageBytes:
 
 
 def native(tiny_vlm_dir, **params) -> ModelConfig:
+    # An idle engine waits batch_wait_ms for company: long enough that requests sent together on a
+    # busy 2-core machine (each preparing its image first) still meet in one batch.
     return ModelConfig(
         name="vlm",
         local_path=str(tiny_vlm_dir),
-        params={"max_num_seqs": 4, "max_model_len": 128, "batch_wait_ms": 50, **params},
+        params={"max_num_seqs": 4, "max_model_len": 128, "batch_wait_ms": 300, **params},
         capabilities={"vision_mode": "native", "max_images_per_request": 2},
     )
 
