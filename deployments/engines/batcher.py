@@ -32,11 +32,14 @@ class Batcher(Generic[T, R]):
         self._worker: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            # A worker of another (closed) event loop would never run this item, and its Event is bound there.
+            self._arrived = asyncio.Event()
+            self._worker = loop.create_task(self._work())
+        future: asyncio.Future[R] = loop.create_future()
         self._queue.append((item, future))
         self._arrived.set()
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._work())
         return await future  # a cancelled caller's item is dropped before its batch runs
 
     async def _work(self) -> None:
