@@ -53,6 +53,33 @@ class EngineParams(StrictModel):
         description="Most tokens per batching step (prompt chunks + decodes; llama.cpp's n_batch). Default: "
         "512 (transformers), llama.cpp's own 2048.",
     )
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="transformers continuous batching on a GPU: replay each step from a CUDA graph captured at "
+        "padded batch shapes (the sampler then runs as fixed tensor ops). auto: on when attention needs no mask "
+        "(flash-attention kernels, used when installed), off with sdpa, whose padded steps attend over the padded "
+        "KV length (measured slower on an H200: docs/benchmarks.md). No effect on a CPU or on llama.cpp.",
+    )
+    compile_level: int = Field(
+        0,
+        ge=0,
+        le=3,
+        description="transformers continuous batching: torch.compile the step (the library's default_compile_level: "
+        "0 off, 1 to 3 more optimisation for a longer warm-up). Not yet measured on a GPU; 0 keeps start-up fast.",
+    )
+    graph_q_padding: int = Field(
+        64,
+        gt=0,
+        description="With cuda_graphs or compile_level: a step's query tokens are padded to a multiple of this, so "
+        "that few shapes need a graph (the library's default).",
+    )
+    graph_kv_padding: int = Field(
+        256,
+        gt=0,
+        description="With cuda_graphs or compile_level: the KV tokens a step reads are padded to a multiple of this "
+        "(one page). The library's default, 16,384, makes every step read and mask that many; a smaller value "
+        "means more graphs, each over less padding. Not yet measured on a GPU.",
+    )
     enable_prefix_caching: bool = Field(
         True,
         description="llama.cpp: a request whose prompt starts as one that a slot still holds reuses that "

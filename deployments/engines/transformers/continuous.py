@@ -5,20 +5,19 @@ requests join it at the next step (their prompts prefilled in chunks of `prefill
 tokens), finished and cancelled ones leave it, and every step's tokens are handed back to the
 replica's event loop, where each request's stream picks up its own.
 
-Sampling is per request in one manager: every request brings its own temperature, top-k and
-top-p, and `PerRequestSampler` draws the tokens, leaving the manager an argmax. Greedy
-(temperature 0) is top-k 1, an exact argmax, so a temperature is never divided by zero; a step
-whose sequences are all greedy, unconstrained and unpenalized is only the argmax. A seeded request
-draws from its own generator, and a penalized one is penalized over its own tokens
-(`row_sampling.RowSampling`), next to the others in the same step.
+Sampling is per request in one manager: the manager's own sampler only takes an argmax, of what
+`batch_sampler.BatchSampler` leaves, a one-hot on each row's token: every request's temperature,
+top-k, top-p, seed, penalties, logit bias, JSON grammar and logprobs applied to the whole step as
+tensor ops (see that module).
 
-Per-request constraints (`constraints.py`: logprobs, logit bias, a JSON grammar) run in the same
-sampler, row by row, next to unconstrained sequences in the same step: the sampler learns which
-request each row is from `prepare_tensor_args` (the manager passes it every scheduled request; only
-those with a new token have a row, in that order; a prompt chunk that is not its prompt's last has
-none), finds its constraints in a registry the request's stream fills, applies them, and once the
-row's token is known (the argmax for greedy rows, the draw for sampled ones) advances its grammar and
-records its logprobs. A grammar's end allows only EOS, so the sequence ends there.
+Captured steps (`cuda_graphs`, `compile_level`): the manager can replay a step from a CUDA graph
+(or run it compiled) at padded batch shapes; the sampler then runs the same kernels for every step
+(`static`), reading each row's parameters from the manager's argument rows. `auto` is the
+library's rule: graphs when attention needs no mask (flash-attention kernels, used when installed),
+since with sdpa every padded step attends over the padded KV length with a dense mask (the reason
+`use_cuda_graph=True` ran at a third of the speed on an H200: docs/benchmarks.md). Steps are never
+double-buffered (`use_async_batching`): grammars and logprobs need a step's tokens on the host before
+the next step is prepared.
 """
 
 from __future__ import annotations
@@ -28,22 +27,14 @@ import contextlib
 import itertools
 import logging
 import queue
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig
-from transformers.generation.continuous_batching.cb_logits_processors import (
-    ContinuousBatchingLogitsProcessor,
-    ContinuousBatchingLogitsProcessorList,
-    ContinuousBatchingTopKLogitsWarper,
-)
-from transformers.generation.continuous_batching.requests import FutureRequestState
 
 from deployments.config import ModelConfig
-from deployments.engines.transformers.constraints import RequestConstraints, constrain
-from deployments.engines.transformers.row_sampling import RequestRegistry, RowSampling, draw
-from deployments.engines.transformers.sampling import Sampling
+from deployments.engines.transformers.batch_sampler import BatchSampler, SamplingParams
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import DecoderUnavailable
@@ -55,76 +46,6 @@ PAGE_SIZE = 256  # tokens per KV-cache page (the library's default)
 DEFAULT_BATCH_TOKENS = 512
 
 
-class PerRequestSampler(ContinuousBatchingLogitsProcessorList):
-    """The manager's warpers (temperature, top-k, top-p: two full-vocabulary sorts per token) and the
-    draw, so that the manager's own sampler (`do_sample` off) only takes an argmax. A step whose
-    sequences are all greedy (top-k 1), unconstrained and unpenalized leaves the scores as they are:
-    an argmax, with no sorts, softmax or draw (a quarter more throughput on CPU at 8 sequences).
-    Otherwise penalized rows are penalized, constrained rows get their logprobs recorded, bias and
-    grammar mask applied; each row is warped by its request's knobs and becomes a one-hot on a token
-    drawn from it (from its own generator when seeded; a greedy row draws its argmax), or, when every
-    row is greedy, stays for the manager's argmax.
-
-    The manager hands over one row per scheduled request, but only the first rows (those of requests
-    with a new token, in order) are real; the others (prompt chunks that are not their prompt's last)
-    are read from position 0 and discarded: they are left alone."""
-
-    def __init__(
-        self,
-        processors: Any,
-        registry: RequestRegistry[RequestConstraints],
-        samplings: RequestRegistry[RowSampling],
-    ) -> None:
-        super().__init__(processors, per_request_processors=True)
-        per_request = [p for p in self.logits_processor if isinstance(p, ContinuousBatchingLogitsProcessor)]
-        self._top_k_row = next(
-            i for i, p in enumerate(per_request) if isinstance(p, ContinuousBatchingTopKLogitsWarper)
-        )
-        self._registry = registry
-        self._samplings = samplings
-        self._rows: list[RequestConstraints | None] = []
-        self._row_samplings: list[RowSampling | None] = []
-
-    def prepare_tensor_args(
-        self, requests_in_batch: list[FutureRequestState], arg_storage: torch.Tensor
-    ) -> torch.Tensor:
-        ids = [r.state.request_id for r in requests_in_batch if r.has_new_token]
-        self._rows = self._registry.lookup(ids)
-        self._row_samplings = self._samplings.lookup(ids)
-        return super().prepare_tensor_args(requests_in_batch, arg_storage)
-
-    def __call__(self, input_ids: Any, scores: torch.Tensor, logits_processor_args: torch.Tensor) -> torch.Tensor:
-        rows = len(self._rows)
-        own = [(i, s) for i, s in enumerate(self._row_samplings) if s is not None]
-        for i, sampling in own:
-            sampling.penalize(scores[i])
-        step = constrain(scores, self._rows)
-        if bool((logits_processor_args[self._top_k_row, :rows] == 1).all()):
-            if step is not None or own:  # the manager's argmax, taken here too for grammars, logprobs, penalties
-                self._chose(scores[:rows].argmax(dim=-1), step, own)
-            return scores
-        warped = super().__call__(input_ids, scores[:rows], logits_processor_args)
-        probs = warped.softmax(dim=-1)
-        drawn = torch.multinomial(probs, num_samples=1)
-        for i, sampling in own:
-            if sampling.generator is not None:
-                drawn[i, 0] = draw(probs[i], sampling.generator)
-        self._chose(drawn[:, 0], step, own)
-        chosen = torch.full_like(scores, float("-inf"))
-        chosen[:rows].scatter_(-1, drawn, 0.0)
-        return chosen
-
-    @staticmethod
-    def _chose(tokens: torch.Tensor, step: Any, own: list[tuple[int, RowSampling]]) -> None:
-        """Each row's token is known (one per real row): grammars, logprobs and penalty counts learn it."""
-        if step is not None:
-            step.accept(tokens[step.indices])
-        if own:
-            chosen = tokens.tolist()
-            for i, sampling in own:
-                sampling.chose(chosen[i])
-
-
 class ContinuousBatchingTextEngine(TransformersTextEngine):
     """The default transformers decoder (`batching: continuous`)."""
 
@@ -133,31 +54,43 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self.num_blocks = self._num_blocks()
         self.batch_tokens = self.params.prefill_chunk_size or DEFAULT_BATCH_TOKENS
-        # The manager takes an argmax of what `PerRequestSampler` leaves. The sampling values below only
-        # make the temperature, top-k and top-p steps exist; every request passes its own (`_knobs`).
         generation = GenerationConfig(do_sample=False, max_new_tokens=self.params.max_tokens, **self.special)
-        warpers = GenerationConfig(do_sample=True, temperature=0.5, top_k=50, top_p=0.5)
         batching = ContinuousBatchingConfig(
             page_size=PAGE_SIZE,
             num_blocks=self.num_blocks,
             max_batch_tokens=self.batch_tokens,
             max_requests_per_batch=self.params.max_num_seqs,
-            per_request_processors=True,
-            # The sampler runs Python per step (constraints, the greedy check): no captured graphs, and
-            # no step prepared while the previous one still samples (it would overwrite the row map).
-            use_cuda_graph=False,
+            use_cuda_graph={"auto": None, "on": True, "off": False}[self.params.cuda_graphs],
+            q_padding_interval_size=self.params.graph_q_padding,
+            kv_padding_interval_size=self.params.graph_kv_padding,
+            default_compile_level=self.params.compile_level,
             use_async_batching=False,
         )
         self._manager = self.model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
         )
-        # Read by the batch processor that `start` creates.
-        self._constraints: RequestRegistry[RequestConstraints] = RequestRegistry()
-        self._samplings: RequestRegistry[RowSampling] = RequestRegistry()
-        self._manager.logit_processor = PerRequestSampler(
-            self.model._get_logits_processor(warpers), self._constraints, self._samplings
+        resolved = self._manager.continuous_batching_config
+        self.cuda_graphs = any(resolved.cuda_graph_booleans)
+        compiled = resolved.varlen_compile_config is not None or resolved.decode_compile_config is not None
+        # Read by the batch processor that `start` creates; its tokens go to the streams after `after_step`.
+        self._sampler = BatchSampler(
+            self.vocab_size,
+            self.params.max_num_seqs,
+            slots=2 * self.params.max_num_seqs,  # the replica admits twice max_num_seqs requests
+            device=self.model.device,
+            static=self.cuda_graphs or compiled,
         )
+        self._manager.logit_processor = self._sampler
+        step = self._manager._generation_step
+
+        def generation_step() -> None:
+            step()
+            self._sampler.after_step()
+
+        self._manager._generation_step = generation_step
         self._manager.start()
+        # The manager's thread is not a daemon: an engine never closed would keep Python from exiting.
+        threading._register_atexit(self._stop)  # type: ignore[attr-defined]
         self._ids = itertools.count()
 
     def _kv_bytes_per_token(self) -> int:
@@ -182,10 +115,17 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             "kv_cache_tokens": self.num_blocks * PAGE_SIZE,
             "batch_tokens": self.batch_tokens,
             "attention": self.model.config._attn_implementation,
+            "cuda_graphs": self.cuda_graphs,
+            "compile_level": self.params.compile_level,
+            "sampler": self._sampler.describe(),
         }
 
+    def _stop(self) -> None:
+        if self._manager.is_running():
+            self._manager.stop(block=True, timeout=10)
+
     def close(self) -> None:
-        self._manager.stop(block=True, timeout=10)
+        self._stop()
         super().close()
 
     def failure(self) -> str | None:
@@ -207,18 +147,13 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             "kv_cache_usage": round(_kv_cache_usage(processor.cache), 4),
         }
 
-    def _knobs(self, sampling: Sampling) -> dict[str, Any]:
-        """Per-request sampling arguments of the manager (greedy is top-k 1)."""
-        if sampling.greedy:
-            return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-        top_k = min(sampling.top_k, self.vocab_size) if sampling.top_k else self.vocab_size
-        return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": float(sampling.top_p)}
-
     async def start(self, request: GenerateRequest) -> TokenStream:
         prepared = await self.prepare(request)
         sampling = self.sampling(request)
-        knobs = self._knobs(sampling)
-        own = RowSampling.of(None if sampling.greedy else request.seed, *self.penalties(request))
+        frequency, presence = self.penalties(request)
+        params = SamplingParams(
+            sampling.temperature, sampling.top_p, sampling.top_k, 0.0, frequency, presence, request.seed
+        )
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
         request_id = f"seq-{next(self._ids)}"
@@ -228,12 +163,9 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             finished, seen = False, 0
             try:
                 self._manager.register_result_handler(request_id, outputs.put_nowait)
-                if prepared.constraints is not None:  # before the sequence can be scheduled
-                    self._constraints.add(request_id, prepared.constraints)
-                if own is not None:
-                    self._samplings.add(request_id, own)
+                self._sampler.add(request_id, params, prepared.constraints)  # before it can be scheduled
                 accepted = self._manager.add_request(
-                    prepared.prompt, request_id=request_id, max_new_tokens=prepared.max_tokens, streaming=True, **knobs
+                    prepared.prompt, request_id=request_id, max_new_tokens=prepared.max_tokens, streaming=True
                 )
                 if accepted is None:
                     raise DecoderUnavailable("The decoder is shutting down and accepts no new requests.")
@@ -254,8 +186,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                     self._manager.cancel_request(request_id)
                     with self._manager.output_router._lock:  # a cancelled request gets no final output
                         self._manager.output_router.result_handlers.pop(request_id, None)
-                self._constraints.remove(request_id)
-                self._samplings.remove(request_id)
+                self._sampler.remove(request_id)
                 self._drop_orphans()
 
         return TokenStream(
