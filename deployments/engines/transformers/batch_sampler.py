@@ -259,7 +259,7 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         step = self._step
         if not self.static and step.trivial:
             return scores
-        n = scores.size(0) if self.static else len(step.rows)
+        n = min(scores.size(0), self.max_rows) if self.static else len(step.rows)
         return self.sample(scores, logits_processor_args[:, :n], step)
 
     def sample(self, scores: torch.Tensor, args: torch.Tensor, step: _Step) -> torch.Tensor:
