@@ -366,3 +366,19 @@ def test_openai_penalties_are_additive_over_completion_tokens():
     assert out[0, 3].item() == -(2 * 0.5 + 1.0)
     assert out[0, 7].item() == -(0.5 + 1.0)
     assert out[0, 5].item() == 0.0  # prompt tokens are not penalised
+
+
+def test_a_continuous_engine_never_closed_lets_python_exit(tiny_llm_dir):
+    """The manager's thread is not a daemon: the engine stops it when the interpreter exits."""
+    import subprocess
+    import sys
+
+    script = (
+        "from deployments.config import ModelConfig\n"
+        "from deployments.engines import create_text_engine\n"
+        f"engine = create_text_engine(ModelConfig(name='t', local_path={str(tiny_llm_dir)!r}))\n"
+        "print(engine.describe()['cuda_graphs'], flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"  # no graph backend on a CPU, whatever cuda_graphs says
