@@ -23,7 +23,51 @@ async def test_text_engine_on_gpu(smollm2):
         messages=[TextMessage(role="user", content="What is the capital of France?")], temperature=0, max_tokens=16
     )
     text = "".join([p.text async for p in engine.generate(request)])
+    engine.close()
     assert "Paris" in text
+
+
+def _tiny(tiny_llm_dir, **params) -> ModelConfig:
+    params = {"dtype": "float32", "max_num_seqs": 4, **params}
+    return ModelConfig(name="t", engine="transformers", local_path=str(tiny_llm_dir), params=params)
+
+
+async def _answers(engine, requests: list[GenerateRequest]) -> list[str]:
+    import asyncio
+
+    async def one(request: GenerateRequest) -> str:
+        return "".join([p.text async for p in engine.generate(request)])
+
+    return list(await asyncio.gather(*(one(r) for r in requests)))
+
+
+def _chats(**knobs) -> list[GenerateRequest]:
+    prompts = ["hello there", "What is the capital of France?", "Count to five.", "Tell me a story."]
+    return [GenerateRequest(messages=[TextMessage(role="user", content=p)], max_tokens=24, **knobs) for p in prompts]
+
+
+async def test_captured_steps_give_the_same_greedy_tokens(tiny_llm_dir):
+    """The same batch of greedy requests with CUDA graphs on and off (float32): the same answers."""
+    answers = {}
+    for mode in ("off", "on"):
+        engine = create_text_engine(_tiny(tiny_llm_dir, cuda_graphs=mode))
+        try:
+            assert engine.describe()["cuda_graphs"] is (mode == "on")
+            answers[mode] = await _answers(engine, _chats(temperature=0))
+        finally:
+            engine.close()
+    assert answers["on"] == answers["off"] and all(answers["on"])
+
+
+async def test_a_seeded_request_is_reproducible_beside_others_in_captured_steps(tiny_llm_dir):
+    engine = create_text_engine(_tiny(tiny_llm_dir, cuda_graphs="on"))
+    try:
+        (seeded,) = _chats(temperature=1.0, top_p=0.9, seed=7)[:1]
+        alone = await _answers(engine, [seeded])
+        beside = await _answers(engine, [seeded, *_chats(temperature=1.0)[1:]])
+        assert beside[0] == alone[0]
+    finally:
+        engine.close()
 
 
 def test_caption_engine_on_gpu(tiny_vlm_dir):

@@ -12,6 +12,7 @@ The SmolLM2 tokenizer comes from the offline default GGUF (scripts/prepare_model
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,8 +44,12 @@ def smollm2_gguf() -> Path:
 
 
 def _tokenizer() -> Any:
+    """The SmolLM2 tokenizer: from MMSERVE_TOKENIZER_DIR when set (a saved copy, 3 MB, for a machine
+    without the offline default: `scripts/gpu_check.sh`), else from the offline default GGUF."""
     from transformers import AutoTokenizer
 
+    if saved := os.environ.get("MMSERVE_TOKENIZER_DIR"):
+        return AutoTokenizer.from_pretrained(saved)
     return AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=smollm2_gguf().name)
 
 
