@@ -40,12 +40,12 @@ from typing import Any
 
 import ray
 
-from deployments.config import LLAMA_CPP, AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ModelConfig
+from deployments.config import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ModelConfig
+from deployments.engines.registry import engine_replica_env, engine_spec
 from deployments.errors import ConfigError
 from deployments.roles import Role
 
 SHARED_GPU = 0.5  # decoder and captioner packed on one card
-CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto); llama.cpp: 1
 HEALTH_CHECK_S = 2
 BACKPRESSURE = {"retry_after_s": 2}
 QUEUED = 64
@@ -122,11 +122,10 @@ def scaling(app_args: AppArgs, model: ModelConfig, *, max_replicas: int, target:
 
 def cpu_decoders(model: ModelConfig) -> int:
     """CPU replicas of a decoder under `decoder_cpu_replicas: auto` (before the cores cap them), by its
-    resolved engine: llama.cpp batches its slots in one process on OpenMP threads over all the cores it
-    is given, so one replica; the torch engines run a Python step loop that no OpenMP barrier spans, so
-    `CPU_DECODERS` processes with a share of the cores each (1.4x one replica with both cores,
-    docs/benchmarks.md)."""
-    return 1 if model.engine == LLAMA_CPP else CPU_DECODERS
+    resolved engine's spec (`EngineSpec.cpu_replicas`): one for llama.cpp, which batches its slots in
+    one process over all the cores it is given; `CPU_DECODERS` for the torch engines, whose Python
+    step loop no OpenMP barrier spans (1.4x one replica with both cores, docs/benchmarks.md)."""
+    return engine_spec(model.engine).cpu_replicas
 
 
 def decoder_layout(
@@ -187,7 +186,7 @@ def decoder_layout(
             )
         count = {"autoscaling_config": autoscaling}
     threads = model.params.cpu_threads
-    if threads == "all" or (threads is None and model.engine == LLAMA_CPP):
+    if threads == "all" or (threads is None and engine_spec(model.engine).threads_are_cores):
         params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
         model = model.model_copy(update={"params": params})
     return {"ray_actor_options": {"num_cpus": cpus / replicas, "num_gpus": 0}, **count}, model
@@ -253,19 +252,15 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
 # --- Replica processes: environment and draining --------------------------------------------------
 # Kept apart from the placement above: every deployment's options pass through `for_replicas` last.
 
-# Variables a replica's process must have when it starts (read by libgomp, oneDNN and Serve at import).
-# CPU torch: OpenMP threads spin briefly, then sleep, so that Serve's proxy and ingress still get a core
-# (the default spin made a 2-core machine 4x slower); bounded oneDNN kernel caches: continuous batching
-# gives most steps a new matmul shape, and at the default 1024 entries per cache a decoder grew ~0.5 MB a
-# request, to hundreds of MB (docs/reliability.md); 16 keeps it flat.
-TORCH_ENV = {"GOMP_SPINCOUNT": "20000", "LRU_CACHE_CAPACITY": "16", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16"}
-# Replica code on the replica's own event loop: one thread hop less for every streamed chunk (both
-# deployments keep their blocking work in worker threads).
+# Variables a replica's process must have when it starts (read by libgomp, oneDNN and Serve at import):
+# the engines' (`engine_replica_env`: OpenMP's brief spin, bounded oneDNN caches) where one runs, and
+# replica code on the replica's own event loop where it streams: one thread hop less for every
+# streamed chunk (both deployments keep their blocking work in worker threads).
 SAME_LOOP = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 REPLICA_ENV: dict[str, dict[str, str]] = {
     "Ingress": SAME_LOOP,
-    "PrimaryDecoder": {**TORCH_ENV, **SAME_LOOP},
-    "VisionCaptioner": TORCH_ENV,
+    "PrimaryDecoder": {**engine_replica_env(), **SAME_LOOP},
+    "VisionCaptioner": engine_replica_env(),
 }
 DRAIN_MARGIN_S = 5.0  # beyond a request's own deadline: its error event, the cancellation reaching the engine
 

@@ -54,8 +54,6 @@ logger = logging.getLogger("ray.serve")
 
 DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
 _END = object()
-# Settings of the transformers engines that mean nothing here: the GGUF file is run as it is.
-_TRANSFORMERS_ONLY = ("dtype", "quantization", "batching", "device_ids")
 
 
 def llama_threads(params: EngineParams) -> int:
@@ -125,10 +123,6 @@ class LlamaCppTextEngine(TextEngine):
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
         # cancelled streams that wait for their next token to stop.
         self.streams = 2 * self.params.max_num_seqs
-        defaults = EngineParams()
-        ignored = [f for f in _TRANSFORMERS_ONLY if getattr(self.params, f) != getattr(defaults, f)]
-        if ignored:
-            logger.warning("model %s: engine llama.cpp runs the GGUF file as it is; ignored: %s", self.name, ignored)
         if model.mmproj_file and self.projector is None:
             logger.warning("model %s: mmproj_file is loaded for vision_mode native only; ignored", self.name)
         if os.environ.get("CUDA_VISIBLE_DEVICES"):
