@@ -4,7 +4,7 @@ that models.yaml names (`ENGINES`), and `engine_spec`, which also answers for ``
 A spec says which settings of ``params:`` the engine ignores, how a decoder running it is placed on
 CPU (how many replicas share the cores, and whether an unset `cpu_threads` means every core), what
 its replicas' processes need in their environment, and how it builds its text and caption engines.
-The builder (`deployments/options.py`) and `factory` ask the spec; neither compares engine names.
+The builder (`deployments/options/`) and `factory` ask the spec; neither compares engine names.
 
 The constructors import their engine's package only when called, so that choosing one engine
 never imports another's library (llama.cpp never imports torch, transformers never imports
