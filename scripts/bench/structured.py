@@ -1,6 +1,6 @@
 """What JSON-schema constrained decoding costs inside the continuous batch.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_structured.py
+    HF_HUB_OFFLINE=1 .venv/bin/python -m scripts.bench structured
 
 models.yaml's first model in the continuous batching engine alone (no Serve), `--concurrency`
 requests at once, `--max-tokens` each, greedy, over `--rounds` rounds per run. Runs alternate,
@@ -44,6 +44,7 @@ from deployments.engines import create_text_engine
 from deployments.engines.base import TextEngine
 from deployments.engines.transformers import constraints, continuous
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from scripts.bench.common import ROOT, arguments
 
 THINGS = ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
 SCHEMA = {
@@ -147,14 +148,18 @@ async def run(engine: TextEngine, mode: str, args: argparse.Namespace) -> dict[s
     return record
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models-file", type=Path, default=Path(__file__).resolve().parents[1] / "models.yaml")
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(bench(argv))
+
+
+async def bench(argv: list[str] | None) -> None:
+    parser = arguments("structured", __doc__)
+    parser.add_argument("--models-file", type=Path, default=ROOT / "models.yaml")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model = load_models_file(args.models_file).models[0]
     engine = create_text_engine(model.model_copy(update={"engine": "transformers"}))  # what `instrument` times
@@ -199,7 +204,3 @@ async def main() -> None:
         flush=True,
     )
     engine.close()
-
-
-if __name__ == "__main__":
-    asyncio.run(main())
