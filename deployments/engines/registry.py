@@ -60,14 +60,6 @@ class EngineSpec:
     """Variables its replicas' processes need when they start."""
 
 
-def _fake_text(model: ModelConfig) -> TextEngine:
-    return FakeTextEngine(model)
-
-
-def _fake_caption(model: ModelConfig) -> CaptionEngine:
-    return FakeCaptionEngine(model)
-
-
 def _transformers_text(model: ModelConfig) -> TextEngine:
     """Under `vision_mode: native` the VLM engine; else continuous batching unless `params.batching`
     is `sequential`."""
@@ -125,7 +117,7 @@ ENGINES: dict[str, EngineSpec] = {
         ),
         # Deterministic, shipped for tests and demos (its settings: the entry's `fake:` section);
         # computes nothing, so its processes need nothing.
-        EngineSpec("fake", _fake_text, _fake_caption),
+        EngineSpec("fake", FakeTextEngine, FakeCaptionEngine),
     )
 }
 
