@@ -5,7 +5,7 @@
 #      captioner packed at half a card each (text, an image not degraded, a stream, 16 at once, both
 #      replicas holding memory on the same card);
 #   2. the engine on a random model of SmolLM2-1.7B's shape, cuda_graphs off and on, against plain
-#      `generate` and the measured bandwidth roofline, as a table (scripts/gpu_bench.py).
+#      `generate` and the measured bandwidth roofline, as a table (python -m scripts.bench gpu).
 #
 #   scripts/gpu_check.sh [OUT_DIR]     # logs and results in OUT_DIR (default build/gpu-check)
 #
@@ -21,7 +21,7 @@ py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
 if [ ! -f "$out/tokenizer/tokenizer.json" ]; then
-  "$py" -c "from tests.support.tiny_models import _tokenizer; _tokenizer().save_pretrained('$out/tokenizer')" || exit 1
+  "$py" -c "from scripts.bench.tiny_models import _tokenizer; _tokenizer().save_pretrained('$out/tokenizer')" || exit 1
 fi
 export MMSERVE_TOKENIZER_DIR="$PWD/$out/tokenizer"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" || {
@@ -33,6 +33,6 @@ echo "== GPU tests"
 timeout 240 "$py" -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/tests.log" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== engine benchmark"
-timeout 300 "$py" scripts/gpu_bench.py --tokenizer "$out/tokenizer" 2>"$out/bench.err" | tee "$out/bench.txt"
+timeout 300 "$py" -m scripts.bench gpu --tokenizer "$out/tokenizer" 2>"$out/bench.err" | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || { status=1; tail -20 "$out/bench.err"; }
 exit $status

@@ -28,7 +28,7 @@ descriptors of every Serve process, the caption cache and the object store are s
 whose memory grows more than `--max-growth` from 5 minutes into its life to the end fails the run.
 Prints one JSON report; exits 1 unless its verdict is `pass`.
 
---serve starts the service as scripts/bench.py does (tiny local captioner, offline SmolLM2) on the
+--serve starts the service as `python -m scripts.bench serve` does (tiny local captioner, offline SmolLM2) on the
 port of --url, and stops it at the end. --kill TARGET@SECONDS (decoder or captioner) kills that
 deployment's replicas through Ray (`ray.kill(no_restart=True)`); Serve starts replacements.
 """
@@ -58,8 +58,8 @@ from PIL import Image
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 
+from scripts.bench.common import Server, image_url, start_ours, write_models
 from tests.support.answer_check import DEFAULT_TOL, AnswerScorer, Reference
-from tests.support.bench import Server, image_url, start_ours, write_models
 from tests.support.faults import TARGETS, Fault, connect_ray, gcs_address, inject
 from tests.support.load_report import Outcome, Spec, drift_rates, report, verdicts
 from tests.support.service_watch import ResourceWatch, health, slots_free_after_s, watch_health, watch_resources
@@ -349,7 +349,9 @@ def main() -> None:
     parser.add_argument("--kill", action="append", default=[], metavar="TARGET@S", help=f"one of {sorted(TARGETS)}")
     parser.add_argument("--fault-window-s", type=float, default=90, help="failures this long after a fault: explained")
     parser.add_argument("--ray-address", help="for --kill (default: the local cluster whose Serve has --url's port)")
-    parser.add_argument("--serve", action="store_true", help="start the service (as bench.py does) and stop it after")
+    parser.add_argument(
+        "--serve", action="store_true", help="start the service (as the serve benchmark does) and stop it after"
+    )
     parser.add_argument("--quantization", help="with --serve: the decoder's quantization (default: models.yaml's)")
     parser.add_argument(
         "--models-file", type=Path, default=ROOT / "models.yaml", help="the served models.yaml, for the answer check"
@@ -370,7 +372,7 @@ def main() -> None:
     port = urlparse(args.url).port or 80
     server: Server | None = None
     if args.serve:
-        from tests.support.tiny_models import SMALL_VLM, build_tiny_vlm
+        from scripts.bench.tiny_models import SMALL_VLM, build_tiny_vlm
 
         work = ROOT / "models" / "loadtest"
         work.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.support.tiny_models import build_tiny_gguf_vlm, build_tiny_llm, build_tiny_vlm, smollm2_gguf
+from scripts.bench.tiny_models import build_tiny_gguf_vlm, build_tiny_llm, build_tiny_vlm, smollm2_gguf
 
 # Ray's workers (Serve replicas running a test engine such as tests.support.native_probe) and the
 # services tests start in subprocesses import the test helpers from this checkout.

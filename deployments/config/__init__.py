@@ -12,7 +12,7 @@ local_path; int4-cpu with a bfloat16 dtype; prompt_template fields; a captioner 
 file on disk, the builder args or other entries (paths exist, the primary named by `model`,
 `captioning:` only on a captioner's entry) is checked in `loading`; a decoder's
 `max_ongoing_requests` against its `max_num_seqs`, and `deployment.autoscaling` once the role's
-defaults fill it, in `deployments/options.py`."""
+defaults fill it, in `deployments/options/`."""
 
 from deployments.config.chat import TOOL_CALL_FORMATS, TOOL_MARKERS, ToolCallFormat
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan

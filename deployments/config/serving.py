@@ -46,7 +46,7 @@ class AutoscalingConfig(StrictModel):
     """Replica autoscaling of a model's deployment (``deployment.autoscaling``), on ongoing requests:
     Serve keeps each replica near `target_ongoing_requests` (running and waiting requests, averaged
     over `look_back_period_s`), between `min_replicas` and `max_replicas`. The builder maps it into
-    Serve's ``autoscaling_config`` (deployments/options.py), filling the fields left unset with the
+    Serve's ``autoscaling_config`` (deployments/options/), filling the fields left unset with the
     default of the model's role, and checks the result there (min <= initial <= max once filled, a
     CPU decoder's replicas within the cores, the decoder never at zero)."""
 
@@ -120,7 +120,7 @@ class AutoscalingConfig(StrictModel):
 
 class DeploymentConfig(StrictModel):
     """Serve options of a model's deployment (the ``deployment:`` section of its entry). Unset ones
-    take the builder's default for the model's role (deployments/options.py); serve_config.yaml may
+    take the builder's default for the model's role (deployments/options/); serve_config.yaml may
     still override any of them."""
 
     max_ongoing_requests: int | None = Field(

@@ -1,5 +1,6 @@
-"""Model engines behind two small ABCs (`base`); `factory` picks one from a `ModelConfig`: an engine
-library's folder (`transformers/`), the deterministic `fake`, or your own `module:Class`. What every
+"""Model engines behind two small ABCs (`base`); `factory` builds one from a `ModelConfig` by its
+spec in `registry` (which also tells the builder how the engine is placed): an engine library's
+folder (`transformers/`, `llamacpp/`), the deterministic `fake`, or your own `module:Class`. What every
 library shares sits here: the context fitting (`context`), the request batcher (`batcher`) and image
 decoding (`images`). Replicas only see `TextEngine` and `CaptionEngine`."""
 

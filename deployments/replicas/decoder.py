@@ -28,7 +28,7 @@ from deployments.roles import Role
 logger = logging.getLogger("ray.serve")
 
 
-@serve.deployment  # its options are the builder's (deployments/options.py)
+@serve.deployment  # its options are the builder's (deployments/options/)
 class PrimaryDecoder:
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._model = model.name

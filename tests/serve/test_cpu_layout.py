@@ -10,7 +10,8 @@ from ray import serve
 
 from deployments.app import build_app
 from deployments.config import cpu_cores
-from deployments.options import CPU_DECODERS, REPLICA_ENV
+from deployments.engines.registry import CPU_DECODERS
+from deployments.options import REPLICA_ENV
 from tests.serve.conftest import undeploy, write_models
 
 

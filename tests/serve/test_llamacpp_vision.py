@@ -1,5 +1,5 @@
 """GGUF vision on llama.cpp behind real Ray Serve, driven by the official openai client: the tiny GGUF
-VLM (the offline SmolLM2 GGUF with a random LLaVA-style projector, `tests/support/tiny_models.py`)
+VLM (the offline SmolLM2 GGUF with a random LLaVA-style projector, `scripts/bench/tiny_models.py`)
 as a native primary (`engine: auto` on CPU) and, for a second primary that is text only, as its
 captioner in proxy mode (`engine: auto`, `captioner_gpus: 0`). One deployment serves the module."""
 
@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
+from scripts.bench.tiny_models import SMOLLM2_FILE, TINY_MMPROJ_FILE, tiny_mmproj_image_tokens
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
-from tests.support.tiny_models import SMOLLM2_FILE, TINY_MMPROJ_FILE, tiny_mmproj_image_tokens
 
 VLM, ECHO = "gguf-vlm", "echo"
 CONTEXT = 160

@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from scripts.bench.common import pct
 from tests.support.answer_check import AnswerScorer, Reference, classify
-from tests.support.bench import pct
 from tests.support.faults import Fault
 
 

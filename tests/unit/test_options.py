@@ -1,4 +1,4 @@
-"""Every deployment's Serve options, set by the builder (`deployments/options.py`): the decoder's
+"""Every deployment's Serve options, set by the builder (`deployments/options/`): the decoder's
 placement and torch threads by GPU or CPU, and the queue and scaling bounds of each deployment."""
 
 import copy

@@ -1,5 +1,5 @@
 """serve_config.yaml is a valid Serve config whose builders accept its args, and which leaves the
-deployment options to the builder (one owner: deployments/options.py)."""
+deployment options to the builder (one owner: deployments/options/)."""
 
 from pathlib import Path
 

@@ -4,7 +4,7 @@ One engine is one llama.cpp server with `max_num_seqs` slots: llama.cpp batches 
 in every decode step (continuous batching: a request joins at the next step, its prompt in chunks
 of `n_batch` tokens). Each request is one streamed completion, run on a thread of this engine's
 pool (xllamacpp's call blocks until its stream ends); its chunks reach the event loop through a
-queue. Closing the generator (a stop string, the client gone) makes the next chunk's callback
+`ThreadStream`. Closing the generator (a stop string, the client gone) makes the next chunk's callback
 answer "stop", and llama.cpp cancels the task and frees the slot at once: one decode step later,
 or after the prompt's prefill when it is still in it.
 
@@ -25,11 +25,9 @@ layout (attention only reads a slot's own cells: about 15% more tokens/s at 8 se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +37,7 @@ from typing import Any
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
+from deployments.engines.bridge import ThreadStream
 from deployments.engines.context import Limits, fit_rendered
 from deployments.engines.llamacpp.files import gguf_path
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
@@ -53,9 +52,6 @@ from deployments.roles import Role
 logger = logging.getLogger("ray.serve")
 
 DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
-_END = object()
-# Settings of the transformers engines that mean nothing here: the GGUF file is run as it is.
-_TRANSFORMERS_ONLY = ("dtype", "quantization", "batching", "device_ids")
 
 
 def llama_threads(params: EngineParams) -> int:
@@ -125,10 +121,6 @@ class LlamaCppTextEngine(TextEngine):
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
         # cancelled streams that wait for their next token to stop.
         self.streams = 2 * self.params.max_num_seqs
-        defaults = EngineParams()
-        ignored = [f for f in _TRANSFORMERS_ONLY if getattr(self.params, f) != getattr(defaults, f)]
-        if ignored:
-            logger.warning("model %s: engine llama.cpp runs the GGUF file as it is; ignored: %s", self.name, ignored)
         if model.mmproj_file and self.projector is None:
             logger.warning("model %s: mmproj_file is loaded for vision_mode native only; ignored", self.name)
         if os.environ.get("CUDA_VISIBLE_DEVICES"):
@@ -227,73 +219,59 @@ class LlamaCppTextEngine(TextEngine):
         if self._closed:
             raise DecoderUnavailable("The llama.cpp engine was closed.")
         prepared = await asyncio.to_thread(self._prepare, request)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancelled = threading.Event()
-
-        def deliver(item: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody reads any more
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def on_chunk(chunk: dict[str, Any]) -> bool:
-            if cancelled.is_set():
-                return True  # llama.cpp cancels the task and frees the slot
-            deliver(chunk)
-            return False
-
-        def run() -> None:
-            try:
-                if not cancelled.is_set():
-                    self._stream(prepared.body, on_chunk)
-            except BaseException as exc:  # surfaces in the request
-                deliver(exc)
-            finally:
-                deliver(_END)
-
         key = next(self._ids)
         prompt_tokens = prepared.prompt_tokens
         live = self._live[key] = [prompt_tokens, 0]
         k = request.logprobs
         try:
-            self._pool.submit(run)
-            tokens = 0
-            while (item := await queue.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise _request_error(item)
-                try:
-                    piece = self._read(item)
-                except LlamaCppError as exc:
-                    raise _request_error(exc) from None
-                tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
-                live[1] = tokens
-                logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
-                if piece.finish is not None:
-                    if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
-                        counts = (self.name, piece.prompt_tokens, prompt_tokens)
-                        logger.warning("model %s: llama.cpp counted %s prompt tokens, the engine %s", *counts)
-                    yield EngineOutput(
-                        piece.text,
-                        tokens,
-                        piece.prompt_tokens or prompt_tokens,  # llama.cpp's own count where it says it
-                        finish_reason=piece.finish,
-                        logprobs=logprobs,
-                        truncated_prompt_tokens=prepared.dropped_prompt_tokens,
-                        cached_prompt_tokens=piece.cached,
-                    )
-                    return
-                if piece.text or logprobs:
-                    dropped = prepared.dropped_prompt_tokens
-                    yield EngineOutput(
-                        piece.text,
-                        tokens,
-                        prompt_tokens,
-                        logprobs=logprobs,
-                        truncated_prompt_tokens=dropped,
-                        cached_prompt_tokens=piece.cached,
-                    )
+            with ThreadStream[dict[str, Any]](_request_error) as chunks:
+
+                def on_chunk(chunk: dict[str, Any]) -> bool:
+                    if chunks.cancelled.is_set():
+                        return True  # llama.cpp cancels the task and frees the slot
+                    chunks.send(chunk)
+                    return False
+
+                def produce() -> None:
+                    if not chunks.cancelled.is_set():
+                        self._stream(prepared.body, on_chunk)
+
+                self._pool.submit(chunks.run, produce)
+                tokens = 0
+                async for chunk in chunks:
+                    try:
+                        piece = self._read(chunk)
+                    except LlamaCppError as exc:
+                        raise _request_error(exc) from None
+                    tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
+                    live[1] = tokens
+                    logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
+                    if piece.finish is not None:
+                        if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
+                            counts = (self.name, piece.prompt_tokens, prompt_tokens)
+                            logger.warning("model %s: llama.cpp counted %s prompt tokens, the engine %s", *counts)
+                        yield EngineOutput(
+                            piece.text,
+                            tokens,
+                            piece.prompt_tokens or prompt_tokens,  # llama.cpp's own count where it says it
+                            finish_reason=piece.finish,
+                            logprobs=logprobs,
+                            truncated_prompt_tokens=prepared.dropped_prompt_tokens,
+                            cached_prompt_tokens=piece.cached,
+                        )
+                        return
+                    if piece.text or logprobs:
+                        dropped = prepared.dropped_prompt_tokens
+                        yield EngineOutput(
+                            piece.text,
+                            tokens,
+                            prompt_tokens,
+                            logprobs=logprobs,
+                            truncated_prompt_tokens=dropped,
+                            cached_prompt_tokens=piece.cached,
+                        )
             raise RuntimeError("llama.cpp ended the stream without a finish reason")
         finally:
-            cancelled.set()
             self._live.pop(key, None)
 
     def _stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:

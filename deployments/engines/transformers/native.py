@@ -20,6 +20,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.batcher import Batcher
+from deployments.engines.bridge import ThreadStream
 from deployments.engines.context import fit_rendered
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import (
@@ -35,7 +36,7 @@ from deployments.engines.transformers.memory_profile import (
     largest_image,
     measure,
 )
-from deployments.engines.transformers.native_batch import END, NativeJob, queue_sink, run_batch
+from deployments.engines.transformers.native_batch import Collected, NativeJob, run_batch
 from deployments.engines.transformers.native_prompt import NativePrompt, NativePromptBuilder
 from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.engines.transformers.sampling import Sampling
@@ -126,16 +127,14 @@ class NativeVisionEngine(TransformersDecoder):
         job = await asyncio.to_thread(self._job, request)
 
         async def tokens() -> AsyncIterator[list[int]]:
-            queue: asyncio.Queue = asyncio.Queue()
-            job.sink = queue_sink(queue)
+            stream = ThreadStream[int](_request_error)
+            job.out, job.cancelled = stream, stream.cancelled  # a row still decoding ends at the next step
             submitted = asyncio.ensure_future(self._batcher.submit(job))
             try:
-                while (item := await queue.get()) is not END:
-                    if isinstance(item, BaseException):
-                        raise _request_error(item)
-                    yield [item]
+                with stream:
+                    async for token in stream:
+                        yield [token]
             finally:
-                job.cancelled.set()  # a row still decoding ends at the next step
                 submitted.cancel()  # a job still waiting for its batch never joins one
 
         return TokenStream(tokens(), len(job.prompt.ids), job.max_tokens, job.constraints, job.dropped_prompt_tokens)
@@ -156,14 +155,14 @@ class NativeVisionEngine(TransformersDecoder):
         filler = self.tokenizer(" a", add_special_tokens=False).input_ids[-1]
         ids = [filler] * (prompt_len - images * per_image) + [self.prompts.image_token_id] * images
         prompt = self.prompts.assemble(ids, [image] * images)
-        items: list[object] = []
+        out = Collected()
         jobs = [
-            NativeJob(prompt=prompt, max_tokens=2, sampling=Sampling(0.0, 1.0, 0), sink=items.append)
+            NativeJob(prompt=prompt, max_tokens=2, sampling=Sampling(0.0, 1.0, 0), out=out)
             for _ in range(self.params.max_num_seqs)
         ]
         peak, seconds = measure(self.device, lambda: run_batch(self.model, jobs, self.special, self.eos_ids))
-        if errors := [item for item in items if isinstance(item, BaseException)]:
-            raise errors[0]
+        if out.errors:
+            raise out.errors[0]
         budget = self.params.mem_budget_mb or default_budget_mb(self.device)
         measured = "cuda_max_allocated" if self.device.startswith("cuda") else "process_peak_rss"
         return MemoryProfile(peak, budget, measured, len(jobs), images, per_image, len(prompt.ids), round(seconds, 2))

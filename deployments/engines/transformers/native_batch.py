@@ -12,17 +12,16 @@ What stays per request inside the shared `generate`:
   grammar: `constraints.constrain`), and its own `torch.Generator` when it has a seed;
 - length and cancellation (`RowLimits`): a row ends at its own `max_tokens`, or as soon as its
   stream is closed (stop string, client gone), while the others go on;
-- streaming (`RowStreamer`): every step's token goes to its request's queue on the event loop.
+- streaming (`RowStreamer`): every step's token goes to its request's `Sink` (the request's
+  `ThreadStream` on the event loop).
 
 A batch that fails (out of memory) ends each of its requests with the error; the next batch runs.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,17 +29,47 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from deployments.engines.bridge import Sink
 from deployments.engines.transformers.constraints import RequestConstraints, constrain
 from deployments.engines.transformers.native_prompt import NativePrompt
 from deployments.engines.transformers.sampling import Sampling, penalize, warp
 
-END = object()  # the last item of a job's queue
+
+class Discarded:
+    """A sink that drops what it gets (a job nobody reads)."""
+
+    def send(self, item: int) -> None:
+        pass
+
+    def fail(self, error: BaseException) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+@dataclass
+class Collected:
+    """A sink that keeps what it gets (the load-time memory profile's jobs)."""
+
+    tokens: list[int] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+    ended: bool = False
+
+    def send(self, item: int) -> None:
+        self.tokens.append(item)
+
+    def fail(self, error: BaseException) -> None:
+        self.errors.append(error)
+
+    def end(self) -> None:
+        self.ended = True
 
 
 @dataclass
 class NativeJob:
-    """One request ready for a batch. `sink` gets, from the batch's thread, its tokens (ints), an
-    exception if the batch failed, then `END`."""
+    """One request ready for a batch. `out` gets, from the batch's thread, its tokens, the exception
+    if the batch failed, then its end; `cancelled` is set once nobody reads them."""
 
     prompt: NativePrompt
     max_tokens: int
@@ -49,22 +78,8 @@ class NativeJob:
     penalties: tuple[float, float] = (0.0, 0.0)
     seed: int | None = None
     constraints: RequestConstraints | None = None
-    sink: Callable[[object], None] = lambda item: None
+    out: Sink[int] = field(default_factory=Discarded)
     cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def send(self, item: object) -> None:
-        self.sink(item)
-
-
-def queue_sink(queue: asyncio.Queue) -> Callable[[object], None]:
-    """A sink that puts items on `queue`, which belongs to the running event loop."""
-    loop = asyncio.get_running_loop()
-
-    def sink(item: object) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody listens any more
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    return sink
 
 
 def batch_inputs(jobs: Sequence[NativeJob], pad_id: int, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -170,7 +185,7 @@ class RowStreamer(BaseStreamer):
             if job.cancelled.is_set():
                 self.close(row)
                 continue
-            job.send(token)
+            job.out.send(token)
             self._counts[row] += 1
             if token in self._eos or self._counts[row] >= job.max_tokens:
                 self.close(row)
@@ -179,8 +194,8 @@ class RowStreamer(BaseStreamer):
         if self._open[row]:
             self._open[row] = False
             if error is not None:
-                self._jobs[row].send(error)
-            self._jobs[row].send(END)
+                self._jobs[row].out.fail(error)
+            self._jobs[row].out.end()
 
     def end(self) -> None:
         for row in range(len(self._jobs)):

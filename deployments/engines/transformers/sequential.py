@@ -1,12 +1,10 @@
 """`batching: sequential`: one `model.generate` thread per request, its token ids streamed back to
-the event loop; closing the stream sets a stop flag that `generate` checks after every token. It
-supports seeds and penalties for any model, and applies the request's constraints with a logits
-processor."""
+the event loop (a `ThreadStream`); closing the stream sets a stop flag that `generate` checks after
+every token. It supports seeds and penalties for any model, and applies the request's constraints
+with a logits processor."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,30 +19,20 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
+from deployments.engines.bridge import ThreadStream
 from deployments.engines.transformers.constraints import ConstrainedStep, RequestConstraints, constrain
 from deployments.engines.transformers.sampling import Sampling, penalize
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.protocol.payloads import GenerateRequest
 
-_END = object()
 
+class _TokenStreamer(BaseStreamer):
+    """Forwards generated token ids from the generate thread to the request's `ThreadStream`;
+    `on_token` sees each one first, in that thread (the constraints learn the token a step chose)."""
 
-class _QueueStreamer(BaseStreamer):
-    """Forwards generated token ids from the generate thread to an asyncio queue; `on_token` sees each
-    one first, in that thread (the constraints learn the token a step chose)."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue,
-        on_token: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:
-        self._loop, self._queue, self._prompt_seen, self._on_token = loop, queue, False, on_token
-
-    def send(self, item: object) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown): nobody listens any more
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+    def __init__(self, stream: ThreadStream[list[int]], on_token: Callable[[torch.Tensor], None] | None = None) -> None:
+        self._stream, self._prompt_seen, self._on_token = stream, False, on_token
 
     def put(self, value: torch.Tensor) -> None:
         if not self._prompt_seen:  # generate() first hands over the prompt itself
@@ -52,7 +40,7 @@ class _QueueStreamer(BaseStreamer):
             return
         if self._on_token is not None:
             self._on_token(value)
-        self.send(value.reshape(-1).tolist())
+        self._stream.send(value.reshape(-1).tolist())
 
     def end(self) -> None:
         pass
@@ -125,12 +113,10 @@ class SequentialTextEngine(TransformersTextEngine):
         input_ids = torch.tensor([prepared.prompt], device=self.device)
 
         async def tokens() -> AsyncIterator[list[int]]:
-            queue: asyncio.Queue = asyncio.Queue()
-            cancel = threading.Event()
-            streamer = _QueueStreamer(asyncio.get_running_loop(), queue, constrained.accept if constrained else None)
+            with ThreadStream[list[int]]() as stream:
+                streamer = _TokenStreamer(stream, constrained.accept if constrained else None)
 
-            def run() -> None:
-                try:
+                def generate() -> None:
                     if request.seed is not None:
                         torch.manual_seed(request.seed)
                     with torch.inference_mode():
@@ -139,22 +125,13 @@ class SequentialTextEngine(TransformersTextEngine):
                             attention_mask=torch.ones_like(input_ids),
                             generation_config=config,
                             logits_processor=processors,
-                            stopping_criteria=StoppingCriteriaList([_Cancelled(cancel)]),
+                            stopping_criteria=StoppingCriteriaList([_Cancelled(stream.cancelled)]),
                             streamer=streamer,
                         )
-                except BaseException as exc:  # surfaces in the request, not in a dead thread
-                    streamer.send(exc)
-                finally:
-                    streamer.send(_END)
 
-            threading.Thread(target=run, name="generate", daemon=True).start()
-            try:
-                while (item := await queue.get()) is not _END:
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item
-            finally:
-                cancel.set()
+                threading.Thread(target=stream.run, args=(generate,), name="generate", daemon=True).start()
+                async for ids in stream:
+                    yield ids
 
         return TokenStream(
             tokens(), len(prepared.prompt), prepared.max_tokens, prepared.constraints, prepared.dropped_prompt_tokens

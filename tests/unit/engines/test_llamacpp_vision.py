@@ -1,6 +1,6 @@
 """`engine: llama.cpp` with a projector file: a GGUF vision-language model as a native primary and as
 a captioner, on a tiny VLM built here (the offline SmolLM2 GGUF and a random LLaVA-style mmproj,
-`tests/support/tiny_models.py`), loaded by llama.cpp as a real one: the prompt with its media
+`scripts/bench/tiny_models.py`), loaded by llama.cpp as a real one: the prompt with its media
 markers, its count against llama.cpp's own, usage, the context, slots shared by image requests."""
 
 import asyncio
@@ -20,8 +20,8 @@ from deployments.engines.llamacpp.media import ImageTokens, data_url, llama_imag
 from deployments.engines.llamacpp.params import LlamaCppError, read_native_chunk
 from deployments.errors import ConfigError, ContextLengthError, InvalidImageError, InvalidRequestError
 from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
+from scripts.bench.tiny_models import SMOLLM2_FILE, TINY_MMPROJ_FILE, tiny_mmproj_image_tokens
 from tests.conftest import png_bytes
-from tests.support.tiny_models import SMOLLM2_FILE, TINY_MMPROJ_FILE, tiny_mmproj_image_tokens
 
 PER_IMAGE = tiny_mmproj_image_tokens()  # 16
 CONTEXT = 256

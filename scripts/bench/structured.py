@@ -1,6 +1,6 @@
 """What JSON-schema constrained decoding costs inside the continuous batch.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_structured.py
+    HF_HUB_OFFLINE=1 .venv/bin/python -m scripts.bench structured
 
 models.yaml's first model in the continuous batching engine alone (no Serve), `--concurrency`
 requests at once, `--max-tokens` each, greedy, over `--rounds` rounds per run. Runs alternate,
@@ -13,9 +13,9 @@ JSON schema, interleaved with unconstrained ones in the same batch). One JSON li
   can end early, when their document closes, so per-token time is the fair comparison);
 - `constrained_vs_unconstrained`: the ratio of the two classes' median time per token in the same
   mixed run (the issue's bar: at most 1.3); `sampler_ms_per_step`: time in the batch's sampler per
-  forward step (`step_ms`), with its constraint parts: `apply_ms` (all of `constrain`: logprobs,
-  bias, the grammars' token masks and their application), of which `mask_ms` computing the masks;
-  `accept_ms` (advancing grammars, recording logprobs).
+  forward step (`step_ms`; the step's tensor ops), with its constraint parts: `apply_ms` (the rows'
+  grammar masks written for the step), of which `mask_ms` computing the masks; `accept_ms` (after the
+  step: advancing grammars, recording logprobs).
 
 Measured 2026-11-24 on the 2-core CI-class machine (SmolLM2-135M GGUF, int4-cpu, concurrency 8, 64
 tokens, 3 pairs): free 109.1 tok/s, mixed 102.7 tok/s; constrained vs unconstrained time per token
@@ -42,8 +42,10 @@ from typing import Any
 from deployments.config import load_models_file
 from deployments.engines import create_text_engine
 from deployments.engines.base import TextEngine
-from deployments.engines.transformers import constraints, continuous
+from deployments.engines.transformers import constraints
+from deployments.engines.transformers.batch_sampler import BatchSampler
 from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from scripts.bench.common import ROOT, arguments
 
 THINGS = ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
 SCHEMA = {
@@ -75,10 +77,10 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def instrument() -> None:
     """Times the sampler (one call per forward step) and its constraint parts, where they run."""
-    continuous.PerRequestSampler.__call__ = timed("sampler", continuous.PerRequestSampler.__call__)  # type: ignore[method-assign]
+    BatchSampler.__call__ = timed("sampler", BatchSampler.__call__)  # type: ignore[method-assign]
     constraints.Grammar.fill_mask = timed("mask", constraints.Grammar.fill_mask)  # type: ignore[method-assign]
-    continuous.constrain = timed("apply", continuous.constrain)
-    constraints.ConstrainedStep.accept = timed("accept", constraints.ConstrainedStep.accept)  # type: ignore[method-assign]
+    BatchSampler._write_masks = timed("apply", BatchSampler._write_masks)  # type: ignore[method-assign]
+    BatchSampler.after_step = timed("accept", BatchSampler.after_step)  # type: ignore[method-assign]
 
 
 def request(i: int, constrained: bool, max_tokens: int) -> GenerateRequest:
@@ -147,14 +149,18 @@ async def run(engine: TextEngine, mode: str, args: argparse.Namespace) -> dict[s
     return record
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models-file", type=Path, default=Path(__file__).resolve().parents[1] / "models.yaml")
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(bench(argv))
+
+
+async def bench(argv: list[str] | None) -> None:
+    parser = arguments("structured", __doc__)
+    parser.add_argument("--models-file", type=Path, default=ROOT / "models.yaml")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model = load_models_file(args.models_file).models[0]
     engine = create_text_engine(model.model_copy(update={"engine": "transformers"}))  # what `instrument` times
@@ -199,7 +205,3 @@ async def main() -> None:
         flush=True,
     )
     engine.close()
-
-
-if __name__ == "__main__":
-    asyncio.run(main())

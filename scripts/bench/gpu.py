@@ -3,8 +3,8 @@ memory-bandwidth roofline, on a random-weight model of a real shape (no hub: Smo
 default, bfloat16). Greedy, `--max-tokens` new tokens per request; the engine at each concurrency
 and each `cuda_graphs` setting. Prints one JSON line per configuration, then a table.
 
-    python scripts/gpu_bench.py --tokenizer DIR                      # 1.7B shape, c1 c8 c32, graphs off and on
-    python scripts/gpu_bench.py --tokenizer DIR --shape tiny --concurrency 1 4   # a quick check (CPU too)
+    python -m scripts.bench gpu --tokenizer DIR                       # 1.7B shape, c1 c8 c32, graphs off and on
+    python -m scripts.bench gpu --tokenizer DIR --shape tiny --concurrency 1 4    # a quick check (CPU too)
 
 `--tokenizer`: a directory with a saved tokenizer and chat template (`scripts/gpu_check.sh` saves
 the SmolLM2 one there from the offline default GGUF). The roofline is the weights' bytes over the
@@ -14,9 +14,7 @@ once, so no engine passes it at concurrency 1.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from scripts.bench import common
 
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-1.7b": {
@@ -40,7 +40,7 @@ PROMPTS = ["Write a story about a lighthouse.", "List the planets.", "Explain ra
 
 
 def emit(record: dict[str, Any]) -> dict[str, Any]:
-    print(json.dumps(record), flush=True)
+    common.emit(record)
     return record
 
 
@@ -152,15 +152,15 @@ async def engine_run(model_dir: Path, cuda_graphs: str, concurrency: list[int], 
     return records
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = common.arguments("gpu", __doc__)
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-1.7b")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--cuda-graphs", nargs="+", default=["off", "on"], choices=["auto", "on", "off"])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-generate", action="store_true", help="skip plain generate")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     card = torch.cuda.get_device_name(0) if device != "cpu" else "cpu"
     rows: list[dict[str, Any]] = []
@@ -181,7 +181,3 @@ def main() -> None:
     for r in rows:
         ttft = f"{r['ttft_p50_s']:.3f}" if "ttft_p50_s" in r else ""
         print(f"{r['config']:<48} {r['concurrency']:>4} {r['tok_s']:>9} {ttft:>9}")
-
-
-if __name__ == "__main__":
-    main()

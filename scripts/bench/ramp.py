@@ -1,7 +1,7 @@
 """Load ramp against an autoscaled decoder: replicas over time next to throughput and latency.
 
-    .venv/bin/python scripts/bench_ramp.py                       # concurrency 1, then 16, then 1
-    .venv/bin/python scripts/bench_ramp.py --phases 1:20 16:60 1:45 --window-s 3
+    .venv/bin/python -m scripts.bench ramp                       # concurrency 1, then 16, then 1
+    .venv/bin/python -m scripts.bench ramp --phases 1:20 16:60 1:45 --window-s 3
 
 A local Ray instance with fake GPUs (`ray.init(num_gpus=...)`) runs the main application (ingress
 and decoder, no captioner) built by `build_app` from a models.yaml written here: `engine: fake`
@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,18 +39,14 @@ import ray
 import yaml
 from ray import serve
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout, here and (below) in Ray's workers
+from deployments.app import build_app
+from scripts.bench.common import ROOT, arguments, emit, pct
+
+# This checkout in Ray's workers (below).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
-from deployments.app import build_app  # noqa: E402
-from tests.support.bench import pct  # noqa: E402
 
 APP, DEPLOYMENT, MODEL = "ramp", "PrimaryDecoder", "ramp"
-
-
-def emit(record: dict[str, Any]) -> None:
-    print(json.dumps(record), flush=True)
 
 
 def models_yaml(args: argparse.Namespace, directory: Path) -> Path:
@@ -192,8 +186,8 @@ def phase(text: str) -> tuple[int, float]:
     return int(level), float(seconds)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments("ramp", __doc__)
     parser.add_argument("--phases", nargs="+", type=phase, default=[(1, 20), (16, 60), (1, 45)])
     parser.add_argument("--window-s", type=float, default=3.0, help="one JSON line per window")
     parser.add_argument("--port", type=int, default=8761)
@@ -207,7 +201,7 @@ def main() -> None:
     parser.add_argument("--downscale-delay-s", type=float, default=10.0)
     parser.add_argument("--look-back-period-s", type=float, default=4.0)
     parser.add_argument("--metrics-interval-s", type=float, default=1.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     ray.init(
         address="local",
@@ -228,7 +222,3 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """What recording the service's metrics costs, measured on the recording itself.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_metrics.py
+    HF_HUB_OFFLINE=1 .venv/bin/python -m scripts.bench metrics
 
 End-to-end throughput cannot show a cost this small on a machine whose run-to-run noise is 10% or
 more, so the metric calls are timed where they run:
@@ -39,6 +39,7 @@ from deployments.monitoring.access_log import AccessLog, RequestRecord
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
 from deployments.protocol.payloads import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
+from scripts.bench.common import ROOT, arguments
 
 QUESTIONS = ["What is the capital of Japan?", "Name a fruit that is red.", "Write a haiku about the sea."]
 
@@ -142,16 +143,20 @@ def ingress_cost(records: int, log_path: Path) -> dict:
     }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models-file", type=Path, default=Path(__file__).resolve().parents[1] / "models.yaml")
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(bench(argv))
+
+
+async def bench(argv: list[str] | None) -> None:
+    parser = arguments("metrics", __doc__)
+    parser.add_argument("--models-file", type=Path, default=ROOT / "models.yaml")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--cpu-threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     count_steps()
@@ -205,7 +210,3 @@ async def main() -> None:
     )
     replica.stop()
     ray.shutdown()
-
-
-if __name__ == "__main__":
-    asyncio.run(main())

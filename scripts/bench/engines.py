@@ -4,8 +4,8 @@ first entry with `engine: llama.cpp` (as it runs on CPU) and with `engine: trans
 Streaming, greedy, `--max-tokens` new tokens at each concurrency. Prints one JSON line per
 configuration: output tokens/s, TTFT and end-to-end p50, and the process's resident memory.
 
-    .venv/bin/python scripts/bench_engines.py                       # both engines, concurrency 1 and 8
-    .venv/bin/python scripts/bench_engines.py --engines llama.cpp --params '{"mem": null}'
+    .venv/bin/python -m scripts.bench engines                       # both engines, concurrency 1 and 8
+    .venv/bin/python -m scripts.bench engines --engines llama.cpp --params '{"mem": null}'
 
 Each engine runs in a process of its own (so its memory is its own), with the environment a
 decoder replica gets (`deployments.options.REPLICA_ENV`).
@@ -22,21 +22,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the checkout: tests.support
-
-from tests.support.bench import closed_loop  # noqa: E402
+from scripts.bench.common import ROOT, arguments, closed_loop, emit
 
 ENGINE_PARAMS = {"transformers": {"quantization": "int4-cpu"}}  # under --params: the transformers profile's
-
-
-def emit(record: dict[str, Any]) -> None:
-    print(json.dumps(record), flush=True)
 
 
 def rss_mb() -> int:
@@ -90,15 +81,15 @@ async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_
     engine.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments("engines", __doc__)
     parser.add_argument("--engines", nargs="+", default=["llama.cpp", "transformers"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="requests per concurrency slot (at least 4 in all)")
     parser.add_argument("--params", type=json.loads, default={}, help="overrides of the entry's params (JSON)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         asyncio.run(run_engine(args.child, args.concurrency, args.rounds, args.max_tokens, args.params))
         return
@@ -108,11 +99,16 @@ def main() -> None:
     env = {**os.environ, **REPLICA_ENV["PrimaryDecoder"], "PYTHONPATH": str(ROOT)}
     emit({"bench": "engines", "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "args": vars(args)})
     for engine in args.engines:
-        command = [sys.executable, __file__, "--child", engine, "--max-tokens", str(args.max_tokens)]
+        command = [
+            sys.executable,
+            "-m",
+            "scripts.bench",
+            "engines",
+            "--child",
+            engine,
+            "--max-tokens",
+            str(args.max_tokens),
+        ]
         command += ["--rounds", str(args.rounds), "--params", json.dumps(args.params), "--concurrency"]
         command += [str(c) for c in args.concurrency]
         subprocess.run(command, env=env, check=True)
-
-
-if __name__ == "__main__":
-    main()

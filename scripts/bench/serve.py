@@ -2,10 +2,10 @@
 machine: `transformers serve --continuous-batching`, or `llama-server` (a build of yours) on the
 same GGUF file, slots, KV cells and threads. Prints one JSON line per configuration.
 
-    ./scripts/bench.sh                       # setup, then this script with its defaults
-    .venv/bin/python scripts/bench.py --skip-peer --concurrency 1 8
-    .venv/bin/python scripts/bench.py --workloads text --decoder-replicas 1   # one CPU decoder
-    .venv/bin/python scripts/bench.py --workloads text --concurrency 1 8 \
+    ./scripts/bench.sh                       # setup, then this subcommand with its defaults
+    .venv/bin/python -m scripts.bench serve --skip-peer --concurrency 1 8
+    .venv/bin/python -m scripts.bench serve --workloads text --decoder-replicas 1   # one CPU decoder
+    .venv/bin/python -m scripts.bench serve --workloads text --concurrency 1 8 \
         --engines llama.cpp transformers --peer llama-server --llama-server PATH/llama-server
 
 Text: streaming chat at each concurrency (default 1, 8, 16), `--max-tokens` new tokens, greedy;
@@ -22,13 +22,10 @@ small captioner: a 224 px ViT and a 12-layer LM); pass `--captioner DIR` for a r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,13 +36,13 @@ import yaml
 from httpx2 import Limits  # the openai client's own transport library
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
-
-from tests.support.bench import (
+from scripts.bench.common import (
     PROMPTS,
     ROOT,
     Server,
+    arguments,
     closed_loop,
+    emit,
     image_url,
     pct,
     start_llama_server,
@@ -53,11 +50,6 @@ from tests.support.bench import (
     start_peer,
     write_models,
 )
-
-
-def emit(record: dict[str, Any]) -> None:
-    print(json.dumps(record), flush=True)
-
 
 # ----------------------------------------------------------------------------- workloads
 
@@ -260,8 +252,12 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
     }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(bench(argv))
+
+
+async def bench(argv: list[str] | None) -> None:
+    parser = arguments("serve", __doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="requests per concurrency slot (at least 4 in all)")
@@ -279,7 +275,7 @@ async def main() -> None:
     parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.engine_only:
         await engine_run(args.concurrency, args.rounds, args.max_tokens, args.quantization, args.engines[0])
         return
@@ -288,7 +284,7 @@ async def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     captioner = args.captioner
     if captioner is None:
-        from tests.support.tiny_models import SMALL_VLM, build_tiny_vlm
+        from scripts.bench.tiny_models import SMALL_VLM, build_tiny_vlm
 
         captioner = build_tiny_vlm(work / "small-vlm", SMALL_VLM)
     emit(
@@ -375,7 +371,3 @@ def ratios(ours: dict[int, dict], peer: dict[int, dict]) -> dict[str, Any]:
         for c in ours
         if c in peer
     }
-
-
-if __name__ == "__main__":
-    asyncio.run(main())

@@ -8,14 +8,14 @@ request carries its own image (no processor-cache hits) and asks for `--max-toke
 Prints one JSON line per configuration and concurrency, then the ratio of batched to one-at-a-time
 throughput at the highest concurrency.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_native.py [--requests 16] [--max-tokens 32]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m scripts.bench native [--requests 16] [--max-tokens 32]
 
 `--engine llama.cpp`: a GGUF VLM on the llama.cpp engine alone, in this process (no Serve, no HTTP):
 the offline SmolLM2 GGUF with a random LLaVA-style projector (`tiny_models.SMALL_MMPROJ`: a 224 px
 ViT, 49 image tokens per image; `--shape tiny`: 16), `max_num_seqs` 8, requests with their own image
 at each concurrency, and the ratio of requests/s at the highest concurrency to concurrency 1.
 
-    .venv/bin/python scripts/bench_native.py --engine llama.cpp [--requests 16] [--max-tokens 32]
+    .venv/bin/python -m scripts.bench native --engine llama.cpp [--requests 16] [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -37,12 +36,9 @@ import yaml
 from openai import AsyncOpenAI
 from ray import serve
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from deployments.app import build_app  # noqa: E402
-from tests.support.bench import image_url  # noqa: E402
-from tests.support.tiny_models import (  # noqa: E402
+from deployments.app import build_app
+from scripts.bench.common import arguments, image_url
+from scripts.bench.tiny_models import (
     SMALL_MMPROJ,
     SMALL_VLM,
     SMOLLM2_FILE,
@@ -218,8 +214,8 @@ async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str,
     return records
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments("native", __doc__)
     parser.add_argument("--shape", choices=["small", "tiny"], default="small")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
@@ -228,7 +224,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8772)
     parser.add_argument("--engine", choices=["transformers", "llama.cpp"], default="transformers")
     parser.add_argument("--threads", type=int, help="--engine llama.cpp: its threads (default: every core)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-native-"))
     if args.engine == "llama.cpp":
         records = asyncio.run(bench_llamacpp(args, work))
@@ -238,10 +234,9 @@ def main() -> None:
         print(json.dumps({"engine": "llama.cpp", "shape": args.shape, f"c{top}_over_c{low}": ratio}), flush=True)
         return
     model_dir = build_tiny_vlm(work / "vlm", SMALL_VLM if args.shape == "small" else TINY_VLM)
-    # The shipped serve_config.yaml's environment (OpenMP threads that sleep, so the proxy and the
-    # ingress get a core on a small machine; bounded oneDNN caches).
-    env = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["runtime_env"]["env_vars"]
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": env})
+    # The replicas get the builder's environment (`REPLICA_ENV`: OpenMP threads that sleep, so the proxy
+    # and the ingress get a core on a small machine; bounded oneDNN caches): serve_config.yaml has none.
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR")
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     try:
         records = asyncio.run(bench(args, model_dir, work))
@@ -254,7 +249,3 @@ def main() -> None:
     if rate.get("one-at-a-time"):
         summary["batched_over_one_at_a_time"] = round(rate["batched"] / rate["one-at-a-time"], 2)
     print(json.dumps(summary), flush=True)
-
-
-if __name__ == "__main__":
-    main()

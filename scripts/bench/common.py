@@ -1,12 +1,14 @@
-"""Helpers shared by the benchmark and load-test scripts (scripts/bench.py, scripts/loadtest.py):
-a server run in its own process group (ours through `serve run`, or the peer), the models.yaml it
-serves, distinct test images and percentiles."""
+"""What the benchmarks share (and scripts/loadtest.py with them): a subcommand's argument parser and
+its JSON lines, a server run in its own process group (ours through `serve run`, or the peer), the
+models.yaml it serves, the prompts and the closed loop, distinct test images and percentiles."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import io
+import json
 import os
 import signal
 import subprocess
@@ -14,12 +16,27 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def arguments(subcommand: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m scripts.bench SUBCOMMAND``, its help the module's docstring."""
+    return argparse.ArgumentParser(
+        prog=f"python -m scripts.bench {subcommand}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def emit(record: dict[str, Any]) -> None:
+    """One JSON line of results."""
+    print(json.dumps(record), flush=True)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -1,0 +1,159 @@
+"""What the rest of the service knows about each engine, in one place: an `EngineSpec` per engine
+that models.yaml names (`ENGINES`), and `engine_spec`, which also answers for ``module:Class``.
+
+A spec says which settings of ``params:`` the engine ignores, how a decoder running it is placed on
+CPU (how many replicas share the cores, and whether an unset `cpu_threads` means every core), what
+its replicas' processes need in their environment, and how it builds its text and caption engines.
+The builder (`deployments/options/`) and `factory` ask the spec; neither compares engine names.
+
+The constructors import their engine's package only when called, so that choosing one engine
+never imports another's library (llama.cpp never imports torch, transformers never imports
+xllamacpp). ``auto`` is no engine: the builder resolves it from the replica's placement
+(`ModelConfig.resolved`) before it asks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from deployments.config import LLAMA_CPP, TRANSFORMERS, ModelConfig
+from deployments.engines.base import CaptionEngine, TextEngine
+from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
+from deployments.errors import ConfigError
+
+E = TypeVar("E", TextEngine, CaptionEngine)
+
+CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto), by default
+
+# Variables a torch replica's process must have when it starts (read by libgomp and oneDNN at import).
+# OpenMP threads spin briefly, then sleep, so that Serve's proxy and ingress still get a core (the default
+# spin made a 2-core machine 4x slower); bounded oneDNN kernel caches: continuous batching gives most
+# steps a new matmul shape, and at the default 1024 entries per cache a decoder grew ~0.5 MB a request,
+# to hundreds of MB (docs/reliability.md); 16 keeps it flat.
+TORCH_ENV = {"GOMP_SPINCOUNT": "20000", "LRU_CACHE_CAPACITY": "16", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16"}
+# llama.cpp's CPU kernels run on libgomp too (the xllamacpp wheel links it): the same brief spin.
+OPENMP_ENV = {"GOMP_SPINCOUNT": TORCH_ENV["GOMP_SPINCOUNT"]}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine as the builder and the replicas see it."""
+
+    name: str
+    """The name models.yaml gives it (`ModelConfig.engine`)."""
+    text_engine: Callable[[ModelConfig], TextEngine]
+    """Builds the decoder engine for a model entry (imports the engine's library only when called)."""
+    caption_engine: Callable[[ModelConfig], CaptionEngine]
+    """Builds the captioner engine for a model entry."""
+    ignored_params: tuple[str, ...] = ()
+    """Fields of ``params:`` (`EngineParams`) that mean nothing to it: set to other than their
+    defaults, they are logged as ignored when the engine is built."""
+    cpu_replicas: int = CPU_DECODERS
+    """Decoder replicas on CPU under `decoder_cpu_replicas: auto` (before the cores cap them)."""
+    threads_are_cores: bool = False
+    """Whether an unset `cpu_threads` means the replica's share of the cores (as ``all``), rather
+    than Ray's num_cpus."""
+    replica_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables its replicas' processes need when they start."""
+
+
+def _transformers_text(model: ModelConfig) -> TextEngine:
+    """Under `vision_mode: native` the VLM engine; else continuous batching unless `params.batching`
+    is `sequential`."""
+    if model.capabilities.vision_mode == "native":
+        from deployments.engines.transformers.native import NativeVisionEngine
+
+        return NativeVisionEngine(model)
+    if model.params.batching == "sequential":
+        from deployments.engines.transformers.sequential import SequentialTextEngine
+
+        return SequentialTextEngine(model)
+    from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
+
+    return ContinuousBatchingTextEngine(model)
+
+
+def _transformers_caption(model: ModelConfig) -> CaptionEngine:
+    from deployments.engines.transformers.captioner import TransformersCaptionEngine
+
+    return TransformersCaptionEngine(model)
+
+
+def _llama_cpp_text(model: ModelConfig) -> TextEngine:
+    """A text decoder, or under `vision_mode: native` the GGUF VLM with its projector."""
+    from deployments.engines.llamacpp import LlamaCppTextEngine, LlamaCppVisionEngine
+
+    native = model.capabilities.vision_mode == "native"
+    return LlamaCppVisionEngine(model) if native else LlamaCppTextEngine(model)
+
+
+def _llama_cpp_caption(model: ModelConfig) -> CaptionEngine:
+    from deployments.engines.llamacpp import LlamaCppCaptionEngine
+
+    return LlamaCppCaptionEngine(model)
+
+
+ENGINES: dict[str, EngineSpec] = {
+    spec.name: spec
+    for spec in (
+        # Hugging Face models (and a GGUF text model when named), on CPU or GPUs. On CPU its step loop
+        # runs in Python, which no OpenMP barrier spans: CPU_DECODERS processes with a share of the
+        # cores each (1.4x one replica with both cores, docs/benchmarks.md).
+        EngineSpec(TRANSFORMERS, _transformers_text, _transformers_caption, replica_env=TORCH_ENV),
+        # A GGUF file on llama.cpp's CPU kernels: it batches its slots in one process on OpenMP
+        # threads over all the cores it is given, so one replica, its threads its cores. It runs the
+        # GGUF file as it is: the transformers engines' loading and batching settings mean nothing.
+        EngineSpec(
+            LLAMA_CPP,
+            _llama_cpp_text,
+            _llama_cpp_caption,
+            ignored_params=("dtype", "quantization", "batching", "device_ids"),
+            cpu_replicas=1,
+            threads_are_cores=True,
+            replica_env=OPENMP_ENV,
+        ),
+        # Deterministic, shipped for tests and demos (its settings: the entry's `fake:` section);
+        # computes nothing, so its processes need nothing.
+        EngineSpec("fake", FakeTextEngine, FakeCaptionEngine),
+    )
+}
+
+
+def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig], E]:
+    """The class named `module:Class` by `model.engine`, checked to implement `base`."""
+    module_name, _, class_name = model.engine.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"model {model.name!r}: engine {model.engine!r} is not a {base.__name__}")
+    return cls
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of the engine models.yaml names `name`: one of `ENGINES`, else ``module:Class`` of
+    your own engine, placed as the torch engines are (its class imported when an engine is built,
+    and checked to be a `TextEngine` or a `CaptionEngine`). ``auto`` must be resolved first."""
+    if name in ENGINES:
+        return ENGINES[name]
+    if name == "auto":
+        raise ValueError("engine auto has no spec: resolve it from the placement first (ModelConfig.resolved)")
+    return EngineSpec(
+        name,
+        lambda model: _custom_engine(model, TextEngine)(model),  # type: ignore[type-abstract]
+        lambda model: _custom_engine(model, CaptionEngine)(model),  # type: ignore[type-abstract]
+    )
+
+
+def engine_replica_env() -> dict[str, str]:
+    """The variables of a replica that holds an engine: those of every engine, whichever it runs, so
+    that every decoder and captioner process starts with the same environment (as before the
+    registry; the variables one engine needs change nothing for another)."""
+    env: dict[str, str] = {}
+    for spec in ENGINES.values():
+        env.update(spec.replica_env)
+    return env

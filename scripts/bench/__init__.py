@@ -1,0 +1,18 @@
+"""The benchmarks, one tool with a subcommand each (`python -m scripts.bench SUBCOMMAND`, from the
+repository root; `--help` after a subcommand gives its flags). Each prints one JSON line per
+configuration (docs/benchmarks.md records the runs).
+
+- `serve`: this service (`serve run`) beside a peer (`transformers serve --continuous-batching`,
+  or a `llama-server`) on the same model, prompts and machine (`serve.py`);
+- `engines`: the decoder engines alone, no Serve (`engines.py`);
+- `native`: a native vision-language primary through Serve, at each concurrency (`native.py`);
+- `ramp`: decoder autoscaling under a load ramp (`ramp.py`);
+- `metrics`: what the metrics and the access log cost a decoder and the ingress (`metrics.py`);
+- `structured`: JSON-constrained decoding against free text (`structured.py`);
+- `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`, not
+  written yet).
+
+What they share sits here too: `common` (servers in their own process group, the models.yaml they
+serve, prompts, the closed loop, test images, percentiles) and `tiny_models` (small real models
+built offline, also the tests' fixtures). The tests import from here, never the other way.
+"""
