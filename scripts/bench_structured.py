@@ -43,7 +43,7 @@ from deployments.config import load_models_file
 from deployments.engines import create_text_engine
 from deployments.engines.base import TextEngine
 from deployments.engines.transformers import constraints, continuous
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 
 THINGS = ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]
 SCHEMA = {

@@ -26,7 +26,7 @@ from typing import Any
 
 from deployments.config import ToolCallFormat
 from deployments.errors import ConfigError
-from deployments.protocol.payloads import TextMessage
+from deployments.protocol.replica import TextMessage
 
 logger = logging.getLogger("ray.serve")
 _PYTHONIC_EXAMPLE = re.compile(r"\[\s*func_name\w*\(")

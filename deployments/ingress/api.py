@@ -34,8 +34,9 @@ from deployments.ingress.guard import GuardSettings, RequestGuard
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol.requests import ChatCompletionRequest, CompletionRequest
-from deployments.protocol.responses import ErrorResponse, ModelCard, ModelList
+from deployments.protocol.openai.chat import ChatCompletionRequest
+from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
+from deployments.protocol.openai.completions import CompletionRequest
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     error.status: {"model": ErrorResponse, "description": error.__name__}

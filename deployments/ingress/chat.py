@@ -36,9 +36,9 @@ from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.native import native_messages
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateRequest, ImageBytes, TextMessage
-from deployments.protocol.requests import ChatCompletionRequest, ChatMessage
-from deployments.protocol.responses import UnseenImage, UnseenReason, VisionReport
+from deployments.protocol.openai.chat import ChatCompletionRequest, ChatMessage
+from deployments.protocol.openai.common import UnseenImage, UnseenReason, VisionReport
+from deployments.protocol.replica import GenerateRequest, ImageBytes, TextMessage
 
 logger = logging.getLogger("ray.serve")
 

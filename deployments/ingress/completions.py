@@ -22,16 +22,9 @@ from deployments.ingress.sse import framed
 from deployments.ingress.stream import DecoderStream
 from deployments.merge import MergedStreams
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateChunk, GenerateRequest
-from deployments.protocol.requests import CompletionRequest
-from deployments.protocol.responses import (
-    Completion,
-    CompletionChoice,
-    CompletionLogprobs,
-    FinishReason,
-    TokenLogprob,
-    Usage,
-)
+from deployments.protocol.openai.common import FinishReason, TokenLogprob, Usage
+from deployments.protocol.openai.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from deployments.protocol.replica import GenerateChunk, GenerateRequest
 
 
 @dataclass

@@ -25,7 +25,7 @@ from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
-from deployments.protocol.responses import ModelCard
+from deployments.protocol.openai.common import ModelCard
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")

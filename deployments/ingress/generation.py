@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
-from deployments.protocol.requests import SamplingFields
+from deployments.protocol.openai.common import SamplingFields
 
 
 @dataclass

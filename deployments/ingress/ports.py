@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol.payloads import ComponentStatus
+from deployments.protocol.replica import ComponentStatus
 
 
 class RemoteMethod(Protocol):

@@ -13,7 +13,7 @@ from deployments.errors import ModelNotFoundError
 from deployments.ingress.chat import ChatService
 from deployments.ingress.completions import CompletionService
 from deployments.ingress.health import HealthService
-from deployments.protocol.responses import ModelCard, ModelList
+from deployments.protocol.openai.common import ModelCard, ModelList
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,7 @@ from deployments.ingress.stream import DecoderStream
 from deployments.ingress.tool_calls import Piece, ToolCallText
 from deployments.ingress.tools import ToolPlan
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateChunk
-from deployments.protocol.responses import (
-    DEGRADED_FINGERPRINT,
+from deployments.protocol.openai.chat import (
     ChatCompletion,
     ChatCompletionChunk,
     Choice,
@@ -44,11 +42,10 @@ from deployments.protocol.responses import (
     ChunkChoice,
     Delta,
     ResponseMessage,
-    TokenLogprob,
     ToolCallDelta,
-    Usage,
-    VisionReport,
 )
+from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, TokenLogprob, Usage, VisionReport
+from deployments.protocol.replica import GenerateChunk
 
 logger = logging.getLogger("ray.serve")
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from deployments.errors import DecoderUnavailable, from_serve
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateChunk
+from deployments.protocol.replica import GenerateChunk
 
 
 class ChunkStream(Protocol):

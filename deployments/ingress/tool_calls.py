@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from deployments.ingress.tool_formats import FORMATS, ToolFormat, generic_region
 from deployments.ingress.tool_regions import CallView, Region
 from deployments.ingress.tools import ToolPlan
-from deployments.protocol.responses import ToolCall, ToolCallDelta, ToolCallDeltaFunction, ToolCallFunction
+from deployments.protocol.openai.chat import ToolCallDelta, ToolCallDeltaFunction
+from deployments.protocol.openai.common import ToolCall, ToolCallFunction
 
 Piece = str | ToolCallDelta  # content, or a tool call's delta
 _JSON_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*"?)|\s+')

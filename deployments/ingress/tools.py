@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GrammarSpec
-from deployments.protocol.requests import (
+from deployments.protocol.openai.chat import (
     ChatCompletionRequest,
     JsonObjectFormat,
     JsonSchemaResponseFormat,
     NamedToolChoice,
 )
+from deployments.protocol.replica import GrammarSpec
 
 Mode = Literal["none", "auto", "required", "named"]
 

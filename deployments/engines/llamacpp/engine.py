@@ -47,7 +47,7 @@ from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
 from deployments.engines.load_log import LoadLog, size_text
 from deployments.engines.tool_prompt import generic_chat, resolve_tool_format, template_message
 from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")

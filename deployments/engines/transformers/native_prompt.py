@@ -22,7 +22,7 @@ from deployments.engines.tool_prompt import template_message
 from deployments.engines.transformers.chat_template import ToolRendering
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol.payloads import ImageBytes, MessageImage, TextMessage
+from deployments.protocol.replica import ImageBytes, MessageImage, TextMessage
 
 _TEXT_INPUTS = ("input_ids", "attention_mask")
 

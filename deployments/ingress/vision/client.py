@@ -33,7 +33,7 @@ from deployments.ingress.serve_status import FAILED, app_state, deployment_statu
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol.payloads import CaptionRequest, ComponentStatus
+from deployments.protocol.replica import CaptionRequest, ComponentStatus
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")

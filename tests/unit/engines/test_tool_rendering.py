@@ -18,8 +18,8 @@ from deployments.engines.transformers.stream import IncrementalText
 from deployments.errors import ConfigError
 from deployments.ingress.tool_calls import ToolCallText
 from deployments.ingress.tools import ToolPlan
-from deployments.protocol.payloads import GenerateRequest, TextMessage
-from deployments.protocol.responses import ToolCall, ToolCallFunction
+from deployments.protocol.openai.common import ToolCall, ToolCallFunction
+from deployments.protocol.replica import GenerateRequest, TextMessage
 
 HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
 Functions you may call, in <tools></tools>:

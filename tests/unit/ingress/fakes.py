@@ -12,8 +12,8 @@ from typing import Any
 from deployments.errors import CaptionerUnavailable
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
-from deployments.protocol.responses import TokenLogprob, TopLogprob
+from deployments.protocol.openai.common import TokenLogprob, TopLogprob
+from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest
 
 
 class FakeStream:

@@ -23,8 +23,8 @@ from deployments.ingress.chat import DEGRADED_HEADER, ChatService
 from deployments.ingress.generation import Reply
 from deployments.ingress.vision.rewrite import unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.requests import ChatCompletionRequest
-from deployments.protocol.responses import DEGRADED_FINGERPRINT
+from deployments.protocol.openai.chat import ChatCompletionRequest
+from deployments.protocol.openai.common import DEGRADED_FINGERPRINT
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 

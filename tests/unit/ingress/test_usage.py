@@ -10,8 +10,8 @@ import logging
 from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.ingress.completions import CompletionService
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateRequest, TextMessage
-from deployments.protocol.requests import CompletionRequest
+from deployments.protocol.openai.completions import CompletionRequest
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.ingress.fakes import FakeDecoder
 from tests.unit.ingress.test_chat import chat, events, payloads, service
