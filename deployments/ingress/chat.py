@@ -17,6 +17,7 @@ generation is cancelled either way.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from deployments.config import ImageInputConfig, ProxyVisionConfig
@@ -30,19 +31,49 @@ from deployments.ingress.generation import Reply, sampling_fields, timed_out
 from deployments.ingress.ports import Captioner, DecoderHandle
 from deployments.ingress.sse import ChatChoices, Degraded, completion, sse_events
 from deployments.ingress.stream import DecoderStream
-from deployments.ingress.tools import ToolPlan, plan_tools, response_grammar
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.native import native_messages
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import ChatCompletionRequest, ChatMessage
+from deployments.protocol.openai.chat import (
+    ChatCompletionRequest,
+    ChatMessage,
+    JsonObjectFormat,
+    JsonSchemaResponseFormat,
+    NamedToolChoice,
+)
 from deployments.protocol.openai.common import UnseenImage, UnseenReason, VisionReport
-from deployments.protocol.replica import GenerateRequest, ImageBytes, TextMessage
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, ImageBytes, TextMessage
+from deployments.tools.plan import ToolPlan, plan_tools
 
 logger = logging.getLogger("ray.serve")
 
 DEGRADED_HEADER = "X-Vision-Degraded"
+
+
+def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
+    """The plan of the request's `tools`, `tool_choice` and `parallel_tool_calls`."""
+    choice = body.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    formatted = body.response_format is not None and body.response_format.type != "text"
+    return plan_tools(
+        [tool.function for tool in body.tools or []],
+        None if isinstance(choice, NamedToolChoice) else choice,
+        function=named,
+        parallel=body.parallel_tool_calls,
+        constrained_by="response_format" if formatted else None,
+    )
+
+
+def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:
+    """The grammar of `response_format` (json_object, json_schema), or that of the tool plan."""
+    fmt = body.response_format
+    if isinstance(fmt, JsonObjectFormat):
+        return GrammarSpec(kind="json_object")
+    if isinstance(fmt, JsonSchemaResponseFormat):
+        return GrammarSpec(kind="json_schema", json_schema=json.dumps(fmt.json_schema.schema_))
+    return plan.grammar
 
 
 def generate_request(
@@ -98,7 +129,7 @@ class ChatService:
 
     async def create(self, body: ChatCompletionRequest, record: RequestRecord) -> Reply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
-        plan = plan_tools(body)
+        plan = tool_plan(body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         timeout = asyncio.timeout_at(deadline)
         images: list[ImageBytes] = []

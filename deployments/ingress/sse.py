@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 
 from deployments.errors import to_openai_error
 from deployments.ingress.stream import DecoderStream
-from deployments.ingress.tool_calls import Piece, ToolCallText
-from deployments.ingress.tools import ToolPlan
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import (
     ChatCompletion,
@@ -46,6 +44,8 @@ from deployments.protocol.openai.chat import (
 )
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, TokenLogprob, Usage, VisionReport
 from deployments.protocol.replica import GenerateChunk
+from deployments.tools.calls import Piece, ToolCallText
+from deployments.tools.plan import ToolPlan
 
 logger = logging.getLogger("ray.serve")
 
