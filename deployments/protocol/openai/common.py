@@ -82,6 +82,11 @@ class SamplingFields(RequestModel):
         return value
 
     @property
+    def include_usage(self) -> bool:
+        """A stream ends with a chunk of the usage (`stream_options.include_usage`)."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
     def stop_sequences(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
