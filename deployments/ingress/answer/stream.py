@@ -90,10 +90,10 @@ class Generation:
     byte keep their status), then `next()`; `cancel()` frees the decoder's slots at once."""
 
     def __init__(
-        self, first: GenerateChunk, next: Callable[[], Awaitable[GenerateChunk]], cancel: Callable[[], None]
+        self, first: GenerateChunk, read: Callable[[], Awaitable[GenerateChunk]], cancel: Callable[[], None]
     ) -> None:
         self.first = first
-        self.next = next
+        self.next = read
         self.cancel = cancel
 
     @classmethod
