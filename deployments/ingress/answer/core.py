@@ -90,7 +90,7 @@ class AnswerCore:
     ) -> None:
         """`vision`: how the model takes a request's images; `max_n`: the most choices a request may
         ask for."""
-        self.decoder = decoder
+        self._decoder = decoder
         self.vision = vision
         self.model = model_name
         self._timeout_s = request_timeout_s
@@ -108,7 +108,7 @@ class AnswerCore:
         time of the first chunk and the token counts."""
         streams = [
             DecoderStream(
-                self.decoder.options(stream=True).generate.remote(request), deadline.at, deadline.error, record
+                self._decoder.options(stream=True).generate.remote(request), deadline.at, deadline.error, record
             )
             for request in requests
         ]
