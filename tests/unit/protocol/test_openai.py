@@ -108,7 +108,7 @@ def test_every_field_the_openai_client_sends_is_declared_and_in_the_docs_table(k
     create, model = (Chat.create, ChatCompletionRequest) if kind == "chat" else (Legacy.create, CompletionRequest)
     sent = set(inspect.signature(create).parameters) - {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
     assert sent - set(model.model_fields) == set()
-    page = Path(__file__).resolve().parents[2].joinpath("docs", "api.md").read_text()
+    page = Path(__file__).resolve().parents[3].joinpath("docs", "api.md").read_text()
     table = page.split("\n## Request fields\n", 1)[1].split("\n## ", 1)[0]
     table = "\n".join(line for line in table.splitlines() if line.startswith("| "))
     assert {name for name in sent if f"`{name}`" not in table} == set()
