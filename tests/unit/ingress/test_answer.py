@@ -40,7 +40,7 @@ async def test_several_decoder_calls_are_one_answer_and_each_prompt_counts_once(
 
 async def test_the_deadline_cancels_a_step_before_the_decoder_with_a_408():
     deadline = answer_core(FakeDecoder(), request_timeout_s=0.05).deadline()
-    with pytest.raises(RequestTimeoutError, match="0.05 s"):
+    with pytest.raises(RequestTimeoutError, match=r"0\.05 s"):
         async with deadline.within():
             await asyncio.sleep(1)
 
