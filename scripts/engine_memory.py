@@ -25,7 +25,7 @@ import psutil
 from deployments.config import load_models_file
 from deployments.engines import TextEngine
 from deployments.engines.factory import create_text_engine
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 
 QUESTIONS = ["What is the capital of Japan?", "Name a fruit that is red.", "Write a haiku about the sea."]
 

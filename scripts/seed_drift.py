@@ -21,7 +21,7 @@ from pathlib import Path
 
 from deployments.config import EngineParams, load_models_file
 from deployments.engines import create_text_engine
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [

@@ -14,7 +14,7 @@ file on disk, the builder args or other entries (paths exist, the primary named 
 `max_ongoing_requests` against its `max_num_seqs`, and `deployment.autoscaling` once the role's
 defaults fill it, in `deployments/options/`."""
 
-from deployments.config.chat import TOOL_CALL_FORMATS, TOOL_MARKERS, ToolCallFormat
+from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
 from deployments.config.machine import cpu_cores
 from deployments.config.models import (
@@ -34,7 +34,6 @@ __all__ = [
     "AUTO",
     "LLAMA_CPP",
     "TOOL_CALL_FORMATS",
-    "TOOL_MARKERS",
     "TRANSFORMERS",
     "AppArgs",
     "AutoscalingConfig",

@@ -1,8 +1,7 @@
 """How a model's chat is written: the tool-call formats a model may use (`capabilities.tool_call_format`)
 and the check of a `chat_template` override file (read by the builder, before any replica starts).
 
-The formats, and the strings that open a call in each (`TOOL_MARKERS`: the engine keeps them in the
-decoded text when they are special tokens, the ingress's parsers look for them):
+The formats (the strings that open a call in each, and the readers: `deployments.tools.formats`):
 
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen2.5, Qwen3);
 - ``llama3_json``: ``{"name": ..., "parameters": {...}}``, after ``<|python_tag|>`` or at the start
@@ -20,14 +19,6 @@ from typing import Any, Literal
 
 ToolCallFormat = Literal["hermes", "llama3_json", "mistral", "pythonic", "generic"]
 TOOL_CALL_FORMATS: tuple[ToolCallFormat, ...] = ("hermes", "llama3_json", "mistral", "pythonic", "generic")
-
-TOOL_MARKERS: dict[ToolCallFormat, tuple[str, ...]] = {
-    "hermes": ("<tool_call>",),
-    "llama3_json": ("<|python_tag|>",),
-    "mistral": ("[TOOL_CALLS]",),
-    "pythonic": ("<|python_start|>",),
-    "generic": (),
-}
 
 
 def read_chat_template(path: Path) -> str:

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from PIL import Image
 
 from deployments.config import ToolCallFormat
-from deployments.protocol.payloads import GenerateRequest
-from deployments.protocol.responses import TokenLogprob
+from deployments.protocol.openai.common import TokenLogprob
+from deployments.protocol.replica import GenerateRequest
 
 
 @dataclass(frozen=True)

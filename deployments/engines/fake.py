@@ -38,8 +38,8 @@ from deployments.config import ModelConfig, ToolCallFormat
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
 from deployments.engines.context import Limits, fit_context
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
-from deployments.protocol.responses import TokenLogprob, TopLogprob
+from deployments.protocol.openai.common import TokenLogprob, TopLogprob
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 
 TICK = " tick"
 

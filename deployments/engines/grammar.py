@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GrammarSpec
+from deployments.protocol.replica import GrammarSpec
 
 # JSON whitespace between tokens: any, but at most this many characters in a row. Unbounded (the
 # library's default), a weak model can fill its whole budget with indentation and never close the

@@ -1,1 +1,2 @@
-"""The CPU ingress: the OpenAI HTTP app and the proxy-vision pipeline in front of the model replicas."""
+"""The CPU ingress: the OpenAI HTTP app (routes, a service per endpoint over one answer core) and the
+vision pipeline in front of the model replicas."""

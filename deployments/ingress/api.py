@@ -1,6 +1,7 @@
-"""The ingress's FastAPI app, built per replica by `build_api` from the objects that hold the
-request logic of each served model (`served.ServedModels`) and the guard's settings: the routes
-stay thin, and no setting is looked up through Serve. Errors leave in OpenAI's shape, through the
+"""The ingress's FastAPI app, built per replica by `build_api` from the served models
+(`served_models.ServedModels`) and the guard's settings: the routes stay thin (an endpoint's route
+hands its body to its service in `endpoints/`, over the model's answer core, and sends the
+`Reply`), and no setting is looked up through Serve. Errors leave in OpenAI's shape, through the
 one mapper in `errors`."""
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ from deployments.errors import (
     to_openai_error,
     validation_message,
 )
-from deployments.ingress.generation import Reply
+from deployments.ingress.answer.reply import Reply
+from deployments.ingress.endpoints.chat import ChatService
+from deployments.ingress.endpoints.completions import CompletionService
 from deployments.ingress.guard import GuardSettings, RequestGuard
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol.requests import ChatCompletionRequest, CompletionRequest
-from deployments.protocol.responses import ErrorResponse, ModelCard, ModelList
+from deployments.protocol.openai.chat import ChatCompletionRequest
+from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
+from deployments.protocol.openai.completions import CompletionRequest
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     error.status: {"model": ErrorResponse, "description": error.__name__}
@@ -134,13 +138,13 @@ def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         record = record_of(request.state)
         record.model = body.model
-        return _reply(await served.get(body.model).chat.create(body, record))
+        return _reply(await ChatService(served.get(body.model).core).create(body, record))
 
     @api.post("/v1/completions", responses=_CHAT_RESPONSES)
     async def legacy_completions(body: CompletionRequest, request: Request) -> Any:
         record = record_of(request.state)
         record.model = body.model
-        return _reply(await served.get(body.model).completions.create(body, record))
+        return _reply(await CompletionService(served.get(body.model).core).create(body, record))
 
     metrics.export_zeros(
         served.names,

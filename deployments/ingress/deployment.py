@@ -1,9 +1,9 @@
 """Ingress: the OpenAI-compatible HTTP router (CPU), as a Serve deployment.
 
-Its constructor builds the request logic of each served model from its config and its decoder's
-handle (`ChatService`, `CompletionService`, `HealthService`, and the `CaptionerClient` of proxy
-vision, one per captioner: models that name the same captioner share its client and caption
-cache); Serve then asks it for its ASGI app (`__serve_build_asgi_app__`), which `api.build_api`
+Its constructor builds each served model's answer core from its config and its decoder's handle
+(`AnswerCore`, with its `VisionPipeline` and the `CaptionerClient` of proxy vision, one per
+captioner: models that name the same captioner share its client and caption cache) and its
+`HealthService`; Serve then asks it for its ASGI app (`__serve_build_asgi_app__`), which `api.build_api`
 makes for this replica's settings."""
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig
+from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
-from deployments.ingress.chat import ChatService
-from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
+from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
-from deployments.protocol.responses import ModelCard
+from deployments.protocol.openai.common import ModelCard
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
@@ -68,23 +68,20 @@ class Ingress:
                     config.captioner_app, model.captioner, config.vision, self._metrics, model.captioner_deployment
                 )
                 clients[model.captioner.name] = captioner
-            decoder = decoders[model.name]
-            chat = ChatService(
-                decoder,
+            vision = VisionPipeline(
                 captioner,
                 model_name=model.name,
-                request_timeout_s=server.request_timeout_s,
                 images=config.images,
                 vision=config.vision,
-                max_n=server.max_n,
                 native_max_images=model.native_max_images,
             )
-            completions = CompletionService(
-                decoder, model_name=model.name, request_timeout_s=server.request_timeout_s, max_n=server.max_n
+            decoder = decoders[model.name]
+            core = AnswerCore(
+                decoder, vision, model_name=model.name, request_timeout_s=server.request_timeout_s, max_n=server.max_n
             )
             health = HealthService(decoder, captioner, model_name=model.name)
             card = ModelCard(id=model.name, created=int(time.time()))
-            served.append(ServedModel(card, chat, completions, health))
+            served.append(ServedModel(card, core, health))
         self._served = ServedModels(served)
         self._guard = GuardSettings.from_config(server)
         logger.info(

@@ -10,9 +10,10 @@ from typing import Any
 from ray.serve.exceptions import BackPressureError
 
 from deployments.errors import unwrap
-from deployments.ingress.ports import Captioner, DecoderHandle
+from deployments.ingress.ports import DecoderHandle
 from deployments.ingress.serve_status import SERVING, deployment_status
-from deployments.protocol.payloads import ComponentStatus
+from deployments.ingress.vision.client import Captioner
+from deployments.protocol.replica import ComponentStatus
 
 DECODER_STATUS_TIMEOUT_S = 5.0
 

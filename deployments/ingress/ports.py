@@ -1,20 +1,15 @@
-"""What the ingress's request logic (`ChatService`, `HealthService`) calls on the other components.
-
-Serve's `DeploymentHandle` to the decoder satisfies `DecoderHandle`, `vision.client.CaptionerClient`
-satisfies `Captioner`, and so do the unit tests' fakes (tests/unit/ingress/fakes.py)."""
+"""What the ingress's request logic (`answer.core.AnswerCore`, `HealthService`) calls on the decoder:
+Serve's `DeploymentHandle` to it satisfies `DecoderHandle`, and so does the unit tests' fake
+(tests/unit/ingress/fakes.py). The captioner's side is `vision.client.Captioner`."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from deployments.ingress.vision.cache import CacheStats, CaptionCache
-from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol.payloads import ComponentStatus
-
 
 class RemoteMethod(Protocol):
     """A deployment's method through its handle: ``handle.status.remote()`` (awaitable) or, on a
-    streaming handle, ``handle.generate.remote(request)`` (the chunks, a `stream.ChunkStream`)."""
+    streaming handle, ``handle.generate.remote(request)`` (the chunks, an `answer.stream.ChunkStream`)."""
 
     def remote(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -36,15 +31,3 @@ class DecoderHandle(Protocol):
     def status(self) -> RemoteMethod: ...
 
     def options(self, *, stream: bool) -> DecoderHandle: ...
-
-
-class Captioner(Protocol):
-    """The captioner as the ingress sees it: captions (`ChatService`), its status and its caption
-    cache's figures (`HealthService`)."""
-
-    @property
-    def cache(self) -> CaptionCache: ...
-
-    async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]: ...
-
-    async def status(self) -> ComponentStatus: ...

@@ -1,6 +1,6 @@
-"""The models behind the endpoint: each primary's request logic (`ChatService`,
-`CompletionService`, `HealthService`) and model card, found by the `model` a request names
-(404 `model_not_found` for any other), and /health over all of them."""
+"""The models behind the endpoint: each primary's answer core (`answer.core.AnswerCore`, which every
+endpoint's service frames), its `HealthService` and model card, found by the `model` a request
+names (404 `model_not_found` for any other), and /health over all of them."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.errors import ModelNotFoundError
-from deployments.ingress.chat import ChatService
-from deployments.ingress.completions import CompletionService
+from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.health import HealthService
-from deployments.protocol.responses import ModelCard, ModelList
+from deployments.protocol.openai.common import ModelCard, ModelList
 
 
 @dataclass(frozen=True)
 class ServedModel:
     card: ModelCard
-    chat: ChatService
-    completions: CompletionService
+    core: AnswerCore
     health: HealthService
 
 

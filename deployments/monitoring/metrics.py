@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 
 from ray.serve import metrics
 
-from deployments.protocol.responses import FinishReason, UnseenReason
+from deployments.protocol.openai.common import FinishReason, UnseenReason
 
 Kind = Literal["counter", "gauge", "histogram"]
 

@@ -24,7 +24,7 @@ from deployments.engines.batcher import Batcher
 from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER_METRICS, ENGINE_METRICS, Recorder
-from deployments.protocol.payloads import CaptionRequest, ComponentStatus
+from deployments.protocol.replica import CaptionRequest, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.roles import Role
 

@@ -19,8 +19,8 @@ from deployments.engines import TextEngine, create_text_engine
 from deployments.errors import DecoderUnavailable
 from deployments.merge import MergedStreams
 from deployments.monitoring.metrics import DECODER_METRICS, ENGINE_METRICS, DecoderRequestTimer, Recorder
-from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
-from deployments.protocol.responses import TokenLogprob
+from deployments.protocol.openai.common import TokenLogprob
+from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 from deployments.roles import Role

@@ -21,7 +21,7 @@ import ray
 from deployments.config import Lifecycle
 from deployments.engines import Engine
 from deployments.errors import UnavailableError
-from deployments.protocol.payloads import ComponentStatus
+from deployments.protocol.replica import ComponentStatus
 
 logger = logging.getLogger("ray.serve")
 

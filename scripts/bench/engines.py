@@ -38,7 +38,7 @@ async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_
     """One engine in this process: load it, then each concurrency in turn."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
-    from deployments.protocol.payloads import GenerateRequest, TextMessage
+    from deployments.protocol.replica import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
     params = {**ENGINE_PARAMS.get(engine_name, {}), **params}

@@ -112,7 +112,7 @@ def plain_generate(model_dir: Path, device: str, batch: int, max_tokens: int) ->
 async def engine_run(model_dir: Path, cuda_graphs: str, concurrency: list[int], max_tokens: int) -> list[dict]:
     from deployments.config import ModelConfig
     from deployments.engines import create_text_engine
-    from deployments.protocol.payloads import GenerateRequest, TextMessage
+    from deployments.protocol.replica import GenerateRequest, TextMessage
 
     params = {"max_num_seqs": max(concurrency), "max_model_len": 1024, "cuda_graphs": cuda_graphs}
     engine = create_text_engine(

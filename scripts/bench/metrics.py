@@ -37,7 +37,7 @@ from deployments.config import Lifecycle, load_models_file
 from deployments.engines.transformers import continuous
 from deployments.monitoring.access_log import AccessLog, RequestRecord
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from scripts.bench.common import ROOT, arguments
 

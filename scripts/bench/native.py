@@ -153,7 +153,7 @@ async def bench_llamacpp(args: argparse.Namespace, work: Path) -> list[dict[str,
 
     from deployments.config import ModelConfig
     from deployments.engines import create_text_engine
-    from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
+    from deployments.protocol.replica import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 
     folder = build_tiny_gguf_vlm(work / "gguf-vlm", SMALL_MMPROJ if args.shape == "small" else TINY_MMPROJ)
     started = time.perf_counter()

@@ -119,7 +119,7 @@ async def engine_run(
     `engine_name`: models.yaml's when None (`auto`: llama.cpp for the shipped GGUF, as on a CPU replica)."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
-    from deployments.protocol.payloads import GenerateRequest, TextMessage
+    from deployments.protocol.replica import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
     params = model.params.model_copy(update={"quantization": quantization or model.params.quantization})

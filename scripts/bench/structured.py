@@ -44,7 +44,7 @@ from deployments.engines import create_text_engine
 from deployments.engines.base import TextEngine
 from deployments.engines.transformers import constraints
 from deployments.engines.transformers.batch_sampler import BatchSampler
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 from scripts.bench.common import ROOT, arguments
 
 THINGS = ["cat", "dog", "ship", "tree", "river", "robot", "city", "bird", "cloud", "train", "lamp", "fox"]

@@ -6,7 +6,7 @@ from PIL import Image
 
 from deployments.config import ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 
 pytestmark = [
     pytest.mark.gpu,
@@ -108,7 +108,7 @@ def _native_request(image: Image.Image) -> GenerateRequest:
     import hashlib
     import io
 
-    from deployments.protocol.payloads import ImageBytes, MessageImage, MessageText
+    from deployments.protocol.replica import ImageBytes, MessageImage, MessageText
 
     buf = io.BytesIO()
     image.save(buf, format="PNG")

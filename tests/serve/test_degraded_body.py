@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 from openai import OpenAI
 
-from deployments.protocol.responses import DEGRADED_FINGERPRINT
+from deployments.protocol.openai.common import DEGRADED_FINGERPRINT
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, echo_with_captioner, undeploy, write_models
 

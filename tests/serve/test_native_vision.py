@@ -19,8 +19,8 @@ from deployments.engines.transformers.chat_template import resolve_tool_renderin
 from deployments.engines.transformers.native_prompt import NativePromptBuilder
 from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.ingress.vision.native import native_messages
-from deployments.protocol.payloads import ImageBytes
-from deployments.protocol.requests import ChatCompletionRequest
+from deployments.protocol.openai.chat import ChatCompletionRequest
+from deployments.protocol.replica import ImageBytes
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
 from tests.support.native_probe import REFUSED_COLOUR, pixel_sha256

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ray import serve
 
-from deployments.protocol.payloads import CaptionRequest
+from deployments.protocol.replica import CaptionRequest
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import (
     deploy,

@@ -19,7 +19,7 @@ from ray import serve
 from ray.serve._private.api import serve_start
 from ray.serve.schema import ServeDeploySchema
 
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from tests.serve.conftest import BASE_URL, kill_replicas, undeploy, wait_until, write_models
 
 DEADLINE_S = 6.0

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from deployments.config import load_models_file
-from deployments.protocol.payloads import TextMessage
+from deployments.protocol.replica import TextMessage
 
 DEFAULT_TOL = 1.0  # logits; measured drift stays under 0.2 (docs/reliability.md)
 

@@ -46,7 +46,7 @@ from deployments.errors import InvalidImageError, to_openai_error
 from deployments.ingress.vision.check import load_image_url
 from deployments.ingress.vision.collect import count_images
 from deployments.ingress.vision.rewrite import rewrite
-from deployments.protocol.requests import ChatCompletionRequest, ChatMessage
+from deployments.protocol.openai.chat import ChatCompletionRequest, ChatMessage
 from deployments.replicas.stopping import StopMatcher
 from tests.conftest import data_url
 

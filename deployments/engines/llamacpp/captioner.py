@@ -18,7 +18,7 @@ from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine
 from deployments.engines.llamacpp.media import png
 from deployments.engines.llamacpp.vision import LlamaCppVisionEngine
-from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
+from deployments.protocol.replica import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 from deployments.roles import Role
 
 

@@ -44,10 +44,10 @@ from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
 from deployments.engines.load_log import LoadLog, size_text
-from deployments.engines.tool_prompt import generic_chat, resolve_tool_format, template_message
 from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.roles import Role
+from deployments.tools.prompt import generic_chat, resolve_tool_format, template_message
 
 logger = logging.getLogger("ray.serve")
 

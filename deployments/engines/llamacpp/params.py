@@ -30,8 +30,8 @@ from typing import Any, Literal
 from deployments.config import EngineParams
 from deployments.engines.grammar import grammar_schema, whitespace
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec
-from deployments.protocol.responses import TokenLogprob, TopLogprob
+from deployments.protocol.openai.common import TokenLogprob, TopLogprob
+from deployments.protocol.replica import GenerateRequest, GrammarSpec
 
 SEED_MODULUS = 0xFFFFFFFF  # llama.cpp's seeds are uint32; this value itself means "random"
 

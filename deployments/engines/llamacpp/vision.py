@@ -50,7 +50,7 @@ from deployments.engines.llamacpp.media import (
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_native_chunk
 from deployments.engines.load_log import LoadLog
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, TextMessage
+from deployments.protocol.replica import GenerateRequest, ImageBytes, MessageImage, TextMessage
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")

@@ -24,7 +24,7 @@ from deployments.engines.transformers.loading import load_kwargs, place, quantiz
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream, stream_outputs
-from deployments.protocol.payloads import GenerateRequest
+from deployments.protocol.replica import GenerateRequest
 from deployments.roles import Role
 
 

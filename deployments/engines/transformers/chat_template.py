@@ -1,11 +1,11 @@
 """How a request becomes a transformers prompt: a chat in the chat-template convention (assistant
 tool calls, tool answers), a request's `tools` as the model's tool-call format has them
-(`ToolRendering`: the template renders them, or the generic format's prompt, `tool_prompt`), and a
+(`ToolRendering`: the template renders them, or the generic format's prompt, `tools.prompt`), and a
 legacy completion's prompt taken as it is. Shared by the text decoders and the native VLM.
 
 The format (`capabilities.tool_call_format`) is resolved once at load (`resolve_tool_rendering`):
 `auto` reads the template: one that renders a probe tool is the family whose call syntax it contains
-(`tool_prompt.detect_tool_format`), else generic."""
+(`tools.prompt.detect_tool_format`), else generic."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.config import TOOL_MARKERS, ToolCallFormat
-from deployments.engines.tool_prompt import generic_chat, resolve_tool_format
+from deployments.config import ToolCallFormat
 from deployments.errors import InvalidRequestError
+from deployments.tools.formats import TOOL_MARKERS
+from deployments.tools.prompt import generic_chat, resolve_tool_format
 
 logger = logging.getLogger("ray.serve")
 

@@ -37,8 +37,8 @@ import torch
 
 from deployments.engines.grammar import grammar_schema, whitespace
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec
-from deployments.protocol.responses import TokenLogprob, TopLogprob
+from deployments.protocol.openai.common import TokenLogprob, TopLogprob
+from deployments.protocol.replica import GenerateRequest, GrammarSpec
 
 logger = logging.getLogger("ray.serve")
 

@@ -38,7 +38,7 @@ from deployments.engines.transformers.batch_sampler import BatchSampler, Samplin
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import DecoderUnavailable
-from deployments.protocol.payloads import GenerateRequest
+from deployments.protocol.replica import GenerateRequest
 
 logger = logging.getLogger("ray.serve")
 

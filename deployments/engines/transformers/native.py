@@ -42,7 +42,7 @@ from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
-from deployments.protocol.payloads import GenerateRequest
+from deployments.protocol.replica import GenerateRequest
 from deployments.roles import Role
 
 

@@ -18,11 +18,11 @@ import torch
 from PIL import Image
 
 from deployments.engines.images import decode_rgb
-from deployments.engines.tool_prompt import template_message
 from deployments.engines.transformers.chat_template import ToolRendering
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol.payloads import ImageBytes, MessageImage, TextMessage
+from deployments.protocol.replica import ImageBytes, MessageImage, TextMessage
+from deployments.tools.prompt import template_message
 
 _TEXT_INPUTS = ("input_ids", "attention_mask")
 

@@ -24,7 +24,7 @@ from deployments.engines.transformers.constraints import ConstrainedStep, Reques
 from deployments.engines.transformers.sampling import Sampling, penalize
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
-from deployments.protocol.payloads import GenerateRequest
+from deployments.protocol.replica import GenerateRequest
 
 
 class _TokenStreamer(BaseStreamer):

@@ -19,13 +19,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import ModelConfig
 from deployments.engines.context import fit_rendered
-from deployments.engines.tool_prompt import template_message
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
 from deployments.errors import ConfigError
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.roles import Role
+from deployments.tools.prompt import template_message
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The ingress's view of the captioner application: the caption cache in front of it, deadlines
-on every call, and a short memory of failures so that image requests degrade at once instead of
-each waiting out a timeout.
+"""The ingress's view of the captioner application: `Captioner`, what the request logic calls (the
+fakes of tests/unit/ingress/fakes.py satisfy it too), and `CaptionerClient`, the caption cache in
+front of it, deadlines on every call, and a short memory of failures so that image requests degrade
+at once instead of each waiting out a timeout.
 
 Only images missing from the cache cross the handle, each once. After a failure, calls are
 skipped for `retry_after_s` (cached captions are still served); the next call after that tries
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from ray import serve
 from ray.serve.exceptions import BackPressureError
@@ -33,13 +35,25 @@ from deployments.ingress.serve_status import FAILED, app_state, deployment_statu
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol.payloads import CaptionRequest, ComponentStatus
+from deployments.protocol.replica import CaptionRequest, ComponentStatus
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
 
 STATUS_TIMEOUT_S = 5.0
 WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
+
+
+class Captioner(Protocol):
+    """The captioner as the ingress sees it: captions (`pipeline.VisionPipeline`), its status and its caption
+    cache's figures (`HealthService`)."""
+
+    @property
+    def cache(self) -> CaptionCache: ...
+
+    async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]: ...
+
+    async def status(self) -> ComponentStatus: ...
 
 
 class CaptionerClient:

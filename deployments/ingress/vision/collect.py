@@ -13,7 +13,8 @@ from deployments.errors import InvalidRequestError
 from deployments.ingress.vision.cache import image_digest
 from deployments.ingress.vision.check import load_image
 from deployments.monitoring.access_log import ImageStats
-from deployments.protocol.requests import ChatMessage, ImagePart, UserMessage
+from deployments.protocol.openai.chat import ChatMessage, UserMessage
+from deployments.protocol.openai.common import ImagePart
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from deployments.ingress.vision.collect import text_of
 from deployments.ingress.vision.rewrite import plain_message
-from deployments.protocol.payloads import MessageImage, MessagePart, MessageText, TextMessage
-from deployments.protocol.requests import ChatMessage, ImagePart, UserMessage
+from deployments.protocol.openai.chat import ChatMessage, UserMessage
+from deployments.protocol.openai.common import ImagePart
+from deployments.protocol.replica import MessageImage, MessagePart, MessageText, TextMessage
 
 
 def native_messages(messages: list[ChatMessage]) -> list[TextMessage]:

@@ -11,9 +11,9 @@ not describe it; say it was not seen), not a bare fact the model may talk around
 from __future__ import annotations
 
 from deployments.ingress.vision.collect import count_images, text_of
-from deployments.protocol.payloads import TextMessage
-from deployments.protocol.requests import AssistantMessage, ChatMessage, ImagePart, ToolMessage, UserMessage
-from deployments.protocol.responses import ToolCall, ToolCallFunction, UnseenReason
+from deployments.protocol.openai.chat import AssistantMessage, ChatMessage, ToolMessage, UserMessage
+from deployments.protocol.openai.common import ImagePart, ToolCall, ToolCallFunction, UnseenReason
+from deployments.protocol.replica import TextMessage
 
 _WHY: dict[UnseenReason, str] = {
     "captioner_unavailable": "the vision model is unavailable",

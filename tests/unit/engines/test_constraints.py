@@ -19,7 +19,7 @@ from deployments.engines.transformers import int4_cpu
 from deployments.engines.transformers.constraints import TokenTexts, _bytes_to_unicode
 from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 from deployments.errors import ContextLengthError, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 
 NEEDS_INT4 = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
 

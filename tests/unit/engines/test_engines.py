@@ -16,7 +16,7 @@ from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.engines.transformers import int4_cpu
 from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 from deployments.errors import ConfigError, ContextLengthError
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 
 NEEDS_INT4 = pytest.mark.skipif(not int4_cpu.available(), reason="this torch has no CPU int4 kernel")
 

@@ -13,8 +13,8 @@ from PIL import Image
 from deployments.config import FakeEngineConfig, ModelConfig
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
-from deployments.protocol.responses import ToolCall, ToolCallFunction
+from deployments.protocol.openai.common import ToolCall, ToolCallFunction
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 
 
 def ask(text: str, **kw) -> GenerateRequest:

@@ -22,7 +22,7 @@ from deployments.engines.llamacpp import LlamaCppTextEngine
 from deployments.engines.llamacpp.engine import kv_layout
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.errors import ConfigError, ContextLengthError, DecoderUnavailable, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 from deployments.replicas.lifecycle import EngineSlot
 
 QUESTION = "What is the capital of France?"

@@ -19,7 +19,7 @@ from deployments.engines.llamacpp import LlamaCppCaptionEngine, LlamaCppTextEngi
 from deployments.engines.llamacpp.media import ImageTokens, data_url, llama_image
 from deployments.engines.llamacpp.params import LlamaCppError, read_native_chunk
 from deployments.errors import ConfigError, ContextLengthError, InvalidImageError, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
+from deployments.protocol.replica import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 from scripts.bench.tiny_models import SMOLLM2_FILE, TINY_MMPROJ_FILE, tiny_mmproj_image_tokens
 from tests.conftest import png_bytes
 

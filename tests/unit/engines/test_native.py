@@ -18,7 +18,7 @@ from deployments.engines import create_text_engine
 from deployments.engines.transformers.native import NativeVisionEngine
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, ContextLengthError, InvalidRequestError
-from deployments.protocol.payloads import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
+from deployments.protocol.replica import GenerateRequest, ImageBytes, MessageImage, MessageText, TextMessage
 
 
 def png(colour: tuple[int, int, int]) -> ImageBytes:

@@ -12,14 +12,14 @@ from transformers import AutoTokenizer
 
 from deployments.config import EngineParams, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
-from deployments.engines.tool_prompt import detect_tool_format, generic_chat, tool_prompt
 from deployments.engines.transformers.chat_template import marker_token_ids
 from deployments.engines.transformers.stream import IncrementalText
 from deployments.errors import ConfigError
-from deployments.ingress.tool_calls import ToolCallText
-from deployments.ingress.tools import ToolPlan
-from deployments.protocol.payloads import GenerateRequest, TextMessage
-from deployments.protocol.responses import ToolCall, ToolCallFunction
+from deployments.protocol.openai.common import ToolCall, ToolCallFunction
+from deployments.protocol.replica import GenerateRequest, TextMessage
+from deployments.tools.calls import ToolCallText
+from deployments.tools.plan import ToolPlan
+from deployments.tools.prompt import detect_tool_format, generic_chat, tool_prompt
 
 HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
 Functions you may call, in <tools></tools>:

@@ -11,7 +11,7 @@ from deployments.engines import create_text_engine
 from deployments.engines.fake import echoed_prompt
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import ContextLengthError
-from deployments.protocol.payloads import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage
 
 SYSTEM = "You are the keeper of the lighthouse."
 LAST = "What colour is the lamp tonight?"

@@ -1,6 +1,7 @@
 """Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
 streaming `generate` and its `status`) and the captioner client. No Ray is started. They satisfy
-the Protocols of `deployments.ingress.ports` (`DecoderHandle`, `Captioner`)."""
+the Protocols `deployments.ingress.ports.DecoderHandle` and `deployments.ingress.vision.client.Captioner`;
+`answer_core` builds a served model's answer core over them, as the Ingress does over the real ones."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerUnavailable
+from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol.payloads import ComponentStatus, GenerateChunk, GenerateRequest
-from deployments.protocol.responses import TokenLogprob, TopLogprob
+from deployments.ingress.vision.pipeline import VisionPipeline
+from deployments.protocol.openai.common import TokenLogprob, TopLogprob
+from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest
 
 
 class FakeStream:
@@ -157,3 +161,25 @@ class FakeCaptioner:
 
         keys = [f"{image.digest}:{image.user_text}" for image in images]
         return await self.cache.get_or_compute(keys, missing, stats)
+
+
+def answer_core(
+    decoder: FakeDecoder,
+    captioner: FakeCaptioner | None = None,
+    *,
+    model_name: str = "echo",
+    request_timeout_s: float = 5.0,
+    images: ImageInputConfig | None = None,
+    vision: ProxyVisionConfig | None = None,
+    max_n: int = 8,
+    native_max_images: int | None = None,
+) -> AnswerCore:
+    """A served model's answer core over fakes, with its vision pipeline."""
+    pipeline = VisionPipeline(
+        captioner,
+        model_name=model_name,
+        images=images or ImageInputConfig(),
+        vision=vision,
+        native_max_images=native_max_images,
+    )
+    return AnswerCore(decoder, pipeline, model_name=model_name, request_timeout_s=request_timeout_s, max_n=max_n)

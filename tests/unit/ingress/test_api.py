@@ -10,16 +10,14 @@ from collections.abc import Sequence
 import httpx
 from ray.serve.exceptions import BackPressureError
 
-from deployments.config import ImageInputConfig, ServerConfig
+from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
-from deployments.ingress.chat import ChatService
-from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.responses import ModelCard
+from deployments.protocol.openai.common import ModelCard
 from tests.unit.fake_metrics import FakeMetrics
-from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
 
 KEY = "sk-api-test-0123"
 
@@ -30,11 +28,10 @@ def client(
     captioner: FakeCaptioner | None = None,
     metrics: FakeMetrics | None = None,
 ) -> httpx.AsyncClient:
-    chat = ChatService(decoder, captioner, model_name="echo", request_timeout_s=5, images=ImageInputConfig())
+    core = answer_core(decoder, captioner)
     health = HealthService(decoder, captioner, model_name="echo")
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None))
-    completions = CompletionService(decoder, model_name="echo", request_timeout_s=5)
-    served = ServedModels([ServedModel(ModelCard(id="echo", created=1), chat, completions, health)])
+    served = ServedModels([ServedModel(ModelCard(id="echo", created=1), core, health)])
     api = build_api(served, guard, metrics or FakeMetrics())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 

@@ -10,7 +10,7 @@ import pytest
 from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 
-from deployments.config import ImageInputConfig, ProxyVisionConfig
+from deployments.config import ProxyVisionConfig
 from deployments.errors import (
     CaptionerTimeout,
     CaptionerUnavailable,
@@ -19,14 +19,15 @@ from deployments.errors import (
     VisionDisabledError,
     to_openai_error,
 )
-from deployments.ingress.chat import DEGRADED_HEADER, ChatService
-from deployments.ingress.generation import Reply
+from deployments.ingress.answer.reply import Reply
+from deployments.ingress.endpoints.chat import ChatService
+from deployments.ingress.vision.pipeline import DEGRADED_HEADER
 from deployments.ingress.vision.rewrite import unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.requests import ChatCompletionRequest
-from deployments.protocol.responses import DEGRADED_FINGERPRINT
+from deployments.protocol.openai.chat import ChatCompletionRequest
+from deployments.protocol.openai.common import DEGRADED_FINGERPRINT
 from tests.conftest import data_url, png_bytes
-from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
 
 
 def record(request_id: str = "rid") -> RequestRecord:
@@ -34,8 +35,7 @@ def record(request_id: str = "rid") -> RequestRecord:
 
 
 def service(decoder: FakeDecoder, captioner: FakeCaptioner | None = None, **kw) -> ChatService:
-    settings = {"model_name": "echo", "request_timeout_s": 5.0, "images": ImageInputConfig(), **kw}
-    return ChatService(decoder, captioner, **settings)
+    return ChatService(answer_core(decoder, captioner, **kw))
 
 
 def chat(content="hi", **fields) -> ChatCompletionRequest:

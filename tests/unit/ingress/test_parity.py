@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from deployments.protocol.payloads import GenerateRequest
+from deployments.protocol.replica import GenerateRequest
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
 from tests.unit.ingress.test_api import client

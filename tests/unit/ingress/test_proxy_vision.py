@@ -10,7 +10,7 @@ from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError, InvalidRequestError
 from deployments.ingress.vision.collect import collect_images, count_images
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
-from deployments.protocol.requests import ChatMessage
+from deployments.protocol.openai.chat import ChatMessage
 from tests.conftest import data_url, png_bytes
 
 MESSAGES = TypeAdapter(list[ChatMessage])

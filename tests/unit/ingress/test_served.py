@@ -7,24 +7,19 @@ from __future__ import annotations
 
 import httpx
 
-from deployments.config import ImageInputConfig, ServerConfig
+from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
-from deployments.ingress.chat import ChatService
-from deployments.ingress.completions import CompletionService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.responses import ModelCard
+from deployments.protocol.openai.common import ModelCard
 from tests.unit.fake_metrics import FakeMetrics
-from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
 
 
 def served(name: str, decoder: FakeDecoder, captioner: FakeCaptioner | None = None) -> ServedModel:
-    chat = ChatService(decoder, captioner, model_name=name, request_timeout_s=5, images=ImageInputConfig())
-    completions = CompletionService(decoder, model_name=name, request_timeout_s=5)
-    return ServedModel(
-        ModelCard(id=name, created=1), chat, completions, HealthService(decoder, captioner, model_name=name)
-    )
+    core = answer_core(decoder, captioner, model_name=name)
+    return ServedModel(ModelCard(id=name, created=1), core, HealthService(decoder, captioner, model_name=name))
 
 
 def client(models: ServedModels, metrics: FakeMetrics) -> httpx.AsyncClient:

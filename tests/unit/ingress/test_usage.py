@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
-from deployments.ingress.completions import CompletionService
+from deployments.ingress.endpoints.completions import CompletionService
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateRequest, TextMessage
-from deployments.protocol.requests import CompletionRequest
+from deployments.protocol.openai.completions import CompletionRequest
+from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
-from tests.unit.ingress.fakes import FakeDecoder
+from tests.unit.ingress.fakes import FakeDecoder, answer_core
 from tests.unit.ingress.test_chat import chat, events, payloads, service
 
 
@@ -56,7 +56,7 @@ async def test_cached_prompt_tokens_are_the_prompts_details_whole_streamed_and_l
     assert whole.body is not None and whole.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
     streamed = await service(decoder).create(chat(stream=True, stream_options={"include_usage": True}), RequestRecord())
     assert payloads(await events(streamed))[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
-    legacy_service = CompletionService(decoder, model_name="echo", request_timeout_s=5)
+    legacy_service = CompletionService(answer_core(decoder))
     legacy = await legacy_service.create(CompletionRequest(model="echo", prompt=["a", "b"]), RequestRecord())
     assert legacy.body is not None and legacy.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
 

@@ -6,7 +6,7 @@ import torch
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.errors import CaptionerUnavailable
-from deployments.protocol.payloads import CaptionRequest
+from deployments.protocol.replica import CaptionRequest
 from deployments.replicas.captioner import VisionCaptioner, failure_kind
 from tests.conftest import png_bytes
 from tests.unit.fake_metrics import FakeMetrics

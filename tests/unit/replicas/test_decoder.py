@@ -10,7 +10,7 @@ import pytest
 from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.engines.base import EngineOutput
 from deployments.engines.fake import FakeTextEngine
-from deployments.protocol.payloads import GenerateChunk, GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateChunk, GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.fake_metrics import FakeMetrics
 

@@ -10,7 +10,7 @@ whole answer's calls, the same text.
 Content is sent as soon as it cannot be the start of a call (a marker such as ``<tool_call>``, or,
 while the answer may still be one call, a lead such as ``[``); leading whitespace is dropped, and
 content that resumes after calls is joined to the earlier content with one space. Text that turns
-out to be no call (`tool_formats`: before a call is `ready`) is content.
+out to be no call (`regions`: before a call is `ready`) is content.
 
 An answer ends early (`stopped`), and the caller stops its generation, when a call repeats an
 earlier one of the same answer (same name, same arguments up to JSON whitespace): the repeat is
@@ -27,10 +27,11 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from deployments.ingress.tool_formats import FORMATS, ToolFormat, generic_region
-from deployments.ingress.tool_regions import CallView, Region
-from deployments.ingress.tools import ToolPlan
-from deployments.protocol.responses import ToolCall, ToolCallDelta, ToolCallDeltaFunction, ToolCallFunction
+from deployments.protocol.openai.chat import ToolCallDelta, ToolCallDeltaFunction
+from deployments.protocol.openai.common import ToolCall, ToolCallFunction
+from deployments.tools.formats import FORMATS, ToolFormat, generic_region
+from deployments.tools.plan import ToolPlan
+from deployments.tools.regions import CallView, Region
 
 Piece = str | ToolCallDelta  # content, or a tool call's delta
 _JSON_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*"?)|\s+')

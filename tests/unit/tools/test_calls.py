@@ -10,9 +10,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments.ingress.tool_calls import Piece, ToolCallText, compact
-from deployments.ingress.tools import ToolPlan
-from tests.unit.ingress.test_tools import ADD, PARIS, PLAN, RECORDED, read, split
+from deployments.tools.calls import Piece, ToolCallText, compact
+from deployments.tools.plan import ToolPlan
+from tests.unit.tools.test_formats import ADD, PARIS, PLAN, RECORDED, read, split
 
 REQUIRED = ToolPlan("required", tools=[], names=PLAN.names)
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'

@@ -1,9 +1,9 @@
-"""Tools: what the decoder gets for a request's `tools` and `tool_choice` (`ToolPlan`), and the
-grammar of a forced call or of `response_format`.
+"""The plan of a request's tools: what the decoder gets for its function tools and its tool choice
+(`ToolPlan`, from any API family's request), and the grammar of a forced call.
 
 The decoder renders the tools in the model's tool-call format (its template's own, or the generic
 format's prompt for a template without tools) and names that format on the request's first chunk;
-`tool_calls.ToolCallText` reads the calls in that format (`tool_formats`; Hermes until told):
+`calls.ToolCallText` reads the calls in that format (`formats`; Hermes until told):
 
 - ``auto`` (the default with tools): text, then any tool calls, split while the text streams.
 - ``required`` and a named function: constrained decoding (vLLM's way), so the output is always a
@@ -16,17 +16,13 @@ format's prompt for a template without tools) and names that format on the reque
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol.payloads import GrammarSpec
-from deployments.protocol.requests import (
-    ChatCompletionRequest,
-    JsonObjectFormat,
-    JsonSchemaResponseFormat,
-    NamedToolChoice,
-)
+from deployments.protocol.openai.common import FunctionDefinition
+from deployments.protocol.replica import GrammarSpec
 
 Mode = Literal["none", "auto", "required", "named"]
 
@@ -43,24 +39,36 @@ class ToolPlan:
     parallel: bool = True  # `parallel_tool_calls`: more than one call per answer
 
 
-def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
-    choice = body.tool_choice or ("auto" if body.tools else "none")
-    if not body.tools or choice == "none":
+ToolChoiceMode = Literal["none", "auto", "required"]
+
+
+def plan_tools(
+    functions: Sequence[FunctionDefinition],
+    choice: ToolChoiceMode | None = None,
+    *,
+    function: str | None = None,
+    parallel: bool = True,
+    constrained_by: str | None = None,
+) -> ToolPlan:
+    """The plan of a request's function tools, whatever API family they came in: `choice` (None:
+    ``auto`` with tools), or `function`, the one a request names; `parallel`: `parallel_tool_calls`;
+    `constrained_by`: the request's field that already constrains the output (``response_format``),
+    a 400 with ``required`` or a named function."""
+    choice = "auto" if choice is None and function is None else choice
+    if not functions or choice == "none":
         return ToolPlan()
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
-    names = frozenset(tool.function.name for tool in body.tools)
-    parallel = body.parallel_tool_calls
+    tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in functions]
+    names = frozenset(f.name for f in functions)
     if choice == "auto":
         return ToolPlan("auto", tools, names, parallel=parallel)
-    if body.response_format is not None and body.response_format.type != "text":
+    if constrained_by is not None:
         raise InvalidRequestError(
-            "response_format cannot be combined with tool_choice 'required' or a named function: "
+            f"{constrained_by} cannot be combined with tool_choice 'required' or a named function: "
             "both constrain the output.",
-            param="response_format",
+            param=constrained_by,
         )
-    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    parallel = parallel and named is None
-    functions = [t.function for t in body.tools if named is None or t.function.name == named]
+    parallel = parallel and function is None
+    called = [f for f in functions if function is None or f.name == function]
     calls = [
         {
             "type": "object",
@@ -68,12 +76,12 @@ def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for f in functions
+        for f in called
     ]
     array: dict[str, Any] = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
     array |= {"minItems": 1} if parallel else {"minItems": 1, "maxItems": 1}
     grammar = GrammarSpec(kind="json_schema", json_schema=json.dumps(array), compact=True)
-    return ToolPlan("named" if named else "required", tools, names, named, grammar, parallel)
+    return ToolPlan("named" if function else "required", tools, names, function, grammar, parallel)
 
 
 def closed(schema: Any) -> Any:
@@ -88,13 +96,3 @@ def closed(schema: Any) -> Any:
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
-
-
-def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:
-    """The grammar of `response_format` (json_object, json_schema), or that of the tool plan."""
-    fmt = body.response_format
-    if isinstance(fmt, JsonObjectFormat):
-        return GrammarSpec(kind="json_object")
-    if isinstance(fmt, JsonSchemaResponseFormat):
-        return GrammarSpec(kind="json_schema", json_schema=json.dumps(fmt.json_schema.schema_))
-    return plan.grammar

@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from deployments.ingress.tool_regions import CallView, Region
+from deployments.tools.regions import CallView, Region
 
 PYTHON_END = "<|python_end|>"
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")

@@ -2,7 +2,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.errors import validation_message
-from deployments.protocol.requests import ChatCompletionRequest, ImagePart, UserMessage
+from deployments.protocol.openai.chat import ChatCompletionRequest, UserMessage
+from deployments.protocol.openai.common import ImagePart
 
 
 def req(**kw):
@@ -102,12 +103,12 @@ def test_every_field_the_openai_client_sends_is_declared_and_in_the_docs_table(k
     from openai.resources.chat.completions import Completions as Chat
     from openai.resources.completions import Completions as Legacy
 
-    from deployments.protocol.requests import CompletionRequest
+    from deployments.protocol.openai.completions import CompletionRequest
 
     create, model = (Chat.create, ChatCompletionRequest) if kind == "chat" else (Legacy.create, CompletionRequest)
     sent = set(inspect.signature(create).parameters) - {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
     assert sent - set(model.model_fields) == set()
-    page = Path(__file__).resolve().parents[2].joinpath("docs", "api.md").read_text()
+    page = Path(__file__).resolve().parents[3].joinpath("docs", "api.md").read_text()
     table = page.split("\n## Request fields\n", 1)[1].split("\n## ", 1)[0]
     table = "\n".join(line for line in table.splitlines() if line.startswith("| "))
     assert {name for name in sent if f"`{name}`" not in table} == set()

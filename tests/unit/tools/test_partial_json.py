@@ -10,7 +10,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments.ingress.partial_json import PartialJson
+from deployments.tools.partial_json import PartialJson
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 VALUES = st.recursive(

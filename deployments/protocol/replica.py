@@ -1,5 +1,5 @@
 """What the deployments send each other through handles: the ingress's request to a decoder and the
-chunks it streams back, the captioner's request, and a deployment's status on /health."""
+chunks it streams back, the captioner's request, and a replica's status on /health."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from deployments.protocol.responses import FinishReason, TokenLogprob, ToolCall
+from deployments.protocol.openai.common import FinishReason, TokenLogprob, ToolCall
 
 
 class MessageText(BaseModel):

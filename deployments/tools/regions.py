@@ -1,4 +1,4 @@
-"""The readers of tool calls in a model's text (`tool_formats` says which format uses which): a
+"""The readers of tool calls in a model's text (`formats` says which format uses which): a
 `Region` is the text from a marker or lead on, read as it streams. It says the calls written so far
 (`CallView`: the name once it is complete and names one of the request's tools, the arguments as
 JSON text that only grows), and whether the region is still `open`, `done` (its syntax ended at
@@ -8,7 +8,7 @@ A call is `ready` to be sent once its name is known and its arguments can only b
 from then on it is a call, even if the text is cut (`max_tokens`) or breaks later; before, text
 that turns out to be no call (not the format's syntax, an unknown name, arguments that are no
 object) stays content. This module reads the JSON forms (`JsonRegion`, `MistralRegion`);
-`tool_pythonic` the pythonic one.
+`pythonic` the pythonic one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from deployments.ingress.partial_json import WHITESPACE, JsonNode, PartialJson
+from deployments.tools.partial_json import WHITESPACE, JsonNode, PartialJson
 
 FENCE = "```"
 MISTRAL_ARGS = "[ARGS]"

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments.ingress.tool_calls import Piece, ToolCallText
-from deployments.ingress.tool_formats import FORMATS
-from deployments.ingress.tools import ToolPlan, closed
+from deployments.tools.calls import Piece, ToolCallText
+from deployments.tools.formats import FORMATS
+from deployments.tools.plan import ToolPlan, closed
 
 PLAN = ToolPlan("auto", tools=[], names=frozenset({"get_weather", "add"}))
 PARIS = ("get_weather", {"city": "Paris"})

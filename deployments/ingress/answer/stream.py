@@ -1,14 +1,17 @@
-"""The decoder's chunks for one request, each awaited before the request's deadline."""
+"""The decoder's chunks for one answer: each awaited before the request's deadline (`DecoderStream`),
+and an answer's decoder calls read as one (`Generation`: one call, or one per prompt of a legacy
+completion, their choices numbered across them, `i * n + j` for call i's j-th sequence)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
 from deployments.errors import DecoderUnavailable, from_serve
+from deployments.merge import MergedStreams
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.payloads import GenerateChunk
+from deployments.protocol.replica import GenerateChunk
 
 
 class ChunkStream(Protocol):
@@ -65,3 +68,44 @@ class DecoderStream:
     def cancel(self) -> None:
         """Free the decoder's slot now (the client went away)."""
         self._chunks.cancel()
+
+
+async def _choices(i: int, stream: DecoderStream, n: int) -> AsyncGenerator[GenerateChunk, None]:
+    """Call i's chunks until its n sequences end, with choice indices made global (`i * n + j`);
+    closed early, its generation is cancelled."""
+    finished = 0
+    try:
+        while finished < n:
+            chunk = await stream.next()
+            finished += chunk.finish_reason is not None
+            chunk.index += i * n
+            yield chunk
+    finally:
+        if finished < n:
+            stream.cancel()
+
+
+class Generation:
+    """An answer's chunks: `first`, awaited before anything is sent (so that errors before the first
+    byte keep their status), then `next()`; `cancel()` frees the decoder's slots at once."""
+
+    def __init__(
+        self, first: GenerateChunk, read: Callable[[], Awaitable[GenerateChunk]], cancel: Callable[[], None]
+    ) -> None:
+        self.first = first
+        self.next = read
+        self.cancel = cancel
+
+    @classmethod
+    async def start(cls, streams: list[DecoderStream], n: int) -> Generation:
+        """The answer of `streams`, one per decoder call, each of `n` sequences."""
+        if len(streams) == 1:
+            stream = streams[0]
+            return cls(await stream.next(), stream.next, stream.cancel)
+        merged = MergedStreams([_choices(i, stream, n) for i, stream in enumerate(streams)])
+        try:
+            first = await anext(merged)
+        except BaseException:
+            merged.cancel()
+            raise
+        return cls(first, merged.__anext__, merged.cancel)

@@ -1,4 +1,4 @@
-"""Tool-call formats shared by every engine library: which format a model's tools take
+"""The tools' prompt, for every engine library: which format a model's tools take
 (`resolve_tool_format`, from its template), and the generic format (`capabilities.tool_call_format:
 generic`) for a chat template that does not render tools. As llama.cpp's server does, the tool
 definitions and the call format go into the system message (a system message is added when the
@@ -11,10 +11,10 @@ chat's earlier calls and tool results are written as plain text that any templat
 - `tool` messages: one user message per run of them, ``Tool results:`` then a line per result
   (``name (call id): content``).
 
-`required` and a named function are constrained to that same JSON list (the ingress's grammar), so
-the model is forced into the format its prompt teaches. Messages are in the chat-template convention
-(`chat_template.template_message`): an assistant's `tool_calls` with arguments as objects, a tool
-message's `tool_call_id`.
+`required` and a named function are constrained to that same JSON list (`plan`'s grammar), so the
+model is forced into the format its prompt teaches. Messages are in the chat-template convention
+(`template_message`): an assistant's `tool_calls` with arguments as objects, a tool message's
+`tool_call_id`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from deployments.config import ToolCallFormat
 from deployments.errors import ConfigError
-from deployments.protocol.payloads import TextMessage
+from deployments.protocol.replica import TextMessage
 
 logger = logging.getLogger("ray.serve")
 _PYTHONIC_EXAMPLE = re.compile(r"\[\s*func_name\w*\(")

@@ -1,12 +1,94 @@
-"""OpenAI's response bodies: completions and their stream chunks, with the service's `vision`
-extension, the model list and the error body."""
+"""What OpenAI's API families share on the wire: the request base (unknown fields are refused, so an
+unsupported feature is a 400 that names it rather than being silently ignored), the sampling fields,
+content parts, function definitions; and on the way back: tool calls, token logprobs, usage, the
+service's `vision` extension, the model list and the error body."""
 
 from __future__ import annotations
 
-import time
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+
+class RequestModel(BaseModel):
+    """A request body or a part of one: unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageURL(RequestModel):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] = "auto"
+
+
+class TextPart(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(RequestModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+
+
+StopString = Annotated[str, Field(min_length=1)]
+LogitBias = dict[str, Annotated[float, Field(ge=-100, le=100)]]
+
+
+class FunctionDefinition(RequestModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class SamplingFields(RequestModel):
+    """What chat and legacy completions share."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="Extension (vLLM's): 0 or null for no top-k.")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
+        None, description="Up to 4 non-empty sequences; generation stops before any of them."
+    )
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="A 64-bit integer.")
+    n: int = Field(1, ge=1, le=128, description="Independent choices, up to the server's `server.max_n`.")
+    logit_bias: LogitBias | None = Field(None, description="Token id (as a string) -> bias from -100 to 100.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Harmless: accepted and ignored.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("only allowed when stream is true")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        """A stream ends with a chunk of the usage (`stream_options.include_usage`)."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class ToolCallFunction(BaseModel):
@@ -34,9 +116,9 @@ class TokenLogprob(TopLogprob):
 
 
 FinishReason = Literal["stop", "length"]
-ChoiceFinish = Literal["stop", "length", "tool_calls"]
 
 UnseenReason = Literal["captioner_unavailable", "captioner_timeout"]
+
 DEGRADED_FINGERPRINT = "mmserve-vision-degraded"
 
 
@@ -58,11 +140,11 @@ class VisionReport(BaseModel):
     unseen_images: list[UnseenImage] = Field(min_length=1)
 
 
-def _absent(value: object) -> bool:
+def absent(value: object) -> bool:
     return value is None
 
 
-class _VisionFields(BaseModel):
+class VisionFields(BaseModel):
     """What a response says when an image was not seen; both fields are absent when every image was.
 
     `vision` is a top-level extension field because the official openai client keeps unknown
@@ -73,8 +155,8 @@ class _VisionFields(BaseModel):
     and an answer produced without the captioner comes from a different one, so it is
     `DEGRADED_FINGERPRINT` then, on every chunk, as OpenAI sends it."""
 
-    system_fingerprint: str | None = Field(None, exclude_if=_absent)
-    vision: VisionReport | None = Field(None, exclude_if=_absent)
+    system_fingerprint: str | None = Field(None, exclude_if=absent)
+    vision: VisionReport | None = Field(None, exclude_if=absent)
 
 
 class PromptTokensDetails(BaseModel):
@@ -86,11 +168,11 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = Field(
-        None, exclude_if=_absent, description="Present for an engine with a prefix cache (llama.cpp)."
+        None, exclude_if=absent, description="Present for an engine with a prefix cache (llama.cpp)."
     )
     truncated_prompt_tokens: int | None = Field(
         None,
-        exclude_if=_absent,
+        exclude_if=absent,
         description="Prompt tokens of earlier turns dropped to fit the context (context_overflow: truncate); "
         "only present when some were. prompt_tokens counts what the model read.",
     )
@@ -106,97 +188,6 @@ class Usage(BaseModel):
             truncated_prompt_tokens=truncated,
             prompt_tokens_details=details,
         )
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprob] | None = None
-    refusal: None = None
-
-
-class ResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCall] | None = Field(None, exclude_if=_absent)
-
-
-class Choice(BaseModel):
-    index: int = 0
-    message: ResponseMessage
-    finish_reason: ChoiceFinish
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletion(_VisionFields):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[Choice]
-    usage: Usage
-
-
-class ToolCallDeltaFunction(BaseModel):
-    """A call's first delta has its name (and the arguments so far); the next ones only arguments."""
-
-    name: str | None = Field(None, exclude_if=_absent)
-    arguments: str = ""
-
-
-class ToolCallDelta(BaseModel):
-    """One streamed piece of a tool call: the first names it (`id`, `type`, `function.name`), the
-    next ones carry `function.arguments` fragments, as OpenAI and vLLM stream them."""
-
-    index: int
-    id: str | None = Field(None, exclude_if=_absent)
-    type: Literal["function"] | None = Field(None, exclude_if=_absent)
-    function: ToolCallDeltaFunction
-
-
-class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-
-class ChunkChoice(BaseModel):
-    index: int = 0
-    delta: Delta
-    finish_reason: ChoiceFinish | None = None
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletionChunk(_VisionFields):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    """The legacy endpoint's logprobs: parallel lists, one entry per token."""
-
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: FinishReason | None = None
-
-
-class Completion(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):

@@ -1,12 +1,14 @@
 """Tool calls in a model's text, one reader per tool-call format (`capabilities.tool_call_format`,
-which the decoder names on a request's first chunk; the formats: `deployments.config.chat`).
+which the decoder names on a request's first chunk; the formats: `deployments.config.chat`), and the
+strings that open a call in each (`TOOL_MARKERS`: an engine keeps them in the decoded text when they
+are special tokens; the readers look for them).
 
 A `ToolFormat` says where calls may start: at a `marker` anywhere in the text (a token such as
 ``<tool_call>`` or ``[TOOL_CALLS]``: the text before it is content), or at a `lead` that opens the
 answer (``{``, ``[``: a JSON or pythonic call is the whole answer, as vLLM's llama3_json and
-pythonic parsers read it). From there the format's `Region` (`tool_regions`,
-`tool_pythonic`) reads the text as it streams and says the calls written so far;
-`tool_calls.ToolCallText` sends them as OpenAI's deltas.
+pythonic parsers read it). From there the format's `Region` (`regions`,
+`pythonic`) reads the text as it streams and says the calls written so far;
+`calls.ToolCallText` sends them as OpenAI's deltas.
 """
 
 from __future__ import annotations
@@ -14,11 +16,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deployments.config import TOOL_MARKERS, ToolCallFormat
-from deployments.ingress.tool_pythonic import PythonicRegion
-from deployments.ingress.tool_regions import FENCE, JsonRegion, MistralRegion, Region
+from deployments.config import ToolCallFormat
+from deployments.tools.pythonic import PythonicRegion
+from deployments.tools.regions import FENCE, JsonRegion, MistralRegion, Region
 
 HERMES_CLOSE = "</tool_call>"
+
+TOOL_MARKERS: dict[ToolCallFormat, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",),
+    "llama3_json": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]",),
+    "pythonic": ("<|python_start|>",),
+    "generic": (),
+}
 
 
 @dataclass(frozen=True)

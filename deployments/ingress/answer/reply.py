@@ -1,0 +1,106 @@
+"""What a route sends (`Reply`), and the loops that feed an answer's chunks to an endpoint's framing
+until every choice has finished: `whole` for one body, `streamed` for server-sent events, framed as
+OpenAI frames them (`framed`): an error after the first byte is one ``data: {"error": ...}`` event
+(the status line has gone out as 200), a client that goes away cancels the generation at once, and
+``data: [DONE]`` always ends the stream. Once every choice has finished, a generation that some
+choice ended early (`choices.Tally.cut_short`) is cancelled."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.errors import to_openai_error
+from deployments.ingress.answer.choices import Tally
+from deployments.ingress.answer.stream import Generation
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.common import Usage
+from deployments.protocol.replica import GenerateChunk
+
+logger = logging.getLogger("ray.serve")
+
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass
+class Reply:
+    """What the route sends: a whole body or server-sent events, with extra headers."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    body: dict | None = None
+    events: AsyncIterator[str] | None = None
+
+
+async def whole(generation: Generation, tally: Tally[Any], feed: Callable[[GenerateChunk], object]) -> None:
+    """Feed every chunk of the answer to `feed` until each choice has finished."""
+    chunk = generation.first
+    while True:
+        feed(chunk)
+        if tally.finished:
+            break
+        chunk = await generation.next()
+    if tally.cut_short:
+        generation.cancel()
+
+
+def streamed(
+    generation: Generation,
+    tally: Tally[Any],
+    feed: Callable[[GenerateChunk], Iterable[str]],
+    record: RequestRecord,
+    usage: Callable[[Usage], str] | None = None,
+) -> AsyncIterator[str]:
+    """The events `feed` makes of each chunk until each choice has finished, then the `usage` event
+    of them all when given (`stream_options.include_usage`)."""
+
+    async def events() -> AsyncIterator[str]:
+        chunk = generation.first
+        while True:
+            for event in feed(chunk):
+                yield event
+            if tally.finished:
+                if tally.cut_short:
+                    generation.cancel()
+                if usage is not None:
+                    yield usage(tally.usage())
+                return
+            chunk = await generation.next()
+
+    return framed(events(), record, generation.cancel)
+
+
+async def framed(events: AsyncIterator[str], record: RequestRecord, cancel: Callable[[], None]) -> AsyncIterator[str]:
+    """A stream's events as OpenAI frames them: an error after the first byte is one error event; a
+    client that goes away `cancel`s the generation at once; ``data: [DONE]`` always ends it."""
+    done = False
+    try:
+        async with aclosing(events):  # type: ignore[type-var]
+            async for item in events:
+                yield item
+        done = True
+    except Exception as exc:  # after the first byte: one error event, then [DONE]
+        yield error_event(exc, record)
+        done = True
+    finally:
+        if not done:  # the client went away: free the decoder slots now
+            cancel()
+    yield DONE
+
+
+def error_event(exc: Exception, record: RequestRecord) -> str:
+    """The one event of an error after the first byte; the access log gets the error's own code and
+    status."""
+    status, body, _ = to_openai_error(exc, record.request_id)
+    record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
+    if status >= 500:
+        logger.exception("stream %s failed", record.request_id, exc_info=exc)
+    return sse(body)
+
+
+def sse(data: dict) -> str:
+    """One server-sent event of `data`."""
+    return f"data: {json.dumps(data)}\n\n"

@@ -1,0 +1,123 @@
+"""The legacy `/v1/completions` endpoint's request logic: a prompt used as it is (text or token
+ids, no chat template), over the same answer core as chat (decoder, limits, deadline and errors).
+
+A list of prompts is one decoder call per prompt, run together; choice `i * n + j` is prompt i's
+j-th sequence, as OpenAI numbers them. `echo` puts the prompt before each choice's text (a text
+prompt only: the ingress has no tokenizer). `logprobs` is OpenAI's legacy shape: parallel lists of
+tokens, their logprobs, the top alternatives as a dict, and each token's offset in the text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from deployments.errors import InvalidRequestError
+from deployments.ingress.answer.choices import Tally
+from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.reply import Reply, sse, streamed, whole
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.common import FinishReason, TokenLogprob, Usage
+from deployments.protocol.openai.completions import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
+from deployments.protocol.replica import GenerateChunk, GenerateRequest
+
+
+class CompletionService:
+    def __init__(self, core: AnswerCore) -> None:
+        self._core = core
+
+    async def create(self, body: CompletionRequest, record: RequestRecord) -> Reply:
+        core = self._core
+        prompts = body.prompts
+        if body.echo and not all(isinstance(p, str) for p in prompts):
+            raise InvalidRequestError("echo needs a text prompt (token ids cannot be echoed here).", param="echo")
+        settings = core.sampling(body)
+        requests = [
+            GenerateRequest(prompt=prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **settings)
+            for prompt in prompts
+        ]
+        generation = await core.generate(requests, core.deadline(), record)
+        echoes = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in range(body.n)]
+        writer = _Writer(f"cmpl-{record.request_id}", core.model, echoes, body.n, body.logprobs is not None)
+        if body.stream:
+            usage = writer.usage_event if body.include_usage else None
+            return Reply(events=streamed(generation, writer.tally, writer.events, record, usage))
+        await whole(generation, writer.tally, writer.piece)
+        return Reply(body=writer.completion())
+
+
+def _legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+    out = CompletionLogprobs()
+    for token in tokens:
+        out.tokens.append(token.token)
+        out.token_logprobs.append(token.logprob)
+        out.top_logprobs.append({alt.token: alt.logprob for alt in token.top_logprobs})
+        out.text_offset.append(offset)
+        offset += len(token.token)
+    return out
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    offset: int = 0  # characters of text so far (text_offset of the next token)
+    logprobs: CompletionLogprobs = field(default_factory=CompletionLogprobs)
+
+
+class _Writer:
+    """A completion's choices from the answer's chunks: whole, or as server-sent events."""
+
+    def __init__(self, cid: str, model: str, echoes: list[str], n: int, logprobs: bool) -> None:
+        """`echoes`: per choice, the text before its output; `n`: choices per prompt."""
+        self.cid, self.model, self.created = cid, model, int(time.time())
+        self._echoes = echoes
+        self._logprobs = logprobs
+        self._choices = [_Choice() for _ in echoes]
+        self.tally: Tally[FinishReason] = Tally(len(echoes), per_prompt=n)
+
+    def piece(self, chunk: GenerateChunk) -> CompletionChoice:
+        """The choice's text and logprobs in this chunk (the echo before its first text)."""
+        choice = self._choices[chunk.index]
+        text, start = chunk.text, choice.offset  # start: where this chunk's tokens begin in the text
+        if not choice.text and self._echoes[chunk.index]:
+            text = self._echoes[chunk.index] + text
+            start = len(self._echoes[chunk.index])
+        logprobs = _legacy_logprobs(chunk.logprobs or [], start) if self._logprobs else None
+        choice.text.append(text)
+        choice.offset += len(text)
+        if logprobs is not None:
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(choice.logprobs, name).extend(getattr(logprobs, name))
+        if chunk.finish_reason is not None:
+            self.tally.end(chunk, chunk.finish_reason)
+        return CompletionChoice(index=chunk.index, text=text, logprobs=logprobs, finish_reason=chunk.finish_reason)
+
+    def completion(self) -> dict:
+        choices = [
+            CompletionChoice(
+                index=index,
+                text="".join(choice.text),
+                logprobs=choice.logprobs if self._logprobs else None,
+                finish_reason=self.tally[index].finish,
+            )
+            for index, choice in enumerate(self._choices)
+        ]
+        return Completion(
+            id=self.cid, created=self.created, model=self.model, choices=choices, usage=self.tally.usage()
+        ).model_dump()
+
+    def events(self, chunk: GenerateChunk) -> list[str]:
+        """A chunk's piece of its choice, as an event."""
+        return [self.event([self.piece(chunk)])]
+
+    def usage_event(self, usage: Usage) -> str:
+        return self.event([], usage=usage)
+
+    def event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        chunk = Completion(id=self.cid, created=self.created, model=self.model, choices=choices, usage=usage)
+        return sse(chunk.model_dump())

@@ -1,0 +1,126 @@
+"""The one place where a request's images become what the decoder gets, for every endpoint
+(`VisionPipeline.prepare`): a request's messages, in chat form (an API with another shape turns
+its input into chat messages first), become the decoder's messages, and their images become:
+
+- proxy vision: captions in place of the images (`rewrite`), from the captioner (`client`); when the
+  captioner is down, the request is a 503 (``reject``) or is answered without them (``degrade``):
+  the decoder is told that the images were not seen (`rewrite.unseen_marker`), and the answer says
+  which and why (`Degraded`: the `vision` field, `system_fingerprint`, the `X-Vision-Degraded`
+  header, and `proxy_vision.degraded_notice` before the text when set);
+- native vision: the images, checked here (within the model's own per-request limit), sent to the
+  decoder itself with their places in the chat (`native`);
+- a model without vision: a 400 for a request with images.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from deployments.config import ImageInputConfig, ProxyVisionConfig
+from deployments.errors import CaptionerTimeout, CaptionerUnavailable, VisionDisabledError
+from deployments.ingress.vision.cache import CacheStats
+from deployments.ingress.vision.client import Captioner
+from deployments.ingress.vision.collect import collect_images, count_images
+from deployments.ingress.vision.native import native_messages
+from deployments.ingress.vision.rewrite import rewrite, unseen_marker
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChatMessage
+from deployments.protocol.openai.common import UnseenImage, UnseenReason, VisionReport
+from deployments.protocol.replica import ImageBytes, TextMessage
+
+logger = logging.getLogger("ray.serve")
+
+DEGRADED_HEADER = "X-Vision-Degraded"
+
+
+@dataclass(frozen=True)
+class Degraded:
+    """What the answer of a request answered without some of its images adds: the report of the
+    images not seen, and `notice` (`proxy_vision.degraded_notice`), the text put before the answer.
+    The notice is not generated: usage counts the decoder's tokens only."""
+
+    report: VisionReport
+    notice: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {DEGRADED_HEADER: "captioner-unavailable"}
+
+
+@dataclass(frozen=True)
+class DecoderInput:
+    """A chat as the decoder gets it: text messages (with image slots under native vision), the
+    checked images that the slots name, and what was not seen."""
+
+    messages: list[TextMessage]
+    images: list[ImageBytes] = field(default_factory=list)
+    degraded: Degraded | None = None
+
+
+class VisionPipeline:
+    def __init__(
+        self,
+        captioner: Captioner | None,
+        *,
+        model_name: str,
+        images: ImageInputConfig,
+        vision: ProxyVisionConfig | None = None,
+        native_max_images: int | None = None,
+    ) -> None:
+        """`captioner`: None when the model takes no images through a captioner; `images`: the image
+        limits and fetching; `vision`: the failure policy and notice; `native_max_images`: set when
+        the decoder sees images itself (native vision): the most images one request may carry."""
+        self._captioner = captioner
+        self._model = model_name
+        self._images = images
+        self._vision = vision or ProxyVisionConfig()
+        self._native_images = (
+            None
+            if native_max_images is None
+            else images.model_copy(update={"max_images_per_request": native_max_images})
+        )
+
+    async def prepare(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
+        """`record`: gets the images' sizes and fetch times, the caption cache's hits and misses,
+        and the reason of a degraded answer."""
+        if self._native_images is not None:
+            return await self._native(messages, self._native_images, record)
+        return await self._proxy(messages, record)
+
+    async def _proxy(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
+        """Captions in place of images; with the policy ``degrade``, a marker in place of each image
+        the captioner could not describe, and what the answer must say about them."""
+        if not count_images(messages):
+            return DecoderInput(rewrite(messages, []))
+        if self._captioner is None:
+            raise VisionDisabledError(
+                f"Model {self._model!r} does not accept images (vision is disabled).", param="messages"
+            )
+        images = await collect_images(messages, self._images, record.images)
+        cache = CacheStats()
+        try:
+            captions = await self._captioner.caption(images, cache)
+        except CaptionerUnavailable as exc:
+            if self._vision.on_failure == "reject":
+                raise
+            logger.warning("answering without image descriptions: %s", exc.message)
+            reason: UnseenReason = "captioner_timeout" if isinstance(exc, CaptionerTimeout) else "captioner_unavailable"
+            record.degraded = reason
+            unseen = [UnseenImage(index=i, reason=reason, message=exc.message) for i in range(len(images))]
+            degraded = Degraded(VisionReport(unseen_images=unseen), self._vision.degraded_notice)
+            return DecoderInput(rewrite(messages, [unseen_marker(reason)] * len(images)), degraded=degraded)
+        finally:
+            record.cache_hits, record.cache_misses = cache.hits, cache.misses
+        return DecoderInput(rewrite(messages, captions))
+
+    @staticmethod
+    async def _native(messages: list[ChatMessage], limits: ImageInputConfig, record: RequestRecord) -> DecoderInput:
+        """The images, fetched and checked as in proxy mode (within the model's own per-request
+        limit), and the chat with each image's slot where it was."""
+        if not count_images(messages):
+            return DecoderInput(native_messages(messages))
+        images = await collect_images(messages, limits, record.images)
+        return DecoderInput(
+            native_messages(messages), [ImageBytes(data=image.data, sha256=image.digest) for image in images]
+        )

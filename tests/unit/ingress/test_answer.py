@@ -1,0 +1,62 @@
+"""The answer core that every endpoint's service frames, on its own with a fake decoder: several
+decoder calls read as one answer with its choices numbered across them, each prompt counted once in
+the usage, the deadline around a step before the decoder, and the vision pipeline called by no
+endpoint at all (as a new endpoint's service would call it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments.errors import RequestTimeoutError
+from deployments.ingress.answer.choices import Tally
+from deployments.ingress.answer.reply import whole
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChatCompletionRequest
+from deployments.protocol.replica import GenerateChunk, GenerateRequest
+from tests.conftest import data_url, png_bytes
+from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
+
+
+async def test_several_decoder_calls_are_one_answer_and_each_prompt_counts_once():
+    decoder = FakeDecoder(["a", "b"])
+    core = answer_core(decoder)
+    requests = [GenerateRequest(prompt=p, n=2) for p in ("x", "y")]
+    generation = await core.generate(requests, core.deadline(), RequestRecord())
+    tally: Tally[str] = Tally(4, per_prompt=2)
+    seen: list[int] = []
+
+    def feed(chunk: GenerateChunk) -> None:
+        seen.append(chunk.index)
+        if chunk.finish_reason is not None:
+            tally.end(chunk, chunk.finish_reason)
+
+    await whole(generation, tally, feed)
+    assert sorted(set(seen)) == [0, 1, 2, 3] and tally.finished and not tally.cut_short
+    usage = tally.usage()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (6, 8)
+
+
+async def test_the_deadline_cancels_a_step_before_the_decoder_with_a_408():
+    deadline = answer_core(FakeDecoder(), request_timeout_s=0.05).deadline()
+    with pytest.raises(RequestTimeoutError, match=r"0\.05 s"):
+        async with deadline.within():
+            await asyncio.sleep(1)
+
+
+async def test_the_vision_pipeline_serves_any_endpoint_and_says_what_was_not_seen():
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "echo",
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png_bytes())}}]}
+            ],
+        }
+    )
+    seen = await answer_core(FakeDecoder(), FakeCaptioner()).vision.prepare(body.messages, RequestRecord())
+    assert seen.degraded is None and seen.images == [] and "Image 1:" in seen.messages[0].content
+    down = await answer_core(FakeDecoder(), FakeCaptioner(down=True)).vision.prepare(body.messages, RequestRecord())
+    assert down.degraded is not None and down.degraded.headers == {"X-Vision-Degraded": "captioner-unavailable"}
+    native = await answer_core(FakeDecoder(), native_max_images=2).vision.prepare(body.messages, RequestRecord())
+    assert len(native.images) == 1 and native.messages[0].parts is not None
