@@ -1,9 +1,10 @@
 """What a route sends (`Reply`), and the loops that feed an answer's chunks to an endpoint's framing
 until every choice has finished: `whole` for one body, `streamed` for server-sent events, framed as
-OpenAI frames them (`framed`): an error after the first byte is one ``data: {"error": ...}`` event
-(the status line has gone out as 200), a client that goes away cancels the generation at once, and
-``data: [DONE]`` always ends the stream. Once every choice has finished, a generation that some
-choice ended early (`choices.Tally.cut_short`) is cancelled."""
+the endpoint's API frames them (`framed`, with a `Framing`; OpenAI's by default): an error after
+the first byte is one error event (the status line has gone out as 200), a client that goes away
+cancels the generation at once, and the API's end marker (OpenAI's ``data: [DONE]``; none for APIs
+whose last event says it) always ends the stream. Once every choice has finished, a generation that
+some choice ended early (`choices.Tally.cut_short`) is cancelled."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ from deployments.protocol.replica import GenerateChunk
 logger = logging.getLogger("ray.serve")
 
 DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How an API frames a stream's end: `error` makes the one event of an error after the first
+    byte (it records the error on the access log's record), `end` is sent last whatever happened."""
+
+    error: Callable[[Exception, RequestRecord], str]
+    end: str | None = DONE
 
 
 @dataclass
@@ -53,6 +63,7 @@ def streamed(
     feed: Callable[[GenerateChunk], Iterable[str]],
     record: RequestRecord,
     usage: Callable[[Usage], str] | None = None,
+    framing: Framing | None = None,
 ) -> AsyncIterator[str]:
     """The events `feed` makes of each chunk until each choice has finished, then the `usage` event
     of them all when given (`stream_options.include_usage`)."""
@@ -70,25 +81,30 @@ def streamed(
                 return
             chunk = await generation.next()
 
-    return framed(events(), record, generation.cancel)
+    return framed(events(), record, generation.cancel, framing)
 
 
-async def framed(events: AsyncIterator[str], record: RequestRecord, cancel: Callable[[], None]) -> AsyncIterator[str]:
-    """A stream's events as OpenAI frames them: an error after the first byte is one error event; a
-    client that goes away `cancel`s the generation at once; ``data: [DONE]`` always ends it."""
+async def framed(
+    events: AsyncIterator[str], record: RequestRecord, cancel: Callable[[], None], framing: Framing | None = None
+) -> AsyncIterator[str]:
+    """A stream's events as `framing` (OpenAI's by default) frames them: an error after the first byte
+    is one error event; a client that goes away `cancel`s the generation at once; the end marker, if
+    the API has one, always ends it."""
+    framing = framing or OPENAI
     done = False
     try:
         async with aclosing(events):  # type: ignore[type-var]
             async for item in events:
                 yield item
         done = True
-    except Exception as exc:  # after the first byte: one error event, then [DONE]
-        yield error_event(exc, record)
+    except Exception as exc:  # after the first byte: one error event, then the end marker
+        yield framing.error(exc, record)
         done = True
     finally:
         if not done:  # the client went away: free the decoder slots now
             cancel()
-    yield DONE
+    if framing.end is not None:
+        yield framing.end
 
 
 def error_event(exc: Exception, record: RequestRecord) -> str:
@@ -104,3 +120,6 @@ def error_event(exc: Exception, record: RequestRecord) -> str:
 def sse(data: dict) -> str:
     """One server-sent event of `data`."""
     return f"data: {json.dumps(data)}\n\n"
+
+
+OPENAI = Framing(error_event)
