@@ -15,8 +15,9 @@ fails to start or fails its health checks: no replica can set them. So the capti
 - a replacement that loads passes: the deployment is HEALTHY again, with no one's help.
 
 `startup_hold_s` decides, from Serve's view when a replica starts, what its initial health check
-does after a failed load: pass (Serve has not yet seen this version run, so failing would be
-final), fail at once (Serve shows no reason yet), or keep retrying the load for
+does after a failed load: pass unless the deployment is already UNHEALTHY (a first deploy, a
+redeploy, a scale-up from zero: Serve may not have seen a replica of this version run, and then
+failing would be final); fail at once (Serve shows no reason yet); or keep retrying the load for
 `unhealthy_restart_s` and then fail (Serve already shows the reason: this spaces the restarts).
 """
 
@@ -50,6 +51,6 @@ def own_deployment() -> ServeView | None:
 def startup_hold_s(view: ServeView | None, restart_s: float) -> float | None:
     """How long a starting replica whose model failed to load keeps retrying before its initial
     health check fails; None: it passes (and its later health checks fail)."""
-    if view is None or view.status == "UPDATING":
-        return None  # a first deploy or a redeploy: no replica of this version has run yet
+    if view is None or view.status != "UNHEALTHY":
+        return None  # Serve has not seen it fail: it may not have seen a replica of this version run
     return restart_s if START_FAILED in view.message else 0.0

@@ -60,7 +60,8 @@ def failing(tmp_path, **lifecycle) -> VisionCaptioner:
         (None, None),  # Serve cannot tell: never risk a final DEPLOY_FAILED
         (ServeView("UPDATING", "Deploying..."), None),  # no replica of this version has run yet
         (ServeView("UNHEALTHY", "A replica's health check failed. This deployment will be UNHEALTHY"), 0.0),
-        (ServeView("HEALTHY"), 0.0),  # a replacement or an upscale: fail at once, so the reason shows
+        (ServeView("UPSCALING"), None),  # e.g. from zero: failing its first start would be final too
+        (ServeView("HEALTHY"), None),
         (ServeView("UNHEALTHY", "A replica failed to start with exception. Retrying. Error:\n..."), 60.0),
         (ServeView("UNHEALTHY", "The deployment failed to start 3 times in a row. This may be..."), 60.0),
     ],
