@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Wait until the service answers, then print one line: its URL, model(s) and vision state.
+"""Wait until the service answers, then print one line: its URL, model(s) and vision state; and a
+second: where the Ray dashboard is, and the command that prints the token it asks for.
 
     mmserve ready: http://127.0.0.1:8000 | model: smollm2-135m-instruct | vision: degraded (...)
+    mmserve dashboard: http://127.0.0.1:8265/#/serve | token: .venv/bin/ray get-auth-token
 
 scripts/run.sh starts it beside `serve run` with `--pid` (it gives up when that process is gone).
 Until then /health gives no answer, Ray's plain-text 404 (routes not deployed yet) or a JSON 503
@@ -22,6 +24,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = "http://127.0.0.1:8265"  # where `serve run` (and `ray start --head`) put Ray's dashboard
+TOKEN_COMMAND = ".venv/bin/ray get-auth-token"  # Ray's CLI of this checkout: `ray` is not on PATH
 
 
 def base_url(config: Path) -> str:
@@ -71,6 +75,16 @@ def ready_line(url: str, health: dict[str, Any]) -> str:
     return f"mmserve ready: {url} | model: {model} | vision: {vision}"
 
 
+def dashboard_line(url: str = DASHBOARD) -> str:
+    """Where the Ray dashboard answers (its Serve page), and how to get the token it asks for when
+    Ray's token auth is on (Ray 2.60 turns it on for the cluster `serve run` starts)."""
+    status, mode = get_json(f"{url}/api/authentication_mode")  # one of the paths it serves without a token
+    if status != 200 or not isinstance(mode, dict):
+        return f"mmserve dashboard: none at {url} (Serve's view without it: scripts/status.sh)"
+    token = f" | token: {TOKEN_COMMAND}" if mode.get("authentication_mode") == "token" else ""
+    return f"mmserve dashboard: {url}/#/serve{token}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", type=Path, default=ROOT / "serve_config.yaml")
@@ -81,6 +95,7 @@ def main() -> int:
         status, health = get_json(f"{url}/health")
         if status == 200 and isinstance(health, dict) and "components" in health:
             print(ready_line(url, health), flush=True)
+            print(dashboard_line(), flush=True)
             return 0
         time.sleep(1)
     return 1

@@ -126,6 +126,13 @@ class Lifecycle(StrictModel):
     load_retry_s: float = Field(
         15.0, gt=0, description="First retry after a model failed to load; doubles up to 5 minutes."
     )
+    unhealthy_restart_s: float = Field(
+        60.0,
+        ge=0,
+        description="A captioner that cannot load shows UNHEALTHY, with the loader's error, in `serve status` and the "
+        "Ray dashboard: its replica fails Serve's health check and Serve replaces it, at most once per this many "
+        "seconds while the load keeps failing (the replica retries it meanwhile, after `load_retry_s`).",
+    )
 
 
 class ModelsFile(Lifecycle):

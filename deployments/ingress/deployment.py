@@ -52,7 +52,7 @@ class IngressConfig(BaseModel):
     server: ServerConfig = ServerConfig()
 
 
-@serve.deployment  # its options are the builder's (deployments/options.py)
+@serve.deployment  # its options are the builder's (deployments/options/)
 @serve.ingress()
 class Ingress:
     def __init__(self, config: IngressConfig, decoders: dict[str, DeploymentHandle]) -> None:

@@ -3,16 +3,34 @@ itself cannot help: its replica died, is being replaced, or is too busy to answe
 
 from __future__ import annotations
 
+import re
+
 from ray import serve
 from ray.serve.schema import DeploymentStatusOverview
 
 SERVING = {"HEALTHY", "UPSCALING", "DOWNSCALING"}
 # Neither: UPDATING (a first start, or a redeploy while old replicas serve) and UNKNOWN.
 FAILED = {"UNHEALTHY", "DEPLOY_FAILED"}
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the replica's name in a traceback
+TRACE_STARTS = ("Traceback (most recent call last)", "ray::", "ray.exceptions.")
 
 
 def _value(status: object) -> str:
     return str(getattr(status, "value", status))
+
+
+def brief(message: str) -> str:
+    """Serve's message on one line, a replica's traceback in it cut to the exception at its end
+    (a captioner that cannot load fails its start with the loader's words: `replicas.serve_health`)."""
+    lines = ANSI.sub("", message).splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if frames:
+        first = next(i for i, line in enumerate(lines) if i == frames[0] or line.startswith(TRACE_STARTS))
+        tail = lines[frames[-1] + 1 :]
+        while tail and tail[0][:1].isspace():  # the last frame's code line and its ^^^ markers
+            tail = tail[1:]
+        lines = [*lines[:first], *tail]
+    return " ".join(line.strip() for line in lines if line.strip())
 
 
 def app_state(app: str, deployment: str) -> str:
@@ -24,7 +42,7 @@ def app_state(app: str, deployment: str) -> str:
     if status is None:
         return f"Serve application {app!r} is not deployed"
     detail = status.deployments.get(deployment)
-    message = (detail.message if detail else "") or status.message
+    message = brief((detail.message if detail else "") or status.message)
     return f"Serve application {app!r} is {_value(status.status)}" + (f": {message}" if message else "")
 
 
@@ -40,7 +58,8 @@ def deployment_status(app: str, deployment: str) -> tuple[str, str]:
     except Exception as exc:
         return "UNKNOWN", f"Serve's status of {deployment} is unavailable: {type(exc).__name__}: {exc}"
     status = _value(detail.status)
-    return status, f"Serve reports {deployment} {status}" + (f": {detail.message}" if detail.message else "")
+    message = brief(detail.message)
+    return status, f"Serve reports {deployment} {status}" + (f": {message}" if message else "")
 
 
 def scaled_to_zero(app: str, deployment: str) -> bool:

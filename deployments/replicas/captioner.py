@@ -1,8 +1,11 @@
 """VisionCaptioner: the GPU-pinned VLM that turns images into captions.
 
 It runs as its own Serve application so that its failure never takes the main application down.
-A load failure (OOM, missing weights, no hub) does not raise: the replica stays up, reports
-"unavailable" and why through `status`, and retries loading in the background.
+A load failure (OOM, missing weights, no hub) does not raise from the constructor: the replica
+reports "unavailable" and why through `status` and retries loading in the background, while its
+health check fails with the loader's words, so that `serve status` and the Ray dashboard show the
+deployment UNHEALTHY and why, and Serve replaces the replica at most once per `unhealthy_restart_s`
+until one loads (`serve_health`).
 
 Images from concurrent requests are captioned together (`Batcher`): up to `max_batch_size` of
 them go through the model in one forward pass; those that arrive while a batch runs form the next,
@@ -26,6 +29,7 @@ from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER_METRICS, ENGINE_METRICS, Recorder
 from deployments.protocol.replica import CaptionRequest, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
+from deployments.replicas.serve_health import own_deployment, startup_hold_s
 from deployments.roles import Role
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
@@ -38,12 +42,14 @@ def failure_kind(exc: Exception) -> str:
     return "oom" if "OutOfMemory" in type(exc).__name__ else "error"
 
 
-@serve.deployment  # its options are the builder's (deployments/options.py)
+@serve.deployment  # its options are the builder's (deployments/options/)
 class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle, *others: DeploymentHandle) -> None:
         """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
         unused: bound here only so that Serve deploys them with this one."""
         self._slot: EngineSlot[CaptionEngine] | None = None
+        self._restart_s = lifecycle.unhealthy_restart_s
+        self._started = False  # the first health check, Serve's at the replica's start, has run
         # The replica's recorder; a test or a benchmark may swap it for its own.
         self.metrics = Recorder(
             CAPTIONER_METRICS + ENGINE_METRICS, model.name if model else "none", tags={"role": Role.CAPTIONER}
@@ -99,8 +105,23 @@ class VisionCaptioner:
         assert self._slot is not None
         self.metrics.set("engine_loaded", float(self._slot.state == "ready"))
 
-    def check_health(self) -> None:
-        """Never raises for a degraded engine: Serve would restart the replica in a loop."""
+    async def check_health(self) -> None:
+        """Raises `CaptionerUnavailable` with the loader's error while the model cannot load; passes
+        while it loads, once it has loaded, and without a captioner configured. At the replica's
+        start it may first keep retrying the load, or pass anyway (`serve_health.startup_hold_s`)."""
+        if self._slot is None or self._slot.error is None:
+            self._started = True
+            return
+        if not self._started:
+            self._started = True
+            hold_s = startup_hold_s(await asyncio.to_thread(own_deployment), self._restart_s)
+            if hold_s is None:
+                return
+            deadline = time.monotonic() + hold_s
+            while self._slot.error is not None and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+        if self._slot.error is not None:
+            raise CaptionerUnavailable(f"captioner {self._slot.name!r} cannot load: {self._slot.error}")
 
     def __del__(self) -> None:
         if self._slot is not None:

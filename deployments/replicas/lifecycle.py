@@ -53,6 +53,8 @@ class EngineSlot(Generic[E]):
         self.engine_name: str | None = None  # what the engine's `describe` calls itself, for /health
         self.state = "loading"
         self.reason: str | None = "loading"
+        # Why the last load failed, kept while a retry runs; None once one succeeds.
+        self.error: str | None = None
         self._in_use = 0
         self._last_used = time.monotonic()
         self._retry_in = self._retry_first_s
@@ -69,14 +71,14 @@ class EngineSlot(Generic[E]):
                 engine = self._factory()
             except Exception as exc:
                 self.state = "failed"
-                self.reason = f"{type(exc).__name__}: {exc}"[:500]
+                self.reason = self.error = f"{type(exc).__name__}: {exc}"[:500]
                 self._next_retry = time.monotonic() + self._retry_in
                 logger.error(
                     "%s %r failed to load: %s (next retry in %.0fs)", self.role, self.name, self.reason, self._retry_in
                 )
                 self._retry_in = min(self._retry_in * 2, RETRY_MAX_S)
                 return False
-            self.engine, self.state, self.reason = engine, "ready", None
+            self.engine, self.state, self.reason, self.error = engine, "ready", None, None
             self._retry_in = self._retry_first_s
             self._last_used = time.monotonic()
             described = engine.describe()

@@ -84,8 +84,9 @@ def test_health_says_why(service, weights_dir, http):
     assert health["status"] == "degraded"
     captioner = health["components"]["captioner"]
     assert not captioner["ready"]
-    assert "failed" in captioner["details"]["state"]
-    assert str(weights_dir) in captioner["reason"]  # the loader's own words, naming the empty directory
+    # The loader's own words, naming the empty directory: the replica's, or Serve's while Serve replaces
+    # the failing replica (tests/serve/test_captioner_health.py).
+    assert str(weights_dir) in captioner["reason"]
 
 
 def test_reject_policy_answers_503(service, models_file, http):
