@@ -17,14 +17,17 @@ parsing by llama.cpp): the ingress parses tool calls as for every engine.
 
 KV cache: `max_num_seqs` streams of `max_model_len` cells each (one per slot, as llama-server
 with ``-np``), unless `mem` is smaller than that: then one pool of `mem` MB that the slots share
-(llama.cpp's unified KV cache; a sequence may still reach `max_model_len`, but a batch that
-outgrows the pool fails its requests, as there is no preemption). Per-slot streams are the faster
-layout (attention only reads a slot's own cells: about 15% more tokens/s at 8 sequences here).
+(llama.cpp's unified KV cache; a sequence may still reach `max_model_len`). llama.cpp has no
+preemption, so a batch that outgrew the pool would fail every sequence in it: each request reserves
+its prompt and completion budget in the pool first, and waits while they do not fit (`kv_room`).
+Per-slot streams are the faster layout (attention only reads a slot's own cells: about 15% more
+tokens/s at 8 sequences here).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -41,6 +44,7 @@ from deployments.engines.bridge import ThreadStream
 from deployments.engines.context import Limits, fit_rendered
 from deployments.engines.llamacpp.files import gguf_path
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
+from deployments.engines.llamacpp.kv_room import KvRoom
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
 from deployments.engines.load_log import LoadLog, size_text
@@ -156,6 +160,7 @@ class LlamaCppTextEngine(TextEngine):
         self.vocab_size = int(meta.get("n_vocab") or shape.vocab_size or 0)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="llamacpp")
         self._live: dict[int, list[int]] = {}  # request -> [prompt tokens, completion tokens so far]
+        self._room = KvRoom(self.kv_cells) if self.kv_unified else None  # slots with a pool of their own never wait
         self._ids = itertools.count()
         self._closed = False
         kv_mb = "" if self.kv_bytes_per_token is None else f", {size_text(self.kv_cells * self.kv_bytes_per_token)}"
@@ -203,7 +208,7 @@ class LlamaCppTextEngine(TextEngine):
         held = sum(prompt + completion for prompt, completion in live[:slots])
         return {
             "running": min(len(live), slots),
-            "waiting": max(len(live) - slots, 0),
+            "waiting": max(len(live) - slots, 0) + (self._room.waiting if self._room is not None else 0),
             "kv_cache_usage": round(min(held / self.kv_cells, 1.0), 4) if self.kv_cells else 0.0,
         }
 
@@ -219,60 +224,62 @@ class LlamaCppTextEngine(TextEngine):
         if self._closed:
             raise DecoderUnavailable("The llama.cpp engine was closed.")
         prepared = await asyncio.to_thread(self._prepare, request)
-        key = next(self._ids)
-        prompt_tokens = prepared.prompt_tokens
-        live = self._live[key] = [prompt_tokens, 0]
-        k = request.logprobs
-        try:
-            with ThreadStream[dict[str, Any]](_request_error) as chunks:
+        need = prepared.prompt_tokens + int(prepared.body.get("n_predict") or self.max_model_len)
+        async with self._room.reserve(need) if self._room is not None else contextlib.nullcontext():
+            key = next(self._ids)
+            prompt_tokens = prepared.prompt_tokens
+            live = self._live[key] = [prompt_tokens, 0]
+            k = request.logprobs
+            try:
+                with ThreadStream[dict[str, Any]](_request_error) as chunks:
 
-                def on_chunk(chunk: dict[str, Any]) -> bool:
-                    if chunks.cancelled.is_set():
-                        return True  # llama.cpp cancels the task and frees the slot
-                    chunks.send(chunk)
-                    return False
+                    def on_chunk(chunk: dict[str, Any]) -> bool:
+                        if chunks.cancelled.is_set():
+                            return True  # llama.cpp cancels the task and frees the slot
+                        chunks.send(chunk)
+                        return False
 
-                def produce() -> None:
-                    if not chunks.cancelled.is_set():
-                        self._stream(prepared.body, on_chunk)
+                    def produce() -> None:
+                        if not chunks.cancelled.is_set():
+                            self._stream(prepared.body, on_chunk)
 
-                self._pool.submit(chunks.run, produce)
-                tokens = 0
-                async for chunk in chunks:
-                    try:
-                        piece = self._read(chunk)
-                    except LlamaCppError as exc:
-                        raise _request_error(exc) from None
-                    tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
-                    live[1] = tokens
-                    logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
-                    if piece.finish is not None:
-                        if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
-                            counts = (self.name, piece.prompt_tokens, prompt_tokens)
-                            logger.warning("model %s: llama.cpp counted %s prompt tokens, the engine %s", *counts)
-                        yield EngineOutput(
-                            piece.text,
-                            tokens,
-                            piece.prompt_tokens or prompt_tokens,  # llama.cpp's own count where it says it
-                            finish_reason=piece.finish,
-                            logprobs=logprobs,
-                            truncated_prompt_tokens=prepared.dropped_prompt_tokens,
-                            cached_prompt_tokens=piece.cached,
-                        )
-                        return
-                    if piece.text or logprobs:
-                        dropped = prepared.dropped_prompt_tokens
-                        yield EngineOutput(
-                            piece.text,
-                            tokens,
-                            prompt_tokens,
-                            logprobs=logprobs,
-                            truncated_prompt_tokens=dropped,
-                            cached_prompt_tokens=piece.cached,
-                        )
-            raise RuntimeError("llama.cpp ended the stream without a finish reason")
-        finally:
-            self._live.pop(key, None)
+                    self._pool.submit(chunks.run, produce)
+                    tokens = 0
+                    async for chunk in chunks:
+                        try:
+                            piece = self._read(chunk)
+                        except LlamaCppError as exc:
+                            raise _request_error(exc) from None
+                        tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
+                        live[1] = tokens
+                        logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
+                        if piece.finish is not None:
+                            if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
+                                counts = (self.name, piece.prompt_tokens, prompt_tokens)
+                                logger.warning("model %s: llama.cpp counted %s prompt tokens, the engine %s", *counts)
+                            yield EngineOutput(
+                                piece.text,
+                                tokens,
+                                piece.prompt_tokens or prompt_tokens,  # llama.cpp's own count where it says it
+                                finish_reason=piece.finish,
+                                logprobs=logprobs,
+                                truncated_prompt_tokens=prepared.dropped_prompt_tokens,
+                                cached_prompt_tokens=piece.cached,
+                            )
+                            return
+                        if piece.text or logprobs:
+                            dropped = prepared.dropped_prompt_tokens
+                            yield EngineOutput(
+                                piece.text,
+                                tokens,
+                                prompt_tokens,
+                                logprobs=logprobs,
+                                truncated_prompt_tokens=dropped,
+                                cached_prompt_tokens=piece.cached,
+                            )
+                raise RuntimeError("llama.cpp ended the stream without a finish reason")
+            finally:
+                self._live.pop(key, None)
 
     def _stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
         """Runs one streamed completion (blocking, on the pool's thread)."""

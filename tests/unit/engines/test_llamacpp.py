@@ -417,3 +417,22 @@ async def test_an_idle_engine_is_unloaded_and_reloaded_by_the_next_request(smoll
         slot.stop()
         if slot.engine is not None:
             slot.engine.close()
+
+
+async def test_a_batch_larger_than_the_shared_pool_waits_instead_of_failing(smollm2):
+    """Four slots share one pool of about 1,000 cells; four requests of about 250 prompt tokens and
+    200 new tokens each need twice that: two run, the others wait for their cells, and none fails
+    (without the reservation llama.cpp failed all four: "Context size has been exceeded")."""
+    shape = describe_gguf(smollm2)
+    assert shape.kv_bytes_per_token
+    mem = 1000 * shape.kv_bytes_per_token // 2**20 + 1
+    engine = create_text_engine(llamacpp_model(smollm2, mem=mem, max_model_len=600, enable_prefix_caching=False))
+    assert isinstance(engine, LlamaCppTextEngine) and engine.kv_unified and engine.kv_cells < 1200
+    try:
+        long = " ".join(f"word{i}" for i in range(75))
+        requests = [ask(f"{i} {long}", max_tokens=200, temperature=1.0, seed=i, logit_bias={2: -100}) for i in range(4)]
+        answers = await asyncio.gather(*(complete(engine, r) for r in requests))
+        assert all(pieces[-1].finish_reason == "length" for _, pieces in answers)  # EOS is biased away
+        assert all(200 <= pieces[-1].prompt_tokens <= 300 for _, pieces in answers), [p[-1] for _, p in answers]
+    finally:
+        engine.close()
