@@ -109,6 +109,13 @@ class EngineParams(StrictModel):
     temperature: float = Field(0.7, ge=0, le=2, description="Default sampling temperature; 0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Default nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Default top-k; 0 disables it.")
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Default min-p (vLLM's): tokens less likely than min_p times the most likely one are left out; "
+        "0 disables it.",
+    )
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI frequency penalty.")
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="Default OpenAI presence penalty.")
     max_tokens: int = Field(256, gt=0, description="Default completion length when a request sets none.")

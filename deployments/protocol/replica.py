@@ -75,6 +75,7 @@ class GenerateRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     stop: list[str] = Field(default_factory=list)

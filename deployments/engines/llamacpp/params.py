@@ -50,7 +50,7 @@ def sampling_fields(request: GenerateRequest, params: EngineParams, window: int)
         "temperature": float(_setting(request, params, "temperature")),
         "top_p": float(_setting(request, params, "top_p")),
         "top_k": int(_setting(request, params, "top_k")),
-        "min_p": 0.0,
+        "min_p": float(_setting(request, params, "min_p")),
         "typical_p": 1.0,
         "repeat_penalty": 1.0,
         "xtc_probability": 0.0,

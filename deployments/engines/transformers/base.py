@@ -104,7 +104,7 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         return value if value is not None else getattr(self.params, name)
 
     def sampling(self, request: GenerateRequest) -> Sampling:
-        return Sampling(*(self.setting(request, name) for name in ("temperature", "top_p", "top_k")))
+        return Sampling(*(self.setting(request, name) for name in ("temperature", "top_p", "top_k", "min_p")))
 
     def penalties(self, request: GenerateRequest) -> tuple[float, float]:
         """`(frequency, presence)` OpenAI penalties of the request, or the model's defaults."""

@@ -152,7 +152,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         sampling = self.sampling(request)
         frequency, presence = self.penalties(request)
         params = SamplingParams(
-            sampling.temperature, sampling.top_p, sampling.top_k, 0.0, frequency, presence, request.seed
+            sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, frequency, presence, request.seed
         )
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)

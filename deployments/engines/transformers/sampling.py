@@ -1,6 +1,6 @@
 """Per-request sampling that every transformers decoder applies the same way: the request's knobs
-resolved against the model's defaults, OpenAI's additive penalties and the temperature, top-k and
-top-p warp of one row."""
+resolved against the model's defaults, OpenAI's additive penalties and the temperature, top-k,
+top-p and min-p warp of one row."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class Sampling:
     temperature: float
     top_p: float
     top_k: int
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -44,4 +45,7 @@ def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         cumulative = ordered.softmax(-1).cumsum(-1)
         drop = cumulative - ordered.softmax(-1) > sampling.top_p  # keep the token that crosses top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    if sampling.min_p > 0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < sampling.min_p * probs.max(), float("-inf"))
     return logits

@@ -96,6 +96,7 @@ class SequentialTextEngine(TransformersTextEngine):
                 "temperature": sampling.temperature,
                 "top_p": sampling.top_p,
                 "top_k": sampling.top_k or None,
+                "min_p": sampling.min_p or None,
             }
         return GenerationConfig(max_new_tokens=max_tokens, **options, **self.special)
 

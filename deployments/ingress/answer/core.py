@@ -55,6 +55,7 @@ def sampling_fields(body: SamplingFields, max_n: int) -> dict[str, Any]:
         "temperature": body.temperature,
         "top_p": body.top_p,
         "top_k": body.top_k,
+        "min_p": body.min_p,
         "frequency_penalty": body.frequency_penalty,
         "presence_penalty": body.presence_penalty,
         "stop": body.stop_sequences,

@@ -54,6 +54,9 @@ class SamplingFields(RequestModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, description="Extension (vLLM's): 0 or null for no top-k.")
+    min_p: float | None = Field(
+        None, ge=0, le=1, description="Extension (vLLM's): drop tokens below min_p times the top token's probability."
+    )
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(

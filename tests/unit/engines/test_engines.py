@@ -93,6 +93,16 @@ async def test_top_k_1_is_greedy_at_any_temperature(tiny_llm):
     assert [text for text, _ in one] == [greedy] * 3
 
 
+async def test_min_p_1_is_greedy_at_any_temperature(tiny_llm):
+    """min-p 1 keeps only the most likely token: the greedy one."""
+    needs_batch_invariance(tiny_llm)
+    greedy, _ = await complete(tiny_llm, ask("pick a word", temperature=0, max_tokens=8))
+    one = await asyncio.gather(
+        *(complete(tiny_llm, ask("pick a word", temperature=1.5, min_p=1.0, max_tokens=8)) for _ in range(3))
+    )
+    assert [text for text, _ in one] == [greedy] * 3
+
+
 async def test_concurrent_requests_each_get_their_own_answer(tiny_llm):
     needs_batch_invariance(tiny_llm)
     prompts = [f"tell me about item {i} " * (i + 1) for i in range(6)]
@@ -382,3 +392,13 @@ def test_a_continuous_engine_never_closed_lets_python_exit(tiny_llm_dir):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"  # no graph backend on a CPU, whatever cuda_graphs says
+
+
+def test_warp_min_p_leaves_out_tokens_below_its_share_of_the_top_one():
+    import torch
+
+    from deployments.engines.transformers.sampling import Sampling, warp
+
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    warped = warp(logits, Sampling(temperature=1.0, top_p=1.0, top_k=0, min_p=0.5))
+    assert torch.isinf(warped[2]) and torch.isfinite(warped[:2]).all()

@@ -128,6 +128,15 @@ async def test_seed_gives_the_same_answer_alone_and_beside_other_requests(engine
     assert beside == alone
 
 
+async def test_min_p_1_is_greedy_at_any_temperature(engine):
+    greedy, _ = await complete(engine, ask("Name a colour.", max_tokens=12))
+    sampled = [
+        await complete(engine, ask("Name a colour.", temperature=1.5, min_p=1.0, max_tokens=12, seed=i))
+        for i in range(2)
+    ]
+    assert [text for text, _ in sampled] == [greedy] * 2
+
+
 async def test_penalties_and_logit_bias_change_the_answer(engine):
     plain, _ = await complete(engine, ask(max_tokens=30))
     penalized, _ = await complete(engine, ask(max_tokens=30, presence_penalty=2.0, frequency_penalty=1.0))
