@@ -29,6 +29,7 @@ from deployments.errors import as_anthropic
 from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.reply import Framing, Reply, recorded_error, streamed, whole
+from deployments.ingress.answer.stream import Generation
 from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.anthropic.chat_form import chat_messages, functions, tool_choice
@@ -54,25 +55,11 @@ class MessagesService:
 
     async def create(self, body: MessagesRequest, record: RequestRecord) -> Reply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
-        core = self._core
-        plan = _plan(body)
-        deadline = core.deadline()
-        async with deadline.within():
-            seen = await core.vision.prepare(chat_messages(body), record)
-        request = GenerateRequest(
-            messages=seen.messages,
-            images=seen.images,
-            tools=plan.tools,
-            max_tokens=body.max_tokens,
-            grammar=plan.grammar,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            stop=body.stop_sequences or [],
+        settings: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
+        generation, plan, degraded = await self._generate(
+            body, record, max_tokens=body.max_tokens, stop=body.stop_sequences or [], **settings
         )
-        generation = await core.generate([request], deadline, record)
-        degraded = seen.degraded
-        blocks = MessageBlocks(f"msg_{record.request_id}", core.model, plan, degraded)
+        blocks = MessageBlocks(f"msg_{record.request_id}", self._core.model, plan, degraded)
         headers = degraded.headers if degraded else {}
         if body.stream:
             return Reply(headers, events=streamed(generation, blocks.tally, blocks.events, record, framing=ANTHROPIC))
@@ -84,15 +71,7 @@ class MessagesService:
         template, with its tools and its images as the pipeline gives them (captions under proxy
         vision, the model's own image tokens under native vision), by a one-token generation whose
         prompt count is read (a prefill: it takes a decoder slot for as long)."""
-        core = self._core
-        plan = _plan(body)
-        deadline = core.deadline()
-        async with deadline.within():
-            seen = await core.vision.prepare(chat_messages(body), record)
-        request = GenerateRequest(
-            messages=seen.messages, images=seen.images, tools=plan.tools, max_tokens=1, temperature=0
-        )
-        generation = await core.generate([request], deadline, record)
+        generation, _, _ = await self._generate(body, record, constrained=False, max_tokens=1, temperature=0)
         tally: Tally[str] = Tally(1)
 
         def end(chunk: GenerateChunk) -> None:
@@ -102,10 +81,22 @@ class MessagesService:
         await whole(generation, tally, end)
         return TokenCount(input_tokens=tally[0].prompt_tokens + tally[0].truncated_prompt_tokens)
 
-
-def _plan(body: MessagesInput) -> ToolPlan:
-    choice, function, parallel = tool_choice(body)
-    return plan_tools(functions(body), choice, function=function, parallel=parallel)
+    async def _generate(
+        self, body: MessagesInput, record: RequestRecord, *, constrained: bool = True, **settings: Any
+    ) -> tuple[Generation, ToolPlan, Degraded | None]:
+        """The request in chat form, through the tool plan (its grammar when `constrained`) and the
+        vision pipeline, to the decoder with the generation `settings`."""
+        core = self._core
+        choice, function, parallel = tool_choice(body)
+        plan = plan_tools(functions(body), choice, function=function, parallel=parallel)
+        deadline = core.deadline()
+        async with deadline.within():
+            seen = await core.vision.prepare(chat_messages(body), record)
+        grammar = plan.grammar if constrained else None
+        request = GenerateRequest(
+            messages=seen.messages, images=seen.images, tools=plan.tools, grammar=grammar, **settings
+        )
+        return await core.generate([request], deadline, record), plan, seen.degraded
 
 
 def event(data: dict[str, Any]) -> str:
