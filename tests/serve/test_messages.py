@@ -9,13 +9,16 @@ count_tokens, an image captioned by the fake captioner, and errors in Anthropic'
 from __future__ import annotations
 
 import base64
+import json
+import re
+import subprocess
 
 import anthropic
 import httpx
 import pytest
 
 from tests.conftest import png_bytes
-from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
+from tests.serve.conftest import BASE_URL, ROOT, deploy, undeploy, write_models
 
 KEY = "sk-ant-serve-test"
 GGUF = "smollm2-llamacpp"
@@ -162,3 +165,24 @@ def test_errors_in_anthropics_shape(client):
         f"{BASE_URL}/v1/messages", content=b"{not json", headers={"x-api-key": KEY, "content-type": "application/json"}
     )
     assert raw.status_code == 400 and raw.json()["type"] == "error"
+
+
+def test_the_docs_examples_run_against_this_deployment(client, capsys):
+    """docs/messages.md's curl and Python blocks, pointed at this module's deployment (its URL, its
+    key, the offline default's name here), as tests/serve/test_readme.py runs them against the README's."""
+    page = (ROOT / "docs" / "messages.md").read_text()
+    blocks = re.findall(r"^```(bash|python)\n(.*?)^```$", page, re.M | re.S)
+    assert [lang for lang, _ in blocks] == ["bash", "python"]
+    host = BASE_URL.removeprefix("http://")
+    curl = blocks[0][1].replace("localhost:8000", host).replace("curl -s ", f"curl -sf -H 'x-api-key: {KEY}' ")
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", curl.replace("smollm2-135m-instruct", GGUF)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)["type"] == "message", done.stderr
+    code = blocks[1][1].replace("http://127.0.0.1:8000", BASE_URL).replace('"unused"', repr(KEY))
+    exec(compile(code.replace("smollm2-135m-instruct", GGUF), "docs/messages.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "get_weather" in printed and ("end_turn" in printed or "max_tokens" in printed)
