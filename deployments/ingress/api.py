@@ -96,6 +96,8 @@ def _openapi_without_422(api: FastAPI) -> None:
 def _error(request: Request, status: int, body: dict, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """An error body (OpenAI's shape) as the request's API shapes it."""
     if anthropic_route(request.scope):
+        # The access log and metrics name the error as on every route (its OpenAI code), whatever its shape.
+        record_of(request.state).error = body["error"]["code"] or body["error"]["type"]
         body = as_anthropic(status, body)
     return JSONResponse(body, status_code=status, headers=headers)
 

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.config import ServerConfig
 from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
+from deployments.monitoring.access_log import record_of
 
 ANTHROPIC_PATH = "/v1/messages"
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -154,5 +156,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 async def _reject(error: ServiceError, headers: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
     body = error_body(error.message, error.type, param=error.param, code=error.code)
     if anthropic_route(scope):
+        record_of(Request(scope).state).error = error.code or error.type  # the access log's reason, as elsewhere
         body = as_anthropic(error.status, body)
     await JSONResponse(body, status_code=error.status, headers=headers)(scope, receive, send)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deployments.errors import as_anthropic
+from deployments.errors import InvalidRequestError, as_anthropic
 from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.reply import Framing, Reply, recorded_error, streamed, whole
@@ -87,8 +87,7 @@ class MessagesService:
         """The request in chat form, through the tool plan (its grammar when `constrained`) and the
         vision pipeline, to the decoder with the generation `settings`."""
         core = self._core
-        choice, function, parallel = tool_choice(body)
-        plan = plan_tools(functions(body), choice, function=function, parallel=parallel)
+        plan = _plan(body)
         deadline = core.deadline()
         async with deadline.within():
             seen = await core.vision.prepare(chat_messages(body), record)
@@ -97,6 +96,20 @@ class MessagesService:
             messages=seen.messages, images=seen.images, tools=plan.tools, grammar=grammar, **settings
         )
         return await core.generate([request], deadline, record), plan, seen.degraded
+
+
+def _plan(body: MessagesInput) -> ToolPlan:
+    """The tool plan of `tools` and `tool_choice`; a choice that needs tools, or names one that is
+    not among them, is a 400 (checked here rather than in the schema, which cannot say it)."""
+    choice, function, parallel = tool_choice(body)
+    names = {tool.name for tool in body.tools or []}
+    if (choice == "required" or function is not None) and not names:
+        raise InvalidRequestError("tool_choice: needs tools", param="tool_choice")
+    if function is not None and function not in names:
+        raise InvalidRequestError(
+            f"tool_choice: names the tool {function!r}, which is not in tools", param="tool_choice"
+        )
+    return plan_tools(functions(body), choice, function=function, parallel=parallel)
 
 
 def event(data: dict[str, Any]) -> str:

@@ -18,14 +18,14 @@ from typing import Literal
 
 from deployments.protocol.anthropic.messages import (
     AnyChoice,
+    AssistantTurn,
     ImageBlock,
-    InputMessage,
     MessagesInput,
     NamedChoice,
     NoneChoice,
     TextBlock,
     ToolResultBlock,
-    ToolUseBlock,
+    UserTurn,
 )
 from deployments.protocol.openai.chat import (
     AssistantMessage,
@@ -48,11 +48,11 @@ def chat_messages(body: MessagesInput) -> list[ChatMessage]:
     if system:
         chat.append(SystemMessage(role="system", content=system))
     for message in body.messages:
-        chat += _assistant(message) if message.role == "assistant" else _user(message)
+        chat += _assistant(message) if isinstance(message, AssistantTurn) else _user(message)
     return chat
 
 
-def _user(message: InputMessage) -> list[ChatMessage]:
+def _user(message: UserTurn) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [UserMessage(role="user", content=message.content)]
     chat: list[ChatMessage] = []
@@ -63,10 +63,8 @@ def _user(message: InputMessage) -> list[ChatMessage]:
             parts += [_image(part) for part in _result_parts(block) if isinstance(part, ImageBlock)]
         elif isinstance(block, TextBlock):
             parts.append(TextPart(type="text", text=block.text))
-        elif isinstance(block, ImageBlock):
-            parts.append(_image(block))
         else:
-            raise AssertionError("refused by InputMessage")
+            parts.append(_image(block))
     if parts:
         chat.append(UserMessage(role="user", content=parts))
     return chat
@@ -85,7 +83,7 @@ def _image(block: ImageBlock) -> ImagePart:
     return ImagePart(type="image_url", image_url=ImageURL(url=block.url))
 
 
-def _assistant(message: InputMessage) -> list[ChatMessage]:
+def _assistant(message: AssistantTurn) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [AssistantMessage(role="assistant", content=message.content)]
     texts: list[str] = []
@@ -93,11 +91,9 @@ def _assistant(message: InputMessage) -> list[ChatMessage]:
     for block in message.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
-        elif isinstance(block, ToolUseBlock):
+        else:
             arguments = json.dumps(block.input)
             calls.append(ToolCallParam(id=block.id, function=FunctionCallParam(name=block.name, arguments=arguments)))
-        else:
-            raise AssertionError("refused by InputMessage")
     return [AssistantMessage(role="assistant", content="".join(texts) or None, tool_calls=calls or None)]
 
 

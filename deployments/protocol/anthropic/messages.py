@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator
 
 from deployments.protocol.openai.common import RequestModel, VisionReport, absent
 
@@ -65,22 +65,21 @@ class ToolResultBlock(RequestModel):
     cache_control: CacheControl | None = None
 
 
-ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+UserBlock = Annotated[TextBlock | ImageBlock | ToolResultBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
 
 
-_TURN_BLOCKS = {"user": ("text", "image", "tool_result"), "assistant": ("text", "tool_use")}
+class UserTurn(RequestModel):
+    role: Literal["user"]
+    content: str | list[UserBlock]
 
 
-class InputMessage(RequestModel):
-    role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+class AssistantTurn(RequestModel):
+    role: Literal["assistant"]
+    content: str | list[AssistantBlock]
 
-    @model_validator(mode="after")
-    def _blocks_of_its_role(self) -> InputMessage:
-        for block in self.content if isinstance(self.content, list) else []:
-            if block.type not in _TURN_BLOCKS[self.role]:
-                raise ValueError(f"a {self.role} turn cannot hold a {block.type} block")
-        return self
+
+InputMessage = Annotated[UserTurn | AssistantTurn, Field(discriminator="role")]
 
 
 class CustomTool(RequestModel):
@@ -148,16 +147,6 @@ class MessagesInput(RequestModel):
     def _unsupported(cls, value: Any) -> Any:
         if value is not None:
             raise ValueError("not supported by this server")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice_names_a_tool(cls, value: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
-        tools = info.data.get("tools")
-        if value is not None and not isinstance(value, NoneChoice | AutoChoice) and not tools:
-            raise ValueError("needs tools")
-        if isinstance(value, NamedChoice) and value.name not in {tool.name for tool in tools or []}:
-            raise ValueError(f"names the tool {value.name!r}, which is not in tools")
         return value
 
 

@@ -43,13 +43,15 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
 IMAGE["source"]["data"] = __import__("base64").b64encode(png_bytes()).decode()  # type: ignore[index]
 
 
-def api(decoder: FakeDecoder, captioner: FakeCaptioner | None = None, keys=(), **kw) -> httpx.AsyncClient:
+def api(
+    decoder: FakeDecoder, captioner: FakeCaptioner | None = None, keys=(), metrics: FakeMetrics | None = None, **kw
+) -> httpx.AsyncClient:
     core = answer_core(decoder, captioner, **kw)
     served = ServedModels(
         [ServedModel(ModelCard(id="echo", created=1), core, HealthService(decoder, captioner, model_name="echo"))]
     )
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None))
-    app = build_api(served, guard, FakeMetrics())
+    app = build_api(served, guard, metrics or FakeMetrics())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -269,7 +271,8 @@ async def test_errors_in_anthropics_shape(body, status, kind, words):
 
 
 async def test_keys_by_x_api_key_or_bearer_and_the_guards_errors_in_anthropics_shape():
-    async with api(FakeDecoder(), keys=[KEY]) as http:
+    metrics = FakeMetrics()
+    async with api(FakeDecoder(), keys=[KEY], metrics=metrics) as http:
         assert (await http.post("/v1/messages", json=BODY, headers={"x-api-key": KEY})).status_code == 200
         bearer = {"authorization": f"Bearer {KEY}"}
         assert (await http.post("/v1/messages", json=BODY, headers=bearer)).status_code == 200
@@ -283,6 +286,12 @@ async def test_keys_by_x_api_key_or_bearer_and_the_guards_errors_in_anthropics_s
             "/v1/messages", content=b"{", headers={"x-api-key": KEY, "content-type": "application/json"}
         )
         assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+        unknown = await http.post("/v1/messages", json={**BODY, "model": "nope"}, headers={"x-api-key": KEY})
+        assert unknown.status_code == 404
+    # Metrics name the route, and each error as on every route (its OpenAI code), whatever the body's shape.
+    assert metrics.count("http_requests", route="/v1/messages", status="200") == 2
+    assert metrics.count("requests_rejected", status="401", reason="invalid_api_key") >= 2
+    assert metrics.count("requests_rejected", status="404", reason="model_not_found") == 1
 
 
 async def test_overload_before_the_first_byte_and_an_error_event_after_it():
