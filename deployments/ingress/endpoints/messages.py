@@ -34,6 +34,7 @@ from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.anthropic.chat_form import chat_messages, functions, tool_choice
 from deployments.protocol.anthropic.messages import (
+    AssistantTurn,
     Message,
     MessagesInput,
     MessagesRequest,
@@ -87,6 +88,12 @@ class MessagesService:
         """The request in chat form, through the tool plan (its grammar when `constrained`) and the
         vision pipeline, to the decoder with the generation `settings`."""
         core = self._core
+        if isinstance(body.messages[-1], AssistantTurn):
+            raise InvalidRequestError(
+                "messages: a final assistant turn (a prefill for the answer to continue) is not supported; "
+                "end with a user turn.",
+                param="messages",
+            )
         plan = _plan(body)
         deadline = core.deadline()
         async with deadline.within():

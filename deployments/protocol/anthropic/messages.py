@@ -71,12 +71,12 @@ AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")
 
 class UserTurn(RequestModel):
     role: Literal["user"]
-    content: str | list[UserBlock]
+    content: str | Annotated[list[UserBlock], Field(min_length=1)]
 
 
 class AssistantTurn(RequestModel):
     role: Literal["assistant"]
-    content: str | list[AssistantBlock]
+    content: str | Annotated[list[AssistantBlock], Field(min_length=1)]
 
 
 InputMessage = Annotated[UserTurn | AssistantTurn, Field(discriminator="role")]

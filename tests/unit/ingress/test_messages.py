@@ -247,6 +247,13 @@ async def test_a_degraded_answer_says_so_as_a_chat_does():
         ({k: v for k, v in BODY.items() if k != "max_tokens"}, 400, "invalid_request_error", "max_tokens"),
         ({**BODY, "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "invalid_request_error", "thinking"),
         ({**BODY, "model": "nope"}, 404, "not_found_error", "nope"),
+        (
+            {**BODY, "messages": [*BODY["messages"], {"role": "assistant", "content": "The"}]},
+            400,
+            "invalid_request_error",
+            "prefill",
+        ),
+        ({**BODY, "messages": [{"role": "user", "content": []}]}, 400, "invalid_request_error", "messages[0].content"),
         ({**BODY, "tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tool_choice"),
         (
             {**BODY, "messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]},
