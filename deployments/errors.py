@@ -22,7 +22,8 @@ Hierarchy::
 `to_openai_error` turns any exception (ours, a pydantic validation error, one re-raised through a
 Ray handle, Serve's back-pressure and dead-replica errors, or a bug) into ``(status, body,
 headers)``. Bugs become a generic 500 whose message names the request id; the details go to the
-logs only.
+logs only. `as_anthropic` renders the same mapping's body in Anthropic's shape (for /v1/messages):
+its error type by the status, the same message.
 """
 
 from __future__ import annotations
@@ -229,3 +230,27 @@ def to_openai_error(exc: BaseException, request_id: str) -> tuple[int, dict, dic
         return 400, error_body(message, "invalid_request_error", param=param), {}
     message = f"Internal server error (request id {request_id}); see the service logs."
     return 500, error_body(message, "server_error"), {}
+
+
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def as_anthropic(status: int, body: dict) -> dict:
+    """An OpenAI error body (`to_openai_error`'s, the guard's) in Anthropic's shape:
+    ``{"type": "error", "error": {"type", "message"}}``, the type Anthropic gives the status."""
+    fallback = "api_error" if status >= 500 else "invalid_request_error"
+    return {
+        "type": "error",
+        "error": {"type": ANTHROPIC_TYPES.get(status, fallback), "message": body["error"]["message"]},
+    }

@@ -2,10 +2,11 @@
 (`served_models.ServedModels`) and the guard's settings: the routes stay thin (an endpoint's route
 hands its body to its service in `endpoints/`, over the model's answer core, and sends the
 `Reply`), and no setting is looked up through Serve. Errors leave in OpenAI's shape, through the
-one mapper in `errors`."""
+one mapper in `errors`, or on Anthropic's routes (/v1/messages) in Anthropic's rendering of it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,7 @@ from deployments.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     ServiceError,
+    as_anthropic,
     error_body,
     known_errors,
     to_openai_error,
@@ -33,10 +35,12 @@ from deployments.errors import (
 from deployments.ingress.answer.reply import Reply
 from deployments.ingress.endpoints.chat import ChatService
 from deployments.ingress.endpoints.completions import CompletionService
-from deployments.ingress.guard import GuardSettings, RequestGuard
+from deployments.ingress.endpoints.messages import MessagesService
+from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
+from deployments.protocol.anthropic.messages import AnthropicErrorResponse, MessagesInput, MessagesRequest, TokenCount
 from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
 from deployments.protocol.openai.completions import CompletionRequest
@@ -55,6 +59,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "A chat.completion, or chunks when stream is true"},
     **_ERRORS,
+}
+_MESSAGES_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": AnthropicErrorResponse, "description": error["description"]} for status, error in _ERRORS.items()
+}
+_MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "A message, or its events when stream is true"},
+    **_MESSAGES_ERRORS,
 }
 
 
@@ -82,27 +93,36 @@ def _openapi_without_422(api: FastAPI) -> None:
     api.openapi = openapi  # type: ignore[method-assign]
 
 
+def _error(request: Request, status: int, body: dict, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An error body (OpenAI's shape) as the request's API shapes it."""
+    if anthropic_route(request.scope):
+        # The access log and metrics name the error as on every route (its OpenAI code), whatever its shape.
+        record_of(request.state).error = body["error"]["code"] or body["error"]["type"]
+        body = as_anthropic(status, body)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 def _error_handlers(api: FastAPI) -> None:
     @api.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(list(exc.errors()))
         if isinstance(exc.body, dict) and isinstance(exc.body.get("model"), str):
             record_of(request.state).model = exc.body["model"][:200]  # for the access line
-        return JSONResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
+        return _error(request, 400, error_body(message, "invalid_request_error", param=param))
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """Routing and body-parsing errors (404, 405, an unparsable body) in OpenAI's shape too."""
+        """Routing and body-parsing errors (404, 405, an unparsable body) in the API's shape too."""
         error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         body = error_body(str(exc.detail), error_type, code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return _error(request, exc.status_code, body, exc.headers)
 
     @api.exception_handler(ServiceError)
     @api.exception_handler(Exception)
     async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
         # For bugs (Exception), Starlette re-raises after this response, so Serve logs the traceback.
         status, body, headers = to_openai_error(exc, request_id(request.scope))
-        return JSONResponse(body, status_code=status, headers=headers)
+        return _error(request, status, body, headers)
 
 
 def _reply(reply: Reply) -> Any:
@@ -145,6 +165,19 @@ def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> 
         record = record_of(request.state)
         record.model = body.model
         return _reply(await CompletionService(served.get(body.model).core).create(body, record))
+
+    @api.post("/v1/messages", responses=_MESSAGES_RESPONSES)
+    async def messages(body: MessagesRequest, request: Request) -> Any:
+        """Anthropic's Messages API; `anthropic-version` is accepted, whatever its value."""
+        record = record_of(request.state)
+        record.model = body.model
+        return _reply(await MessagesService(served.get(body.model).core).create(body, record))
+
+    @api.post("/v1/messages/count_tokens", responses=_MESSAGES_ERRORS)
+    async def count_tokens(body: MessagesInput, request: Request) -> TokenCount:
+        record = record_of(request.state)
+        record.model = body.model
+        return await MessagesService(served.get(body.model).core).count_tokens(body, record)
 
     metrics.export_zeros(
         served.names,

@@ -3,6 +3,8 @@
 A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so streamed responses pass
 through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
+A key comes as ``Authorization: Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key``;
+the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.config import ServerConfig
-from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, error_body
+from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
+from deployments.monitoring.access_log import record_of
 
+ANTHROPIC_PATH = "/v1/messages"
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -78,12 +83,10 @@ class RequestGuard:
             return
         settings = self._settings
         headers = Headers(scope=scope)
-        if (
-            settings.keys
-            and _route(scope) not in OPEN_PATHS
-            and not settings.keys.accepts(headers.get("authorization"))
-        ):
-            error = AuthenticationError("Invalid or missing API key; send it as 'Authorization: Bearer <key>'.")
+        if settings.keys and _route(scope) not in OPEN_PATHS and not settings.keys.accepts(_presented(headers)):
+            error = AuthenticationError(
+                "Invalid or missing API key; send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+            )
             await _reject(error, {"WWW-Authenticate": "Bearer"}, scope, receive, send)
             return
         if scope["method"] in _BODY_METHODS:
@@ -95,6 +98,18 @@ class RequestGuard:
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+
+def _presented(headers: Headers) -> str | None:
+    """The key presented, as an `Authorization` value: the header itself, or ``x-api-key``'s key."""
+    key = headers.get("x-api-key")
+    return headers.get("authorization") or (f"Bearer {key}" if key else None)
+
+
+def anthropic_route(scope: Scope) -> bool:
+    """A route of Anthropic's API (/v1/messages and below), whose errors are in Anthropic's shape."""
+    route = _route(scope)
+    return route == ANTHROPIC_PATH or route.startswith(ANTHROPIC_PATH + "/")
 
 
 def _route(scope: Scope) -> str:
@@ -140,4 +155,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _reject(error: ServiceError, headers: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
     body = error_body(error.message, error.type, param=error.param, code=error.code)
+    if anthropic_route(scope):
+        record_of(Request(scope).state).error = error.code or error.type  # the access log's reason, as elsewhere
+        body = as_anthropic(error.status, body)
     await JSONResponse(body, status_code=error.status, headers=headers)(scope, receive, send)

@@ -103,6 +103,7 @@ class GenerateChunk(BaseModel):
     logprobs: list[TokenLogprob] | None = None
     truncated_prompt_tokens: int = 0  # prompt tokens dropped to fit the context, on the last chunk
     cached_prompt_tokens: int | None = None  # prompt tokens from the prefix cache, on the last chunk (None: no cache)
+    stop_sequence: str | None = None  # the stop string that ended the sequence, on its last chunk
     tool_format: str | None = None  # a request with tools: how the model writes calls, on each sequence's first chunk
 
 

@@ -147,6 +147,7 @@ class PrimaryDecoder:
                     logprobs=logprobs if wants_logprobs else None,
                     truncated_prompt_tokens=piece.truncated_prompt_tokens,
                     cached_prompt_tokens=piece.cached_prompt_tokens,
+                    stop_sequence=stop.matched,
                 )
                 return  # closes the engine's stream: a stop string cancels the sequence at once
 

@@ -14,6 +14,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.stopped = False
+        self.matched: str | None = None  # the stop sequence that ended the text
         self._held = ""
         self._longest = max(map(len, self.stops), default=0)
 
@@ -38,6 +39,7 @@ class StopMatcher:
         pending = len(buf) if final else next((i for i in range(start, len(buf)) if self._open(buf[i:])), len(buf))
         if first <= pending:
             self.stopped, self._held = True, ""
+            self.matched = min((s for s in self.stops if buf.find(s) == first), key=len)
             return buf[:first]
         self._held = buf[pending:]
         return buf[:pending]

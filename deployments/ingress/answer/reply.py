@@ -107,14 +107,19 @@ async def framed(
         yield framing.end
 
 
-def error_event(exc: Exception, record: RequestRecord) -> str:
-    """The one event of an error after the first byte; the access log gets the error's own code and
-    status."""
+def recorded_error(exc: Exception, record: RequestRecord) -> tuple[int, dict]:
+    """An error after the first byte as `(status, OpenAI body)`; the access log gets the error's own
+    code and status, and the service log a bug's traceback."""
     status, body, _ = to_openai_error(exc, record.request_id)
     record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
     if status >= 500:
         logger.exception("stream %s failed", record.request_id, exc_info=exc)
-    return sse(body)
+    return status, body
+
+
+def error_event(exc: Exception, record: RequestRecord) -> str:
+    """OpenAI's one event of an error after the first byte."""
+    return sse(recorded_error(exc, record)[1])
 
 
 def sse(data: dict) -> str:

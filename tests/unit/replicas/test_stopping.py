@@ -35,3 +35,11 @@ def test_nothing_after_stop():
     m = StopMatcher(["."])
     assert m.feed("one. two") == "one"
     assert m.feed("three") == "" and m.flush() == ""
+
+
+def test_the_stop_that_matched_is_named():
+    matcher = StopMatcher(["END", "bc", "abcd"])
+    assert matcher.matched is None
+    assert matcher.feed("xab") + matcher.feed("cdEND") == "x"
+    assert matcher.matched == "abcd"  # the stop that begins first
+    assert StopMatcher(["no"]).flush() == "" and StopMatcher(["no"]).matched is None

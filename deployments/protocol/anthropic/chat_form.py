@@ -1,0 +1,116 @@
+"""A Messages request in the chat form that the rest of the service takes (the vision pipeline, the
+tool plan, the decoder's chat template), so that /v1/messages keeps chat's promises by using chat's
+path rather than a copy of it:
+
+- `system` (a string or text blocks) is a system message;
+- a user turn's `tool_result` blocks are `tool` messages, in order, each answering its `tool_use_id`
+  (an error result's text starts with ``Error:``); the images of tool results, and the turn's own
+  text and images, follow as one user message (the images where the pipeline sees them);
+- an assistant turn's text is its content and its `tool_use` blocks its tool calls (the input as
+  JSON text);
+- `tools` are function definitions (`input_schema` the parameters), `tool_choice` the plan's choice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from deployments.protocol.anthropic.messages import (
+    AnyChoice,
+    AssistantTurn,
+    ImageBlock,
+    MessagesInput,
+    NamedChoice,
+    NoneChoice,
+    TextBlock,
+    ToolResultBlock,
+    UserTurn,
+)
+from deployments.protocol.openai.chat import (
+    AssistantMessage,
+    ChatMessage,
+    FunctionCallParam,
+    SystemMessage,
+    ToolCallParam,
+    ToolMessage,
+    UserMessage,
+)
+from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
+
+ERROR_PREFIX = "Error: "
+
+
+def chat_messages(body: MessagesInput) -> list[ChatMessage]:
+    """The request's system prompt and turns as chat messages."""
+    chat: list[ChatMessage] = []
+    system = body.system if isinstance(body.system, str) else " ".join(block.text for block in body.system or [])
+    if system:
+        chat.append(SystemMessage(role="system", content=system))
+    for message in body.messages:
+        chat += _assistant(message) if isinstance(message, AssistantTurn) else _user(message)
+    return chat
+
+
+def _user(message: UserTurn) -> list[ChatMessage]:
+    if isinstance(message.content, str):
+        return [UserMessage(role="user", content=message.content)]
+    chat: list[ChatMessage] = []
+    parts: list[TextPart | ImagePart] = []
+    for block in message.content:
+        if isinstance(block, ToolResultBlock):
+            chat.append(ToolMessage(role="tool", content=_result_text(block), tool_call_id=block.tool_use_id))
+            parts += [_image(part) for part in _result_parts(block) if isinstance(part, ImageBlock)]
+        elif isinstance(block, TextBlock):
+            parts.append(TextPart(type="text", text=block.text))
+        else:
+            parts.append(_image(block))
+    if parts:
+        chat.append(UserMessage(role="user", content=parts))
+    return chat
+
+
+def _result_parts(block: ToolResultBlock) -> list[TextBlock | ImageBlock]:
+    return [TextBlock(type="text", text=block.content)] if isinstance(block.content, str) else list(block.content)
+
+
+def _result_text(block: ToolResultBlock) -> str:
+    text = "\n".join(part.text for part in _result_parts(block) if isinstance(part, TextBlock))
+    return ERROR_PREFIX + text if block.is_error else text
+
+
+def _image(block: ImageBlock) -> ImagePart:
+    return ImagePart(type="image_url", image_url=ImageURL(url=block.url))
+
+
+def _assistant(message: AssistantTurn) -> list[ChatMessage]:
+    if isinstance(message.content, str):
+        return [AssistantMessage(role="assistant", content=message.content)]
+    texts: list[str] = []
+    calls: list[ToolCallParam] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        else:
+            arguments = json.dumps(block.input)
+            calls.append(ToolCallParam(id=block.id, function=FunctionCallParam(name=block.name, arguments=arguments)))
+    return [AssistantMessage(role="assistant", content="".join(texts) or None, tool_calls=calls or None)]
+
+
+def functions(body: MessagesInput) -> list[FunctionDefinition]:
+    """The request's tools as function definitions."""
+    return [
+        FunctionDefinition(name=tool.name, description=tool.description, parameters=tool.input_schema)
+        for tool in body.tools or []
+    ]
+
+
+def tool_choice(body: MessagesInput) -> tuple[Literal["none", "auto", "required"] | None, str | None, bool]:
+    """`tool_choice` as the tool plan takes it: (choice, named function, parallel calls)."""
+    choice = body.tool_choice
+    if choice is None or isinstance(choice, NoneChoice):
+        return (None if choice is None else "none"), None, True
+    parallel = not choice.disable_parallel_tool_use
+    if isinstance(choice, NamedChoice):
+        return None, choice.name, parallel
+    return ("required" if isinstance(choice, AnyChoice) else "auto"), None, parallel

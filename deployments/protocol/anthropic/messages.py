@@ -1,0 +1,211 @@
+"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens): the request (a `system`
+prompt, user and assistant turns of content blocks: text, images by base64 or URL, `tool_use` and
+`tool_result`; custom tools with their `input_schema`, `tool_choice`), the `message` answer and
+the error body. Unknown fields are refused (a 400 naming them), and so are the fields this server
+does not honour (`thinking`, server tools, MCP servers); `cache_control` marks and `metadata` are
+accepted and ignored: the prefix cache needs no marks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from deployments.protocol.openai.common import RequestModel, VisionReport, absent
+
+CacheControl = dict[str, Any]  # {"type": "ephemeral", "ttl": ...}: accepted, ignored
+
+
+class TextBlock(RequestModel):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+class Base64Source(RequestModel):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str = Field(min_length=1)
+
+
+class URLSource(RequestModel):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class ImageBlock(RequestModel):
+    type: Literal["image"]
+    source: Annotated[Base64Source | URLSource, Field(discriminator="type")]
+    cache_control: CacheControl | None = None
+
+    @property
+    def url(self) -> str:
+        """The image as the vision pipeline fetches it: a data URL, or the URL (its SSRF guard)."""
+        source = self.source
+        return f"data:{source.media_type};base64,{source.data}" if isinstance(source, Base64Source) else source.url
+
+
+class ToolUseBlock(RequestModel):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+ResultPart = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
+class ToolResultBlock(RequestModel):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[ResultPart] = ""
+    is_error: bool = False
+    cache_control: CacheControl | None = None
+
+
+UserBlock = Annotated[TextBlock | ImageBlock | ToolResultBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
+
+
+class UserTurn(RequestModel):
+    role: Literal["user"]
+    content: str | Annotated[list[UserBlock], Field(min_length=1)]
+
+
+class AssistantTurn(RequestModel):
+    role: Literal["assistant"]
+    content: str | Annotated[list[AssistantBlock], Field(min_length=1)]
+
+
+InputMessage = Annotated[UserTurn | AssistantTurn, Field(discriminator="role")]
+
+
+class CustomTool(RequestModel):
+    """A custom (client) tool; server tools (web search, code execution, ...) are not served here."""
+
+    type: Literal["custom"] | None = None
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class AutoChoice(RequestModel):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool = False
+
+
+class AnyChoice(RequestModel):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool = False
+
+
+class NamedChoice(RequestModel):
+    type: Literal["tool"]
+    name: str = Field(min_length=1)
+    disable_parallel_tool_use: bool = False
+
+
+class NoneChoice(RequestModel):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[AutoChoice | AnyChoice | NamedChoice | NoneChoice, Field(discriminator="type")]
+
+# Anthropic fields this server does not honour: a 400 that names the field, never silently ignored.
+UNSUPPORTED_MESSAGES_FIELDS = ("thinking", "mcp_servers", "container", "context_management")
+
+
+class MessagesInput(RequestModel):
+    """What /v1/messages/count_tokens takes: a Messages request, `max_tokens` optional (the
+    generation settings are accepted there and do not change the count)."""
+
+    model: str = Field(min_length=1)
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[CustomTool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    max_tokens: int | None = Field(None, gt=0)
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(None, max_length=16)
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    # Harmless: accepted and ignored.
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    # Declared (null only) so that the 400 names them and the OpenAPI spec says so.
+    thinking: None = None
+    mcp_servers: None = None
+    container: None = None
+    context_management: None = None
+
+    @field_validator(*UNSUPPORTED_MESSAGES_FIELDS, mode="before")
+    @classmethod
+    def _unsupported(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("not supported by this server")
+        return value
+
+
+class MessagesRequest(MessagesInput):
+    """POST /v1/messages: `max_tokens` is required."""
+
+    max_tokens: int = Field(gt=0)
+
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class TextContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseContent(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class MessageUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int = Field(0, description="Input tokens read from the prefix cache.")
+    cache_creation_input_tokens: int = Field(0, description="Always 0: the prefix cache is written for free.")
+
+
+class Message(BaseModel):
+    """The answer of /v1/messages; `vision` (this service's extension, as on a chat completion)
+    names the images the model did not see."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[TextContent | ToolUseContent]
+    stop_reason: StopReason | None
+    stop_sequence: str | None = None
+    usage: MessageUsage
+    vision: VisionReport | None = Field(None, exclude_if=absent)
+
+
+class TokenCount(BaseModel):
+    """The answer of /v1/messages/count_tokens."""
+
+    input_tokens: int
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Anthropic's error body, for every 4xx and 5xx of /v1/messages."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
