@@ -93,4 +93,8 @@ async def test_the_spec_has_no_422_and_keeps_its_operations():
         "health_health_get",
         "chat_completions_v1_chat_completions_post",
         "legacy_completions_v1_completions_post",
+        "create_response_v1_responses_post",
+        "get_response_v1_responses__response_id__get",
+        "delete_response_v1_responses__response_id__delete",
+        "response_input_items_v1_responses__response_id__input_items_get",
     }
