@@ -42,7 +42,7 @@ def client(serve_cluster, tmp_path_factory, smollm2):
                 "name": SMOL,
                 "local_path": str(smollm2.parent),
                 "weight_file": smollm2.name,
-                "params": {"max_tokens": 24, "max_model_len": 1024, "temperature": 0, "stream_interval_ms": 0},
+                "params": {"max_tokens": 64, "max_model_len": 2048, "temperature": 0, "stream_interval_ms": 0},
             },
         ],
         primaries=[ECHO, SMOL],
@@ -116,3 +116,41 @@ def test_errors_name_what_is_wrong(client):
     assert hosted.value.param == "tools" and "hosted tools" in hosted.value.message
     bad = httpx.post(f"{BASE_URL}/v1/responses", json={"model": ECHO, "input": [{"type": "message", "role": "tool"}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input[0]")
+
+
+def agent(model: str, **settings: object):
+    """An Agents SDK agent on its default model (the Responses API) with one function tool, ending
+    at the tool's output."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    client = openai.AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
+    return Agent(
+        name="weather",
+        instructions="Answer briefly; use the tool for the weather.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+        model_settings=ModelSettings(**settings),
+        tool_use_behavior="stop_on_first_tool",
+    )
+
+
+@pytest.mark.parametrize(("model", "settings"), [(ECHO, {}), (SMOL, {"tool_choice": "required"})])
+async def test_an_agents_sdk_agent_calls_its_tool_whole_and_streamed(client, model, settings):
+    """The fake calls the tool whenever a request has tools. The offline default (135M) is made to:
+    unforced, it answers in words ("The weather in Paris is quite unique."), and once it has the
+    tool's output it tends to ramble on to max_tokens, which the SDK takes as a failed turn."""
+    from agents import Runner
+
+    whole = await Runner.run(agent(model, **settings), "Weather in Paris?")
+    assert whole.final_output.startswith("sunny in")
+    streamed = Runner.run_streamed(agent(model, **settings), "Weather in Paris?")
+    async for _ in streamed.stream_events():
+        pass
+    assert streamed.final_output == whole.final_output

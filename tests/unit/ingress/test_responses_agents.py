@@ -1,0 +1,44 @@
+"""An OpenAI Agents SDK agent on its default model (`OpenAIResponsesModel`, the Responses API) with
+a function tool, against the ingress's app over a fake decoder, no Ray: the agent's first call
+gets the tool call, the SDK runs the tool and sends its output back, and the second call's answer
+is the agent's final output, whole and streamed."""
+
+from __future__ import annotations
+
+import openai
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+from tests.unit.ingress.fakes import FakeDecoder
+from tests.unit.ingress.test_responses import CALL, http
+
+set_tracing_disabled(True)
+
+
+def weather_agent(decoder: FakeDecoder, client: openai.AsyncOpenAI, asked: list[str]) -> Agent:
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        decoder.pieces = ["Sunny in Paris."]  # what the model says once it has the tool's output
+        return "sunny, 21 C"
+
+    model = OpenAIResponsesModel(model="echo", openai_client=client)
+    return Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model)
+
+
+async def test_an_agent_calls_its_tool_and_answers_whole_and_streamed():
+    decoder = FakeDecoder([CALL])
+    decoder.tool_format = "hermes"
+    asked: list[str] = []
+    async with http(decoder) as transport:
+        client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none", http_client=transport, max_retries=0)
+        agent = weather_agent(decoder, client, asked)
+        result = await Runner.run(agent, "Weather in Paris?")
+        assert result.final_output == "Sunny in Paris." and asked == ["Paris"]
+        sent = decoder.requests[-1].messages
+        assert [m.role for m in sent] == ["system", "user", "assistant", "tool"] and sent[3].content == "sunny, 21 C"
+        decoder.pieces = [CALL]
+        streamed = Runner.run_streamed(agent, "Weather in Paris?")
+        kinds = {event.type async for event in streamed.stream_events()}
+    assert streamed.final_output == "Sunny in Paris." and asked == ["Paris", "Paris"]
+    assert "raw_response_event" in kinds
