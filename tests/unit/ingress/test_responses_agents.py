@@ -1,12 +1,14 @@
-"""An OpenAI Agents SDK agent on its default model (`OpenAIResponsesModel`, the Responses API) with
-a function tool, against the ingress's app over a fake decoder, no Ray: the agent's first call
-gets the tool call, the SDK runs the tool and sends its output back, and the second call's answer
-is the agent's final output, whole and streamed."""
+"""Agent clients that call /v1/responses, against the ingress's app over a fake decoder, no Ray: an
+OpenAI Agents SDK agent on its default model (`OpenAIResponsesModel`) with a function tool (its
+first call gets the tool call, the SDK runs the tool and sends its output back, and the second
+call's answer is the agent's final output, whole and streamed), and LangChain's
+`ChatOpenAI(use_responses_api=True)` (invoke, stream, bind_tools)."""
 
 from __future__ import annotations
 
 import openai
 from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from langchain_openai import ChatOpenAI
 
 from tests.unit.ingress.fakes import FakeDecoder
 from tests.unit.ingress.test_responses import CALL, http
@@ -42,3 +44,32 @@ async def test_an_agent_calls_its_tool_and_answers_whole_and_streamed():
         kinds = {event.type async for event in streamed.stream_events()}
     assert streamed.final_output == "Sunny in Paris." and asked == ["Paris", "Paris"]
     assert "raw_response_event" in kinds
+
+
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return "sunny"
+
+
+async def test_langchain_on_the_responses_api_invokes_streams_and_binds_tools():
+    decoder = FakeDecoder(["Hello", " there"])
+    async with http(decoder) as transport:
+        llm = ChatOpenAI(
+            model="echo",
+            base_url="http://test/v1",
+            api_key="none",
+            use_responses_api=True,
+            http_async_client=transport,
+            max_retries=0,
+        )
+        message = await llm.ainvoke("hi")
+        assert message.text == "Hello there" and message.usage_metadata["total_tokens"] == 5
+        assert "".join([chunk.text async for chunk in llm.astream("hi")]) == "Hello there"
+        decoder.pieces, decoder.tool_format = [CALL], "hermes"
+        tooled = llm.bind_tools([get_weather])
+        called = await tooled.ainvoke("Weather in Paris?")
+        whole = None
+        async for chunk in tooled.astream("Weather in Paris?"):
+            whole = chunk if whole is None else whole + chunk
+    assert [(call["name"], call["args"]) for call in called.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert whole is not None and [call["args"] for call in whole.tool_calls] == [{"city": "Paris"}]
