@@ -3,9 +3,12 @@ it continued, for `previous_response_id`, `GET`/`DELETE /v1/responses/{id}` and 
 
 Every ingress replica reaches the same store: one named Ray actor per Serve application
 (`ResponseStore` starts it on first use or finds it, `get_if_exists`), detached, so that it outlives
-any one replica; it holds no CPU. It is bounded: at most `server.responses_max_entries` responses,
-none older than `server.responses_max_age_s` (the oldest go first); an evicted or unknown id is
-`PreviousResponseNotFound` for a continuation, `ResponseNotFoundError` (404) for a GET."""
+any one replica and a redeploy of the application (stored responses survive a rolling update; the
+new settings bound it again); it holds no CPU. It stays until Ray stops or it is killed
+(`ray.kill`): deleting the application leaves it. It is bounded: at most
+`server.responses_max_entries` responses, none older than `server.responses_max_age_s` (the oldest
+go first); an evicted or unknown id is `PreviousResponseNotFound` for a continuation,
+`ResponseNotFoundError` (404) for a GET."""
 
 from __future__ import annotations
 
@@ -36,8 +39,13 @@ class BoundedResponses:
 
     def __init__(self, max_entries: int, max_age_s: float) -> None:
         self._entries: OrderedDict[str, tuple[float, Entry]] = OrderedDict()
+        self.bound(max_entries, max_age_s)
+
+    def bound(self, max_entries: int, max_age_s: float) -> None:
+        """New bounds (a redeployed application's settings, for the actor that outlived the last)."""
         self._max_entries = max_entries
         self._max_age_s = max_age_s
+        self._evict()
 
     def _evict(self) -> None:
         oldest = time.monotonic() - self._max_age_s
@@ -74,6 +82,7 @@ class ResponseStore:
                 name=self._name, get_if_exists=True, lifetime="detached", num_cpus=0, max_restarts=-1
             )
             self._actor = actor.remote(*self._bounds)
+            self._actor.bound.remote(*self._bounds)  # found, not started: this deployment's settings
         return self._actor
 
     async def put(self, response_id: str, entry: Entry) -> None:
