@@ -13,6 +13,7 @@ after the first event is an `error` event and `response.failed`; no ``[DONE]`` f
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Literal
 
 from deployments.errors import to_openai_error
@@ -162,6 +163,7 @@ class ResponseOutput:
         return base.model_copy(
             update={
                 "status": self.finish or "in_progress",
+                "completed_at": int(time.time()) if self.finish == "completed" else None,
                 "incomplete_details": IncompleteDetails(reason="max_output_tokens")
                 if self.finish == "incomplete"
                 else None,

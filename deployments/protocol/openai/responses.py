@@ -304,11 +304,14 @@ ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 
 
 class Response(VisionFields):
-    """The `response` object; the fields of the request it echoes keep the request's values."""
+    """The `response` object; the fields of the request it echoes keep the request's values, and
+    the sampling fields a request cannot set here say what this server uses (OpenAI's defaults
+    where the request leaves them out, as OpenAI reports them)."""
 
     id: str
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=lambda: int(time.time()))
+    completed_at: int | None = None
     status: ResponseStatus = "in_progress"
     error: dict[str, Any] | None = None
     incomplete_details: IncompleteDetails | None = None
@@ -317,9 +320,13 @@ class Response(VisionFields):
     usage: ResponseUsage | None = None
     instructions: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
     max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
@@ -330,6 +337,9 @@ class Response(VisionFields):
     truncation: Literal["disabled"] = "disabled"
     reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
     background: bool = False
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class InputItemList(BaseModel):

@@ -92,6 +92,18 @@ async def test_a_response_whole_and_streamed_say_the_same():
         assert whole.output_text == "Hello there" and whole.instructions == "Be kind."
         assert whole.output[0].type == "message" and whole.output[0].content[0].annotations == []
         assert whole.usage.input_tokens == 3 and whole.usage.output_tokens == 2 and whole.usage.total_tokens == 5
+        raw = (await transport.post("/v1/responses", json={"model": "echo", "input": "hi"})).json()
+        # What the Open Responses schema requires of every response, null or not.
+        required = {"completed_at", "top_p", "temperature", "presence_penalty", "frequency_penalty", "top_logprobs"}
+        required |= {
+            "max_tool_calls",
+            "service_tier",
+            "safety_identifier",
+            "prompt_cache_key",
+            "truncation",
+            "reasoning",
+        }
+        assert required <= set(raw) and raw["completed_at"] >= raw["created_at"] and raw["top_p"] == 1.0
         async with api.responses.stream(
             model="echo", input="hi", instructions="Be kind.", max_output_tokens=9
         ) as stream:
