@@ -35,7 +35,7 @@ from deployments.ingress.endpoints.chat import ChatService
 from deployments.ingress.endpoints.completions import CompletionService
 from deployments.ingress.endpoints.responses import ResponseService
 from deployments.ingress.guard import GuardSettings, RequestGuard
-from deployments.ingress.responses.store import ResponseStorePort, stored_entry
+from deployments.ingress.responses.store import ResponseStorePort, delete_entry, stored_entry
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
@@ -185,9 +185,7 @@ def build_api(
 
     @api.delete("/v1/responses/{response_id}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
     async def delete_response(response_id: str) -> Any:
-        await stored_entry(responses, response_id)
-        assert responses is not None
-        await responses.delete(response_id)
+        await delete_entry(responses, response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @api.get("/v1/responses/{response_id}/input_items", responses={401: _ERRORS[401], 404: _ERRORS[404]})

@@ -108,9 +108,19 @@ async def earlier_entry(store: ResponseStorePort | None, response_id: str) -> En
     return entry
 
 
+def _not_found(response_id: str) -> ResponseNotFoundError:
+    return ResponseNotFoundError(f"Response with id {response_id!r} not found.", param="response_id")
+
+
 async def stored_entry(store: ResponseStorePort | None, response_id: str) -> Entry:
-    """A stored response, for the GET and DELETE routes."""
+    """A stored response, for the GET routes."""
     entry = await store.get(response_id) if store is not None else None
     if entry is None:
-        raise ResponseNotFoundError(f"Response with id {response_id!r} not found.", param="response_id")
+        raise _not_found(response_id)
     return entry
+
+
+async def delete_entry(store: ResponseStorePort | None, response_id: str) -> None:
+    """Forget a stored response (the DELETE route)."""
+    if store is None or not await store.delete(response_id):
+        raise _not_found(response_id)

@@ -203,6 +203,8 @@ async def test_previous_response_id_get_input_items_and_delete():
         with pytest.raises(openai.NotFoundError) as missing:
             await api.responses.retrieve(first.id)
         assert missing.value.code == "response_not_found"
+        with pytest.raises(openai.NotFoundError):
+            await api.responses.delete(first.id)
         with pytest.raises(openai.BadRequestError) as gone:
             await api.responses.create(model="echo", input="More.", previous_response_id=first.id)
         assert gone.value.code == "previous_response_not_found" and gone.value.param == "previous_response_id"
