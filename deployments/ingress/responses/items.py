@@ -4,7 +4,8 @@ the chat template take like any chat, and its tools, tool choice and `text.forma
 plan and the grammar.
 
 - `instructions` is the first message (system); it is never carried over from an earlier response.
-- A message's `input_text`/`output_text` parts are text, its `input_image` parts images.
+- A message's `input_text`/`output_text` parts are text, its `input_image` parts images (those of a
+  system, developer or assistant message follow it in a user turn: only a user turn has images).
 - `function_call` items are the tool calls of an assistant message (the one right before them when
   it has none yet); a `function_call_output` is a tool message with the output's text, and the
   images of outputs (a screenshot from a computer-use tool) follow the tool messages as a user
@@ -19,7 +20,6 @@ import json
 import secrets
 from typing import Any
 
-from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.chat import (
     AssistantMessage,
     ChatMessage,
@@ -56,13 +56,14 @@ def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessag
     if body.instructions:
         messages.append(SystemMessage(role="system", content=body.instructions))
     images: list[ImagePart] = []  # of tool outputs, sent once the run of tool messages ends
-    for position, item in enumerate([*earlier, *body.items]):
-        param = f"input[{position - len(earlier)}]" if position >= len(earlier) else "previous_response_id"
+    for item in [*earlier, *body.items]:
         if images and not isinstance(item, FunctionCallOutputItem):
-            messages.append(_images_turn(images))
+            messages.append(_images_turn(images, tools=isinstance(messages[-1], ToolMessage)))
             images = []
         if isinstance(item, MessageItem):
-            messages.append(_message(item, param))
+            message, shown = _message(item)
+            messages.append(message)
+            images += shown
         elif isinstance(item, FunctionCallItem):
             _add_call(messages, item)
         else:
@@ -70,7 +71,7 @@ def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessag
             messages.append(ToolMessage(role="tool", content=text, tool_call_id=item.call_id))
             images += shown
     if images:
-        messages.append(_images_turn(images))
+        messages.append(_images_turn(images, tools=isinstance(messages[-1], ToolMessage)))
     return messages
 
 
@@ -79,7 +80,9 @@ def _image(part: InputImage) -> ImagePart:
     return ImagePart(type="image_url", image_url=ImageURL(url=part.image_url, detail=detail))
 
 
-def _message(item: MessageItem, param: str) -> ChatMessage:
+def _message(item: MessageItem) -> tuple[ChatMessage, list[ImagePart]]:
+    """A message item as a chat message; a user's images stay in place, those of other roles (which
+    a chat template gives no image slot) come back to follow it in a user turn."""
     if isinstance(item.content, str):
         parts: list[TextPart | ImagePart] = [TextPart(type="text", text=item.content)]
     else:
@@ -89,15 +92,13 @@ def _message(item: MessageItem, param: str) -> ChatMessage:
                 parts.append(_image(part))
             else:
                 parts.append(TextPart(type="text", text=part.text if part.type != "refusal" else part.refusal))
-    texts = [part for part in parts if isinstance(part, TextPart)]
     if item.role == "user":
-        return UserMessage(role="user", content=parts if not isinstance(item.content, str) else item.content)
-    if len(texts) < len(parts):
-        raise InvalidRequestError(f"A {item.role} message cannot hold images.", param=f"{param}.content")
+        return UserMessage(role="user", content=parts if not isinstance(item.content, str) else item.content), []
+    text = "".join(part.text for part in parts if isinstance(part, TextPart))
+    images = [part for part in parts if isinstance(part, ImagePart)]
     if item.role == "assistant":
-        return AssistantMessage(role="assistant", content="".join(part.text for part in texts))
-    role = "system" if item.role == "system" else "developer"
-    return SystemMessage(role=role, content="".join(part.text for part in texts))
+        return AssistantMessage(role="assistant", content=text), images
+    return SystemMessage(role="system" if item.role == "system" else "developer", content=text), images
 
 
 def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
@@ -118,8 +119,9 @@ def _output(item: FunctionCallOutputItem) -> tuple[str, list[ImagePart]]:
     return text or ("(images below)" if images else ""), images
 
 
-def _images_turn(images: list[ImagePart]) -> UserMessage:
-    intro = TextPart(type="text", text="The images that the tool results above returned:")
+def _images_turn(images: list[ImagePart], tools: bool) -> UserMessage:
+    said = "The images that the tool results above returned:" if tools else "The images of the message above:"
+    intro = TextPart(type="text", text=said)
     return UserMessage(role="user", content=[intro, *images])
 
 

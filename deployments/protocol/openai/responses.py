@@ -121,6 +121,14 @@ class TextFormatJsonSchema(RequestModel):
 TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")]
 
 
+class ReasoningParam(RequestModel):
+    """Only an effort of none (or nothing): the served models do not reason."""
+
+    effort: Literal["none"] | None = None
+    summary: None = None
+    generate_summary: None = None
+
+
 class TextConfig(RequestModel):
     format: TextFormat = Field(default_factory=lambda: TextFormatText(type="text"))
     verbosity: Literal["medium"] | None = Field(None, description="Only the default (medium, or null).")
@@ -159,9 +167,11 @@ class ResponseRequest(RequestModel):
     stream: bool = False
     store: bool = Field(True, description="Keep the response for `previous_response_id` and GET (as OpenAI's default).")
     previous_response_id: str | None = None
-    background: bool | None = Field(None, description="Only false: background runs are not supported.")
-    include: list[str] | None = Field(None, description="Only empty: no extra output data is available.")
-    reasoning: dict[str, Any] | None = Field(None, description="Only null or an effort of none: no reasoning models.")
+    background: Literal[False] | None = Field(None, description="Only false: background runs are not supported.")
+    include: list[str] | None = Field(
+        None, description="Only empty: no extra output data is available.", json_schema_extra={"maxItems": 0}
+    )
+    reasoning: ReasoningParam | None = Field(None, description="Only null or an effort of none: no reasoning models.")
     truncation: Literal["disabled"] | None = Field(
         None, description="Only disabled: the model's `context_overflow` setting decides what a long input gets."
     )
@@ -212,24 +222,25 @@ class ResponseRequest(RequestModel):
             raise ValueError(f"names the function {value.name!r}, which is not in tools")
         return value
 
-    @field_validator("background")
+    # Before the types are checked, so that the 400 says why rather than which values the schema allows.
+    @field_validator("background", mode="before")
     @classmethod
-    def _no_background(cls, value: bool | None) -> bool | None:
-        if value:
+    def _no_background(cls, value: Any) -> Any:
+        if value is True:
             raise ValueError("background runs are not supported by this server")
         return value
 
-    @field_validator("include")
+    @field_validator("include", mode="before")
     @classmethod
-    def _no_include(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise ValueError(f"{', '.join(value)}: not supported by this server (no extra output data)")
+    def _no_include(cls, value: Any) -> Any:
+        if isinstance(value, list) and value:
+            raise ValueError(f"{', '.join(map(str, value))}: not supported by this server (no extra output data)")
         return value
 
-    @field_validator("reasoning")
+    @field_validator("reasoning", mode="before")
     @classmethod
-    def _no_reasoning(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value and any(v not in (None, "none") for v in value.values()):
+    def _no_reasoning(cls, value: Any) -> Any:
+        if isinstance(value, dict) and any(v not in (None, "none") for v in value.values()):
             raise ValueError("not supported by this server: its models do not reason (send null or effort none)")
         return value
 

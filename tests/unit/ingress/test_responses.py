@@ -77,11 +77,12 @@ def test_input_items_become_the_chat():
     assert [part.type for part in messages[6].content] == ["text", "image_url"]  # the tool's screenshot, as an image
 
 
-def test_a_system_message_with_an_image_is_a_400_naming_it():
-    body = request(input=[{"role": "system", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])
-    with pytest.raises(Exception, match="cannot hold images") as caught:
-        chat_messages(body, [])
-    assert caught.value.param == "input[0].content"
+def test_the_images_of_a_system_message_follow_it_in_a_user_turn():
+    image = {"type": "input_image", "image_url": "http://x/y.png"}
+    system = {"role": "system", "content": [{"type": "input_text", "text": "See:"}, image]}
+    messages = chat_messages(request(input=[system, {"role": "user", "content": "hi"}]), [])
+    assert [m.role for m in messages] == ["system", "user", "user"] and messages[0].content == "See:"
+    assert [part.type for part in messages[1].content] == ["text", "image_url"]
 
 
 async def test_a_response_whole_and_streamed_say_the_same():
@@ -241,6 +242,7 @@ async def test_the_store_is_bounded_by_count_and_age():
         ({"tool_choice": {"type": "file_search"}}, "tool_choice", "hosted tools"),
         ({"background": True}, "background", "background"),
         ({"reasoning": {"effort": "high"}}, "reasoning", "do not reason"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning", "do not reason"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "not supported"),
         ({"truncation": "auto"}, "truncation", "disabled"),
         ({"conversation": "conv_1"}, "conversation", "not supported"),
