@@ -8,9 +8,11 @@ Hierarchy::
         ├── InvalidRequestError     400 invalid_request_error
         │   ├── InvalidImageError       400, param points at the image part
         │   ├── VisionDisabledError     400, the model takes no images
-        │   └── ContextLengthError      400, code context_length_exceeded
+        │   ├── ContextLengthError      400, code context_length_exceeded
+        │   └── PreviousResponseNotFound    400, code previous_response_not_found (unknown or evicted)
         ├── AuthenticationError     401, code invalid_api_key
         ├── ModelNotFoundError      404, code model_not_found
+        ├── ResponseNotFoundError   404, code response_not_found (a stored response: unknown or evicted)
         ├── RequestTimeoutError     408, code request_timeout (the request's deadline passed)
         ├── PayloadTooLargeError    413, code request_too_large
         └── UnavailableError        503 service_unavailable, with Retry-After
@@ -82,6 +84,10 @@ class ContextLengthError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+class PreviousResponseNotFound(InvalidRequestError):
+    code = "previous_response_not_found"
+
+
 class AuthenticationError(ServiceError):
     status = 401
     type = "invalid_request_error"
@@ -104,6 +110,12 @@ class ModelNotFoundError(ServiceError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class ResponseNotFoundError(ServiceError):
+    status = 404
+    type = "invalid_request_error"
+    code = "response_not_found"
 
 
 class UnavailableError(ServiceError):

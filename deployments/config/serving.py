@@ -40,6 +40,18 @@ class ServerConfig(StrictModel):
     max_n: int = Field(
         8, ge=1, le=128, description="Most choices (`n`) one request may ask for; each is a sequence in the batch."
     )
+    responses_max_entries: int = Field(
+        1000,
+        ge=0,
+        description="Most responses of /v1/responses kept (`store: true`) for `previous_response_id` and GET, in "
+        "one store that every ingress replica reaches; the oldest goes first. 0 keeps none.",
+    )
+    responses_max_age_s: float = Field(
+        3600.0,
+        gt=0,
+        description="How long a stored response is kept; after it, continuing it or getting it is "
+        "`previous_response_not_found` (400) or 404.",
+    )
 
 
 class AutoscalingConfig(StrictModel):

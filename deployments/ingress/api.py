@@ -7,9 +7,9 @@ one mapper in `errors`, or on Anthropic's routes (/v1/messages) in Anthropic's r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -36,7 +36,9 @@ from deployments.ingress.answer.reply import Reply
 from deployments.ingress.endpoints.chat import ChatService
 from deployments.ingress.endpoints.completions import CompletionService
 from deployments.ingress.endpoints.messages import MessagesService
+from deployments.ingress.endpoints.responses import ResponseService
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
+from deployments.ingress.responses.store import ResponseStorePort, delete_entry, stored_entry
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
@@ -44,6 +46,7 @@ from deployments.protocol.anthropic.messages import AnthropicErrorResponse, Mess
 from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
 from deployments.protocol.openai.completions import CompletionRequest
+from deployments.protocol.openai.responses import InputItemList, ResponseRequest
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     error.status: {"model": ErrorResponse, "description": error.__name__}
@@ -67,6 +70,27 @@ _MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "A message, or its events when stream is true"},
     **_MESSAGES_ERRORS,
 }
+
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "A response, or its events when stream is true"},
+    **_ERRORS,
+}
+
+
+def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> InputItemList:
+    """A page of a stored response's input items: `order` by position (desc: newest first), after
+    the item `after` names."""
+    ordered = items[::-1] if order == "desc" else list(items)
+    ids = [item["id"] for item in ordered]
+    start = ids.index(after) + 1 if after in ids else 0
+    page = ordered[start : start + limit]
+    return InputItemList(
+        data=page,
+        first_id=page[0]["id"] if page else None,
+        last_id=page[-1]["id"] if page else None,
+        has_more=start + limit < len(ordered),
+    )
 
 
 def request_id(scope: Scope) -> str:
@@ -131,9 +155,12 @@ def _reply(reply: Reply) -> Any:
     return JSONResponse(reply.body, headers=reply.headers)
 
 
-def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> FastAPI:
+def build_api(
+    served: ServedModels, guard: GuardSettings, metrics: Recorder, responses: ResponseStorePort | None = None
+) -> FastAPI:
     """The routes; a request goes to the served model its `model` names. Every counter and gauge of
-    the ingress is exported at 0 from here on, for each served model and known label value."""
+    the ingress is exported at 0 from here on, for each served model and known label value.
+    `responses`: the store of /v1/responses (None: no response is kept)."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
@@ -178,6 +205,30 @@ def build_api(served: ServedModels, guard: GuardSettings, metrics: Recorder) -> 
         record = record_of(request.state)
         record.model = body.model
         return await MessagesService(served.get(body.model).core).count_tokens(body, record)
+
+    @api.post("/v1/responses", responses=_RESPONSES)
+    async def create_response(body: ResponseRequest, request: Request) -> Any:
+        record = record_of(request.state)
+        record.model = body.model
+        return _reply(await ResponseService(served.get(body.model).core).create(body, record, responses))
+
+    @api.get("/v1/responses/{response_id}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def get_response(response_id: str) -> Any:
+        return JSONResponse((await stored_entry(responses, response_id))["response"])
+
+    @api.delete("/v1/responses/{response_id}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def delete_response(response_id: str) -> Any:
+        await delete_entry(responses, response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    @api.get("/v1/responses/{response_id}/input_items", responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def response_input_items(
+        response_id: str,
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+    ) -> InputItemList:
+        return input_items((await stored_entry(responses, response_id))["input"], limit, order, after)
 
     metrics.export_zeros(
         served.names,

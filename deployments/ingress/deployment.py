@@ -21,6 +21,7 @@ from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.responses.store import ResponseStore
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline
@@ -84,6 +85,10 @@ class Ingress:
             served.append(ServedModel(card, core, health))
         self._served = ServedModels(served)
         self._guard = GuardSettings.from_config(server)
+        app = serve.get_replica_context().app_name
+        self._responses = ResponseStore(
+            f"mmserve-responses-{app}", server.responses_max_entries, server.responses_max_age_s
+        )
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(m.name) for m in config.models),
@@ -93,4 +98,4 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._served, self._guard, self._metrics)
+        return build_api(self._served, self._guard, self._metrics, self._responses)

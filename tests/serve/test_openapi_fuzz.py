@@ -60,6 +60,8 @@ def breaks_a_rule_across_fields(body: object) -> bool:
         or (isinstance(choice, dict) and choice.get("function", {}).get("name") not in names)
         or (body.get("echo") and body.get("logprobs") is not None)
         or (isinstance(body.get("n"), int) and body["n"] > 8)  # server.max_n
+        # Not in the body alone: whether the store holds the response a request continues (a 400 when not).
+        or body.get("previous_response_id") is not None
         # Not a rule across fields: near 2**63 the generator oversteps the spec's own exact bound on
         # `seed` (9223372036854775999 against `exclusiveMaximum: 9223372036854775808`), float rounding.
         or (isinstance(body.get("seed"), int) and not -(2**63) <= body["seed"] < 2**63)

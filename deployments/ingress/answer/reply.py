@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,11 +62,12 @@ def streamed(
     tally: Tally[Any],
     feed: Callable[[GenerateChunk], Iterable[str]],
     record: RequestRecord,
-    usage: Callable[[Usage], str] | None = None,
+    usage: Callable[[Usage], str | Awaitable[str]] | None = None,
     framing: Framing | None = None,
 ) -> AsyncIterator[str]:
     """The events `feed` makes of each chunk until each choice has finished, then the `usage` event
-    of them all when given (`stream_options.include_usage`)."""
+    of them all when given (`stream_options.include_usage`; an API's last event, which may be
+    awaited: the Responses API stores the response before it says it ended)."""
 
     async def events() -> AsyncIterator[str]:
         chunk = generation.first
@@ -77,7 +78,8 @@ def streamed(
                 if tally.cut_short:
                     generation.cancel()
                 if usage is not None:
-                    yield usage(tally.usage())
+                    last = usage(tally.usage())
+                    yield last if isinstance(last, str) else await last
                 return
             chunk = await generation.next()
 

@@ -1,0 +1,173 @@
+"""A Responses request as the decoder takes it: its input items (after the earlier responses' items
+when it continues one, `previous_response_id`) become chat messages, which the vision pipeline and
+the chat template take like any chat, and its tools, tool choice and `text.format` become the tool
+plan and the grammar.
+
+- `instructions` is the first message (system); it is never carried over from an earlier response.
+- A message's `input_text`/`output_text` parts are text, its `input_image` parts images (those of a
+  system, developer or assistant message follow it in a user turn: only a user turn has images).
+- `function_call` items are the tool calls of an assistant message (the one right before them when
+  it has none yet); a `function_call_output` is a tool message with the output's text, and the
+  images of outputs (a screenshot from a computer-use tool) follow the tool messages as a user
+  turn, so that they reach the decoder as any image does.
+- Every item is stored as it came (`stored_item`), with an id, and an answer's output items become
+  input items again (`as_input`) for a later response that continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from deployments.protocol.openai.chat import (
+    AssistantMessage,
+    ChatMessage,
+    FunctionCallParam,
+    SystemMessage,
+    ToolCallParam,
+    ToolMessage,
+    UserMessage,
+)
+from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
+from deployments.protocol.openai.responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputImage,
+    MessageItem,
+    NamedFunctionChoice,
+    ResponseRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+)
+from deployments.protocol.replica import GrammarSpec
+from deployments.tools.plan import ToolPlan, plan_tools
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessage]:
+    """The chat of `instructions`, the `earlier` items and the request's own."""
+    messages: list[ChatMessage] = []
+    if body.instructions:
+        messages.append(SystemMessage(role="system", content=body.instructions))
+    images: list[ImagePart] = []  # of tool outputs, sent once the run of tool messages ends
+    for item in [*earlier, *body.items]:
+        if images and not isinstance(item, FunctionCallOutputItem):
+            messages.append(_images_turn(images, tools=isinstance(messages[-1], ToolMessage)))
+            images = []
+        if isinstance(item, MessageItem):
+            message, shown = _message(item)
+            messages.append(message)
+            images += shown
+        elif isinstance(item, FunctionCallItem):
+            _add_call(messages, item)
+        else:
+            text, shown = _output(item)
+            messages.append(ToolMessage(role="tool", content=text, tool_call_id=item.call_id))
+            images += shown
+    if images:
+        messages.append(_images_turn(images, tools=isinstance(messages[-1], ToolMessage)))
+    return messages
+
+
+def _image(part: InputImage) -> ImagePart:
+    detail = "high" if part.detail == "original" else part.detail
+    return ImagePart(type="image_url", image_url=ImageURL(url=part.image_url, detail=detail))
+
+
+def _message(item: MessageItem) -> tuple[ChatMessage, list[ImagePart]]:
+    """A message item as a chat message; a user's images stay in place, those of other roles (which
+    a chat template gives no image slot) come back to follow it in a user turn."""
+    if isinstance(item.content, str):
+        parts: list[TextPart | ImagePart] = [TextPart(type="text", text=item.content)]
+    else:
+        parts = []
+        for part in item.content:
+            if isinstance(part, InputImage):
+                parts.append(_image(part))
+            else:
+                parts.append(TextPart(type="text", text=part.text if part.type != "refusal" else part.refusal))
+    if item.role == "user":
+        return UserMessage(role="user", content=parts if not isinstance(item.content, str) else item.content), []
+    text = "".join(part.text for part in parts if isinstance(part, TextPart))
+    images = [part for part in parts if isinstance(part, ImagePart)]
+    if item.role == "assistant":
+        return AssistantMessage(role="assistant", content=text), images
+    return SystemMessage(role="system" if item.role == "system" else "developer", content=text), images
+
+
+def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
+    call = ToolCallParam(id=item.call_id, function=FunctionCallParam(name=item.name, arguments=item.arguments))
+    last = messages[-1] if messages else None
+    if isinstance(last, AssistantMessage):  # the calls of the text before them, or more calls of one turn
+        last.tool_calls = [*(last.tool_calls or []), call]
+    else:
+        messages.append(AssistantMessage(role="assistant", content=None, tool_calls=[call]))
+
+
+def _output(item: FunctionCallOutputItem) -> tuple[str, list[ImagePart]]:
+    """A tool output's text, and its images."""
+    if isinstance(item.output, str):
+        return item.output, []
+    text = "".join(part.text for part in item.output if not isinstance(part, InputImage))
+    images = [_image(part) for part in item.output if isinstance(part, InputImage)]
+    return text or ("(images below)" if images else ""), images
+
+
+def _images_turn(images: list[ImagePart], tools: bool) -> UserMessage:
+    said = "The images that the tool results above returned:" if tools else "The images of the message above:"
+    intro = TextPart(type="text", text=said)
+    return UserMessage(role="user", content=[intro, *images])
+
+
+def tool_plan(body: ResponseRequest) -> ToolPlan:
+    """The plan of the request's `tools`, `tool_choice` and `parallel_tool_calls`."""
+    choice = body.tool_choice
+    functions = [
+        FunctionDefinition.model_validate(tool.model_dump(exclude={"type"}, exclude_none=True))
+        for tool in body.tools or []
+    ]
+    formatted = body.text is not None and body.text.format.type != "text"
+    return plan_tools(
+        functions,
+        None if isinstance(choice, NamedFunctionChoice) else choice,
+        function=choice.name if isinstance(choice, NamedFunctionChoice) else None,
+        parallel=body.parallel_tool_calls,
+        constrained_by="text.format" if formatted else None,
+    )
+
+
+def text_grammar(body: ResponseRequest, plan: ToolPlan) -> GrammarSpec | None:
+    """The grammar of `text.format` (json_object, json_schema), or that of the tool plan."""
+    fmt = body.text.format if body.text is not None else None
+    if isinstance(fmt, TextFormatJsonObject):
+        return GrammarSpec(kind="json_object")
+    if isinstance(fmt, TextFormatJsonSchema):
+        return GrammarSpec(kind="json_schema", json_schema=json.dumps(fmt.schema_))
+    return plan.grammar
+
+
+def stored_item(item: Item) -> dict[str, Any]:
+    """An input item as it is kept and listed: as it came, with an id (and a message's text content
+    as one part, as OpenAI lists it)."""
+    data = item.model_dump(exclude_none=True, by_alias=True)
+    data.setdefault("type", "message")
+    if data["type"] == "message" and isinstance(data["content"], str):
+        part = "output_text" if data["role"] == "assistant" else "input_text"
+        data["content"] = [{"type": part, "text": data["content"]}]
+    prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}[data["type"]]
+    data["id"] = data.get("id") or item_id(prefix)
+    return data
+
+
+def as_input(output: dict[str, Any]) -> dict[str, Any]:
+    """An output item (message or function call) as the input item that continues the conversation."""
+    if output["type"] == "message":
+        content = [{"type": "output_text", "text": part["text"]} for part in output["content"]]
+        return {"type": "message", "role": "assistant", "content": content, "id": output["id"]}
+    return {key: output[key] for key in ("type", "call_id", "name", "arguments", "id")}

@@ -1,0 +1,223 @@
+"""A response's output, built from the decoder's chunks (`ResponseOutput`), and its framing as the
+Responses API's semantic events (`ResponseEvents`). A whole response and a streamed one are built
+by the same code, so they say the same thing: the streamed events are the steps of building it.
+
+The answer's text is split into content and tool calls by `tools.calls.ToolCallText` (as in chat):
+a run of text is a `message` item with one `output_text` part, each tool call a `function_call`
+item; text after calls opens a new message. Each event is ``event: <type>`` and ``data: <json>``
+with the stream's `sequence_number`: `response.created` and `response.in_progress`, then per item
+`output_item.added`, its parts' and deltas' events, `output_item.done`, and last
+`response.completed` (or `response.incomplete` when `max_output_tokens` cut it short). An error
+after the first event is an `error` event and `response.failed`; no ``[DONE]`` follows."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from deployments.errors import to_openai_error
+from deployments.ingress.answer.choices import Tally
+from deployments.ingress.responses.items import item_id
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ToolCallDelta
+from deployments.protocol.openai.responses import (
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputFunctionCall,
+    OutputItem,
+    OutputMessage,
+    OutputTextPart,
+    Response,
+    ResponseUsage,
+)
+from deployments.protocol.replica import GenerateChunk
+from deployments.tools.calls import Piece, ToolCallText
+from deployments.tools.plan import ToolPlan
+
+Finish = Literal["completed", "incomplete"]
+Event = dict[str, Any]
+
+
+class ResponseOutput:
+    """The output items of one answer, fed chunk by chunk: `feed` returns the events of a chunk (no
+    sequence numbers yet), `items` holds the items so far; `tally` says when and how it ended."""
+
+    def __init__(self, plan: ToolPlan, notice: str | None = None) -> None:
+        self.items: list[OutputItem] = []
+        self.tally: Tally[Finish] = Tally(1)
+        self._split = ToolCallText(plan)
+        self._notice = notice
+        self._started = False
+        self._open: OutputItem | None = None
+
+    def feed(self, chunk: GenerateChunk) -> list[Event]:
+        if self.tally[0].finish is not None:  # ended early: the rest of the sequence is not the answer's
+            return []
+        events: list[Event] = []
+        if not self._started:
+            self._started = True
+            if self._notice:
+                events += self._text(self._notice)
+        if chunk.tool_format is not None:
+            self._split.use(chunk.tool_format)
+        events += self._pieces(self._split.feed(chunk.text))
+        if self._split.stopped:  # a repeated call: the answer ends with the calls before it
+            self.tally.end(chunk, "completed", cut_short=True)
+        elif chunk.finish_reason is None:
+            return events
+        else:
+            events += self._pieces(self._split.finish())
+            calls_done = bool(self._split.calls) and self._split.complete
+            self.tally.end(chunk, "incomplete" if chunk.finish_reason == "length" and not calls_done else "completed")
+        if not self.items:  # an empty answer is still a message
+            events += self._text("")
+        return events + self._close()
+
+    @property
+    def finish(self) -> Finish | None:
+        return self.tally[0].finish
+
+    def _pieces(self, pieces: list[Piece]) -> list[Event]:
+        events: list[Event] = []
+        for piece in pieces:
+            events += self._call(piece) if isinstance(piece, ToolCallDelta) else self._text(piece)
+        return events
+
+    def _add(self, item: OutputItem) -> list[Event]:
+        events = self._close()
+        self._open = item
+        self.items.append(item)
+        return [*events, {"type": "response.output_item.added", "output_index": self._index, "item": item.model_dump()}]
+
+    @property
+    def _index(self) -> int:
+        return len(self.items) - 1
+
+    def _text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        item = self._open
+        if not isinstance(item, OutputMessage):
+            item = OutputMessage(id=item_id("msg"))
+            events += self._add(item)
+            item.content.append(OutputTextPart())
+            events.append(
+                {**self._where(item), "type": "response.content_part.added", "part": OutputTextPart().model_dump()}
+            )
+        if text:
+            item.content[0].text += text
+            events.append({**self._where(item), "type": "response.output_text.delta", "delta": text, "logprobs": []})
+        return events
+
+    def _call(self, delta: ToolCallDelta) -> list[Event]:
+        events: list[Event] = []
+        item = self._open
+        if delta.id is not None or not isinstance(item, OutputFunctionCall):
+            item = OutputFunctionCall(
+                id=item_id("fc"), call_id=delta.id or item_id("call"), name=delta.function.name or ""
+            )
+            events += self._add(item)
+        if delta.function.arguments:
+            item.arguments += delta.function.arguments
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item.id,
+                    "output_index": self._index,
+                    "delta": delta.function.arguments,
+                }
+            )
+        return events
+
+    def _where(self, item: OutputMessage) -> Event:
+        return {"item_id": item.id, "output_index": self._index, "content_index": 0}
+
+    def _close(self) -> list[Event]:
+        """The events that end the open item, if any."""
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        item.status = "incomplete" if self.finish == "incomplete" else "completed"
+        events: list[Event] = []
+        if isinstance(item, OutputMessage):
+            part = item.content[0]
+            where = self._where(item)
+            events.append({**where, "type": "response.output_text.done", "text": part.text, "logprobs": []})
+            events.append({**where, "type": "response.content_part.done", "part": part.model_dump()})
+        else:
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item.id,
+                    "output_index": self._index,
+                    "name": item.name,
+                    "arguments": item.arguments,
+                }
+            )
+        return [*events, {"type": "response.output_item.done", "output_index": self._index, "item": item.model_dump()}]
+
+    def response(self, base: Response) -> Response:
+        """`base` (the echoed request fields) with this output, its status and its usage."""
+        usage = self.tally.usage()
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+        return base.model_copy(
+            update={
+                "status": self.finish or "in_progress",
+                "completed_at": int(time.time()) if self.finish == "completed" else None,
+                "incomplete_details": IncompleteDetails(reason="max_output_tokens")
+                if self.finish == "incomplete"
+                else None,
+                "output": list(self.items),
+                "usage": ResponseUsage(
+                    input_tokens=usage.prompt_tokens,
+                    input_tokens_details=InputTokensDetails(cached_tokens=cached),
+                    output_tokens=usage.completion_tokens,
+                    total_tokens=usage.total_tokens,
+                ),
+            },
+            deep=True,
+        )
+
+
+class ResponseEvents:
+    """The stream's events for `output`: each with its `sequence_number`, the opening ones before
+    the first chunk's, the final one (`end`) with the whole response."""
+
+    def __init__(self, base: Response, output: ResponseOutput) -> None:
+        self._base = base
+        self._output = output
+        self._sequence = 0
+
+    def event(self, data: Event) -> str:
+        data["sequence_number"] = self._sequence
+        self._sequence += 1
+        return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
+
+    def feed(self, chunk: GenerateChunk) -> list[str]:
+        opening: list[Event] = []
+        if self._sequence == 0:
+            snapshot = self._base.model_dump()
+            opening = [
+                {"type": "response.created", "response": snapshot},
+                {"type": "response.in_progress", "response": snapshot},
+            ]
+        return [self.event(data) for data in opening + self._output.feed(chunk)]
+
+    def end(self, response: Response) -> str:
+        return self.event({"type": f"response.{response.status}", "response": response.model_dump()})
+
+    def error(self, exc: Exception, record: RequestRecord) -> str:
+        """An error after the first event: an `error` event, then `response.failed`."""
+        status, body, _ = to_openai_error(exc, record.request_id)
+        error = body["error"]
+        record.error, record.error_status = error["code"] or error["type"], status
+        failed = self._base.model_copy(
+            update={"status": "failed", "error": {"code": error["code"] or error["type"], "message": error["message"]}}
+        )
+        data = {
+            "type": "error",
+            "code": error["code"] or error["type"],
+            "message": error["message"],
+            "param": error["param"],
+        }
+        return self.event(data) + self.end(failed)

@@ -1,0 +1,363 @@
+"""OpenAI's Responses API (/v1/responses): the request (input as a string or items: messages,
+function calls and their outputs; flat function tools; `text.format`), the `response` object with
+its output items and usage, and the stored input items' list. Hosted tools, background runs,
+reasoning settings and the other fields this server does not honour are 400s that name them."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+
+from deployments.protocol.openai.common import RequestModel, VisionFields, absent
+
+
+class InputText(RequestModel):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputImage(RequestModel):
+    type: Literal["input_image"]
+    image_url: str = Field(min_length=1, description="An http(s) URL or a data URL (file_id is not supported).")
+    detail: Literal["auto", "low", "high", "original"] = "auto"
+
+
+class OutputText(RequestModel):
+    """An earlier answer's text, sent back as an assistant message's content."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] | None = None
+
+
+class Refusal(RequestModel):
+    type: Literal["refusal"]
+    refusal: str
+
+
+InputPart = Annotated[InputText | InputImage, Field(discriminator="type")]
+MessagePart = Annotated[InputText | InputImage | OutputText | Refusal, Field(discriminator="type")]
+
+
+class MessageItem(RequestModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[MessagePart]
+    id: str | None = None
+    status: str | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class FunctionCallItem(RequestModel):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = Field(description="JSON text, as the model produced it.")
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(RequestModel):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[InputPart]
+    id: str | None = None
+    status: str | None = None
+
+
+def _item_type(value: Any) -> str:
+    """An item's tag: its `type`, ``message`` when a message leaves it out (OpenAI's easy form)."""
+    item_type = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    return str(item_type)
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(RequestModel):
+    """A function tool in the Responses API's flat shape."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(RequestModel):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedFunctionChoice
+
+
+class TextFormatText(RequestModel):
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(RequestModel):
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(RequestModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    type: Literal["json_schema"]
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")]
+
+
+class ReasoningParam(RequestModel):
+    """Only an effort of none (or nothing): the served models do not reason."""
+
+    effort: Literal["none"] | None = None
+    summary: None = None
+    generate_summary: None = None
+
+
+class TextConfig(RequestModel):
+    format: TextFormat = Field(default_factory=lambda: TextFormatText(type="text"))
+    verbosity: Literal["medium"] | None = Field(None, description="Only the default (medium, or null).")
+
+
+# Fields of OpenAI's request that this server does not honour: a 400 that names the field when set.
+UNSUPPORTED_RESPONSE_FIELDS = (
+    "conversation",
+    "prompt",
+    "max_tool_calls",
+    "top_logprobs",
+    "context_management",
+    "moderation",
+    "background_options",
+)
+
+_HOSTED = (
+    "only function tools are supported; hosted tools (web search, file search, code interpreter, computer use, "
+    "MCP, image generation, shell, custom) are not"
+)
+
+
+class ResponseRequest(RequestModel):
+    model: str = Field(min_length=1)
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_output_tokens: int | None = Field(None, gt=0)
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = None
+    stream: bool = False
+    store: bool = Field(True, description="Keep the response for `previous_response_id` and GET (as OpenAI's default).")
+    previous_response_id: str | None = None
+    background: Literal[False] | None = Field(None, description="Only false: background runs are not supported.")
+    include: list[str] | None = Field(
+        None, description="Only empty: no extra output data is available.", json_schema_extra={"maxItems": 0}
+    )
+    reasoning: ReasoningParam | None = Field(None, description="Only null or an effort of none: no reasoning models.")
+    truncation: Literal["disabled"] | None = Field(
+        None, description="Only disabled: the model's `context_overflow` setting decides what a long input gets."
+    )
+    stream_options: dict[str, Any] | None = None
+    # Harmless: accepted and ignored.
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    # Declared (null only) so that the 400 names them (UNSUPPORTED_RESPONSE_FIELDS).
+    conversation: None = None
+    prompt: None = None
+    max_tool_calls: None = None
+    top_logprobs: None = None
+    context_management: None = None
+    moderation: None = None
+    background_options: None = None
+
+    @field_validator(*UNSUPPORTED_RESPONSE_FIELDS, mode="before")
+    @classmethod
+    def _unsupported(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("not supported by this server")
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools_only(cls, value: Any) -> Any:
+        for tool in value or []:
+            if isinstance(tool, dict) and tool.get("type") != "function":
+                raise ValueError(f"a tool of type {tool.get('type')!r}: {_HOSTED}")
+        return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _function_choice_only(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type") != "function":
+            raise ValueError(f"a tool choice of type {value.get('type')!r}: {_HOSTED}")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, value: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools")
+        if (value == "required" or isinstance(value, NamedFunctionChoice)) and not tools:
+            raise ValueError("needs tools")
+        if isinstance(value, NamedFunctionChoice) and value.name not in {t.name for t in tools or []}:
+            raise ValueError(f"names the function {value.name!r}, which is not in tools")
+        return value
+
+    # Before the types are checked, so that the 400 says why rather than which values the schema allows.
+    @field_validator("background", mode="before")
+    @classmethod
+    def _no_background(cls, value: Any) -> Any:
+        if value is True:
+            raise ValueError("background runs are not supported by this server")
+        return value
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _no_include(cls, value: Any) -> Any:
+        if isinstance(value, list) and value:
+            raise ValueError(f"{', '.join(map(str, value))}: not supported by this server (no extra output data)")
+        return value
+
+    @field_validator("reasoning", mode="before")
+    @classmethod
+    def _no_reasoning(cls, value: Any) -> Any:
+        if isinstance(value, dict) and any(v not in (None, "none") for v in value.values()):
+            raise ValueError("not supported by this server: its models do not reason (send null or effort none)")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: dict[str, Any] | None, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("only allowed when stream is true")
+        return value
+
+    @property
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+        """The input as items (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+
+# The response.
+
+
+class OutputTextPart(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = Field(default_factory=list)
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessage(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: ItemStatus = "in_progress"
+    content: list[OutputTextPart] = Field(default_factory=list)
+
+
+class OutputFunctionCall(BaseModel):
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: ItemStatus = "in_progress"
+
+
+OutputItem = OutputMessage | OutputFunctionCall
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+class Response(VisionFields):
+    """The `response` object; the fields of the request it echoes keep the request's values, and
+    the sampling fields a request cannot set here say what this server uses (OpenAI's defaults
+    where the request leaves them out, as OpenAI reports them)."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    completed_at: int | None = None
+    status: ResponseStatus = "in_progress"
+    error: dict[str, Any] | None = None
+    incomplete_details: IncompleteDetails | None = None
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    instructions: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    store: bool = True
+    previous_response_id: str | None = None
+    user: str | None = Field(None, exclude_if=absent)
+    truncation: Literal["disabled"] = "disabled"
+    reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
+    background: bool = False
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+class InputItemList(BaseModel):
+    """`GET /v1/responses/{id}/input_items`: the stored input items, newest first by default."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False

@@ -1,0 +1,156 @@
+"""/v1/responses through real Ray Serve, driven by the official openai client: the fake engine
+(echo, its Hermes tool call when a request brings tools, the fake captioner) where the answer's
+words do not matter, and the offline default (SmolLM2 on llama.cpp) for a whole and a streamed
+response that must say the same. The store is the named Ray actor that the ingress replicas share.
+
+One deployment for the module: both models behind one endpoint."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import data_url, png_bytes
+from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
+
+ECHO, SMOL = "echo", "smollm2-llamacpp"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+@pytest.fixture(scope="module")
+def client(serve_cluster, tmp_path_factory, smollm2):
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    models = write_models(
+        tmp_path_factory.mktemp("responses"),
+        [
+            {
+                "name": ECHO,
+                "engine": "fake",
+                "fake": {"tool_call": call},
+                "capabilities": {"vision_mode": "proxy", "captioner": "cap"},
+            },
+            {"name": "cap", "engine": "fake"},
+            {
+                "name": SMOL,
+                "local_path": str(smollm2.parent),
+                "weight_file": smollm2.name,
+                "params": {"max_tokens": 64, "max_model_len": 2048, "temperature": 0, "stream_interval_ms": 0},
+            },
+        ],
+        primaries=[ECHO, SMOL],
+    )
+    deploy(models, decoder_gpus=0, captioner_gpus=0)
+    yield openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
+    undeploy("default", "vision")
+
+
+def test_llamacpp_whole_and_streamed_say_the_same(client):
+    request = {"model": SMOL, "input": "What is the capital of France?", "instructions": "Answer in a few words."}
+    whole = client.responses.create(**request)
+    assert whole.status in ("completed", "incomplete") and whole.output_text
+    assert whole.usage.input_tokens > 0 and whole.usage.output_tokens > 0
+    with client.responses.stream(**request) as stream:
+        events = list(stream)
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.status == whole.status
+    assert [item.type for item in final.output] == [item.type for item in whole.output]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    raw = client.responses.create(stream=True, **request)
+    assert "".join(e.delta for e in raw if e.type == "response.output_text.delta") == whole.output_text
+
+
+def test_a_function_call_and_its_output_round_trip(client):
+    first = client.responses.create(model=ECHO, input="Weather in Paris?", tools=[WEATHER])
+    call = first.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    with client.responses.stream(model=ECHO, input="Weather in Paris?", tools=[WEATHER]) as stream:
+        streamed = stream.get_final_response()
+    assert streamed.output[0].arguments == call.arguments
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+    answer = client.responses.create(model=ECHO, input=[output], previous_response_id=first.id)
+    assert "sunny, 21 C" in answer.output_text  # the echo shows the tool's output reached the model
+
+
+def test_an_image_input_and_a_screenshot_from_a_tool_are_captioned(client):
+    image = {"type": "input_image", "image_url": data_url(png_bytes())}
+    seen = client.responses.create(
+        model=ECHO, input=[{"role": "user", "content": [{"type": "input_text", "text": "What is it?"}, image]}]
+    )
+    assert seen.output_text and not getattr(seen, "vision", None)
+    call = {"type": "function_call", "call_id": "c1", "name": "screenshot", "arguments": "{}"}
+    shot = {"type": "function_call_output", "call_id": "c1", "output": [image]}
+    after = client.responses.create(model=ECHO, input=[{"role": "user", "content": "Look."}, call, shot])
+    assert after.status == "completed"
+
+
+def test_previous_response_id_retrieve_input_items_and_delete(client):
+    first = client.responses.create(model=ECHO, input="remember the word kumquat")
+    second = client.responses.create(model=ECHO, input="which word?", previous_response_id=first.id)
+    assert "kumquat" in second.output_text  # the echo holds the earlier turn
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+    items = client.responses.input_items.list(second.id)
+    assert [item.content[0].text for item in items.data] == ["which word?"]
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as gone:
+        client.responses.create(model=ECHO, input="more", previous_response_id=first.id)
+    assert gone.value.code == "previous_response_not_found" and gone.value.param == "previous_response_id"
+
+
+def test_errors_name_what_is_wrong(client):
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.responses.create(model="gpt-9", input="hi")
+    assert unknown.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as hosted:
+        client.responses.create(model=ECHO, input="hi", tools=[{"type": "web_search"}])
+    assert hosted.value.param == "tools" and "hosted tools" in hosted.value.message
+    bad = httpx.post(f"{BASE_URL}/v1/responses", json={"model": ECHO, "input": [{"type": "message", "role": "tool"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input[0]")
+
+
+def agent(model: str, **settings: object):
+    """An Agents SDK agent on its default model (the Responses API) with one function tool, ending
+    at the tool's output."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    client = openai.AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
+    return Agent(
+        name="weather",
+        instructions="Answer briefly; use the tool for the weather.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+        model_settings=ModelSettings(**settings),
+        tool_use_behavior="stop_on_first_tool",
+    )
+
+
+@pytest.mark.parametrize(("model", "settings"), [(ECHO, {}), (SMOL, {"tool_choice": "required"})])
+async def test_an_agents_sdk_agent_calls_its_tool_whole_and_streamed(client, model, settings):
+    """The fake calls the tool whenever a request has tools. The offline default (135M) is made to:
+    unforced, it answers in words ("The weather in Paris is quite unique."), and once it has the
+    tool's output it tends to ramble on to max_tokens, which the SDK takes as a failed turn."""
+    from agents import Runner
+
+    whole = await Runner.run(agent(model, **settings), "Weather in Paris?")
+    assert whole.final_output.startswith("sunny in")
+    streamed = Runner.run_streamed(agent(model, **settings), "Weather in Paris?")
+    async for _ in streamed.stream_events():
+        pass
+    assert streamed.final_output == whole.final_output
