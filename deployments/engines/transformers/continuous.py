@@ -28,7 +28,8 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from transformers import ContinuousBatchingConfig, GenerationConfig
@@ -90,6 +91,9 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         self._manager._generation_step = generation_step
         self._manager.start()
         # The manager's thread is not a daemon: an engine never closed would keep Python from exiting.
+        # Stopped before the interpreter joins its threads, through a weak reference, so that a closed
+        # engine's manager (and the model it holds) is not kept alive for the process's life.
+        self._stop = _stopper(weakref.ref(self._manager))
         threading._register_atexit(self._stop)  # type: ignore[attr-defined]
         self._ids = itertools.count()
 
@@ -119,10 +123,6 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             "compile_level": self.params.compile_level,
             "sampler": self._sampler.describe(),
         }
-
-    def _stop(self) -> None:
-        if self._manager.is_running():
-            self._manager.stop(block=True, timeout=10)
 
     def close(self) -> None:
         self._stop()
@@ -201,6 +201,17 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         with contextlib.suppress(queue.Empty):
             while True:
                 orphans.get_nowait()
+
+
+def _stopper(manager: weakref.ref[Any]) -> Callable[[], None]:
+    """Stops the manager if it is still there and running."""
+
+    def stop() -> None:
+        running = manager()
+        if running is not None and running.is_running():
+            running.stop(block=True, timeout=10)
+
+    return stop
 
 
 def _kv_cache_usage(cache: Any) -> float:

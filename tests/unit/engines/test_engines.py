@@ -402,3 +402,17 @@ def test_warp_min_p_leaves_out_tokens_below_its_share_of_the_top_one():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
     warped = warp(logits, Sampling(temperature=1.0, top_p=1.0, top_k=0, min_p=0.5))
     assert torch.isinf(warped[2]) and torch.isfinite(warped[:2]).all()
+
+
+def test_a_closed_continuous_engine_lets_its_model_go(tiny_llm_dir):
+    """Nothing (the manager's thread, its stop at exit) keeps a closed engine's model alive: an idle
+    unload frees the memory."""
+    import gc
+    import weakref
+
+    engine = create_text_engine(ModelConfig(name="t", local_path=str(tiny_llm_dir)))
+    model = weakref.ref(engine.model)
+    engine.close()
+    del engine
+    gc.collect()
+    assert model() is None
