@@ -91,7 +91,7 @@ def run_block(block: Block, env: dict[str, str]) -> str:
         body = json.loads(done.stdout)
     except ValueError:
         body = None
-    assert not (isinstance(body, dict) and "error" in body), shown
+    assert not (isinstance(body, dict) and isinstance(body.get("error"), dict)), shown  # a response has error: null
     return done.stdout
 
 
