@@ -52,12 +52,12 @@ def breaks_a_rule_across_fields(body: object) -> bool:
     if not isinstance(body, dict):
         return False
     choice, tools = body.get("tool_choice"), body.get("tools") or []
-    names = {t.get("function", {}).get("name") for t in tools if isinstance(t, dict)}
+    names = {_tool_name(t) for t in tools if isinstance(t, dict)}
     return bool(
         ("stream_options" in body and body.get("stream_options") is not None and not body.get("stream"))
         or (body.get("top_logprobs") is not None and not body.get("logprobs"))
         or (choice not in (None, "none") and not tools)
-        or (isinstance(choice, dict) and choice.get("function", {}).get("name") not in names)
+        or (isinstance(choice, dict) and _tool_name(choice) is not None and _tool_name(choice) not in names)
         or (body.get("echo") and body.get("logprobs") is not None)
         or (isinstance(body.get("n"), int) and body["n"] > 8)  # server.max_n
         # Not in the body alone: whether the store holds the response a request continues (a 400 when not).
@@ -66,3 +66,10 @@ def breaks_a_rule_across_fields(body: object) -> bool:
         # `seed` (9223372036854775999 against `exclusiveMaximum: 9223372036854775808`), float rounding.
         or (isinstance(body.get("seed"), int) and not -(2**63) <= body["seed"] < 2**63)
     )
+
+
+def _tool_name(item: dict) -> object:
+    """A tool's or a named tool choice's name: chat nests it under `function`; the Responses and
+    Messages APIs have it flat."""
+    function = item.get("function")
+    return function.get("name") if isinstance(function, dict) else item.get("name")

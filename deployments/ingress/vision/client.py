@@ -75,6 +75,7 @@ class CaptionerClient:
         self._vision = vision
         self._down_until = 0.0
         self.reason: str | None = None
+        self._last_reason: str | None = None  # the captioner's own last "not ready" reason
         self._view: tuple[float, asyncio.Future[tuple[str, str]]] | None = None  # Serve's view, shared by waiting calls
         scaling = captioner.deployment.autoscaling
         self._scales_to_zero = scaling is not None and scaling.min_replicas == 0
@@ -167,8 +168,13 @@ class CaptionerClient:
             return ComponentStatus(ready=True, model=self._name, details={"state": "scaled_to_zero", "replicas": 0})
         try:
             status = await asyncio.wait_for(self._handle().status.remote(), STATUS_TIMEOUT_S)
-        except Exception:
-            return ComponentStatus(ready=False, reason=await self._app_state())
+        except Exception:  # no replica answers (one being replaced): Serve's words, with the last known cause
+            state = await self._app_state()
+            known = self._last_reason or self.reason
+            return ComponentStatus(ready=False, reason=state if not known or known in state else f"{known} ({state})")
         if status.ready:
             self._mark_up()
+            self._last_reason = None
+        elif status.reason:
+            self._last_reason = status.reason
         return status
