@@ -6,8 +6,10 @@ Serve replaces the failing replica at most once per `unhealthy_restart_s`. Once 
 a replica loads them and Serve shows the deployment HEALTHY again, with no one's help."""
 
 import itertools
+import re
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -47,9 +49,16 @@ def captioner() -> tuple[str, str]:
 
 
 def replica_starts() -> list[float]:
-    """When each captioner replica of this session started: its log file's first write."""
+    """When each captioner replica of this session started: the time stamp of its log's first line
+    (a file's ctime is its last write, which a replica that keeps retrying its load moves on)."""
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
-    return sorted(path.stat().st_ctime for path in logs.glob("replica_vision_VisionCaptioner_*.log"))
+    starts = []
+    for path in logs.glob("replica_vision_VisionCaptioner_*.log"):
+        with path.open() as log:
+            stamp = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", log.readline())
+        if stamp:
+            starts.append(datetime.strptime(stamp.group(), "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return sorted(starts)
 
 
 def test_unhealthy_with_the_loaders_error(service, weights_dir, http):
