@@ -37,8 +37,9 @@ Piece = str | ToolCallDelta  # content, or a tool call's delta
 _JSON_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*"?)|\s+')
 
 
-def call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
+def call_id(prefix: str = "call_") -> str:
+    """A new tool call's id: OpenAI's APIs use `call_`, Anthropic's `toolu_`."""
+    return f"{prefix}{secrets.token_hex(12)}"
 
 
 def compact(arguments: str) -> str:
@@ -59,8 +60,9 @@ class ToolCallText:
     """One choice's text: `use` names the model's format (before the first `feed`); `feed` returns
     the pieces that can be sent now; `finish` what is left at the end of the text."""
 
-    def __init__(self, plan: ToolPlan) -> None:
+    def __init__(self, plan: ToolPlan, id_prefix: str = "call_") -> None:
         self.plan = plan
+        self.id_prefix = id_prefix
         self.format: ToolFormat = FORMATS["hermes"]
         self.stopped = False  # the answer ended early: stop its generation
         self._held = ""  # content that may still open a call, or trailing whitespace
@@ -181,7 +183,7 @@ class ToolCallText:
             index = self._first + offset
             if index == len(self._calls):
                 assert view.name is not None
-                self._calls.append(_Call(call_id(), view.name))
+                self._calls.append(_Call(call_id(self.id_prefix), view.name))
             call = self._calls[index]
             if not call.announced:
                 if view.complete and self._repeats(index, view):

@@ -109,6 +109,7 @@ def test_a_tool_use_round_trip(client):
     assert called.stop_reason == "tool_use"
     use = next(block for block in called.content if block.type == "tool_use")
     assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+    assert re.fullmatch(r"toolu_\w+", use.id), use.id  # Anthropic's id form, as its clients expect
     with client.messages.stream(model="echo", max_tokens=64, tools=[WEATHER], messages=ask) as stream:
         streamed = stream.get_final_message()
     assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [
@@ -135,6 +136,25 @@ def test_a_forced_tool_call_on_the_offline_default(client):
     uses = [block for block in forced.content if block.type == "tool_use"]
     assert forced.stop_reason == "tool_use" and uses and uses[0].name == "get_weather"
     assert isinstance(uses[0].input, dict) and isinstance(uses[0].input.get("city"), str)
+
+
+def test_langchain_chat_anthropic_invokes_streams_and_binds_tools(client):
+    """LangChain's `ChatAnthropic(base_url=...)`, as an agent builder points it at us: invoke and
+    stream agree (the offline default, greedy), and a bound tool comes back as LangChain's tool call."""
+    from langchain_anthropic import ChatAnthropic
+
+    def chat(model: str) -> ChatAnthropic:
+        return ChatAnthropic(model=model, base_url=BASE_URL, api_key=KEY, max_tokens=12, max_retries=0, timeout=120)
+
+    whole = chat(GGUF).invoke("What is the capital of France?")
+    assert isinstance(whole.content, str) and whole.content.strip()
+    assert whole.response_metadata["stop_reason"] in ("end_turn", "max_tokens")
+    assert whole.usage_metadata and whole.usage_metadata["output_tokens"] > 0
+    streamed = "".join(str(chunk.content) for chunk in chat(GGUF).stream("What is the capital of France?"))
+    assert streamed == whole.content
+    called = chat("echo").bind_tools([WEATHER]).invoke("Weather in Paris?")
+    assert [(call["name"], call["args"]) for call in called.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert called.tool_calls[0]["id"].startswith("toolu_")
 
 
 def test_an_image_is_captioned_and_counted(client):

@@ -139,7 +139,7 @@ class MessageBlocks:
     def __init__(self, mid: str, model: str, plan: ToolPlan, degraded: Degraded | None) -> None:
         self.mid, self.model = mid, model
         self.tally: Tally[StopReason] = Tally(1)
-        self._split = ToolCallText(plan)
+        self._split = ToolCallText(plan, id_prefix="toolu_")
         self._degraded = degraded
         self._content: list[TextContent | ToolUseContent] = []
         self._arguments: list[str] = []  # per block: a tool_use block's input as JSON text so far
