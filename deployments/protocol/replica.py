@@ -116,14 +116,21 @@ class TokenizeInput(BaseModel):
     images: list[ImageBytes] = Field(default_factory=list)
     prompt: str | None = None
     tools: list[dict[str, Any]] | None = None
-    add_special_tokens: bool = Field(
-        True, description="The tokenizer's special tokens (a BOS where it adds one) added to the text."
+    add_special_tokens: bool | None = Field(
+        None,
+        description="The tokenizer's special tokens (a BOS where it adds one) added to the text. None: as a "
+        "request is prompted (a completion's text with them, a chat as its template writes it).",
     )
     add_generation_prompt: bool = Field(True, description="A chat: the template's opening of the answer.")
     continue_final_message: bool = Field(
         False, description="A chat: its final (assistant) message left open, for the answer to continue."
     )
     return_token_strs: bool = False
+
+    @property
+    def special_tokens(self) -> bool:
+        """`add_special_tokens` resolved: by default a completion's text gets them, a chat does not."""
+        return self.add_special_tokens if self.add_special_tokens is not None else self.prompt is not None
 
 
 class TokenizedPrompt(BaseModel):

@@ -356,7 +356,7 @@ class LlamaCppTextEngine(TextEngine):
         continues a final assistant message whatever it is told, so a chat that ends with one needs
         `continue_final_message`."""
         if request.prompt is not None:
-            ids, strs = self.text_tokens(request.prompt, request.add_special_tokens, request.return_token_strs)
+            ids, strs = self.text_tokens(request.prompt, request.special_tokens, request.return_token_strs)
             return self._tokenized(ids, strs, request)
         self._check_final_message(request)
         if request.images:

@@ -98,14 +98,14 @@ class NativeVisionEngine(TransformersDecoder):
     def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:
         """/tokenize: the prompt with each image's expansion (its processor's, cached as for a request)."""
         if request.prompt is not None:
-            return list(self.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens).input_ids), 0
+            return list(self.tokenizer(request.prompt, add_special_tokens=request.special_tokens).input_ids), 0
         prompt = self.prompts.chat(
             request.messages,
             request.images,
             request.tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            add_special_tokens=request.add_special_tokens,
+            add_special_tokens=request.special_tokens,
         )
         return prompt.ids, prompt.image_tokens
 

@@ -102,12 +102,12 @@ class TransformersTextEngine(TransformersDecoder):
 
     def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:
         if request.prompt is not None:
-            return list(self.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens).input_ids), 0
+            return list(self.tokenizer(request.prompt, add_special_tokens=request.special_tokens).input_ids), 0
         ids = self.chat_ids(
             request.messages,
             request.tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            add_special_tokens=request.add_special_tokens,
+            add_special_tokens=request.special_tokens,
         )
         return ids, 0

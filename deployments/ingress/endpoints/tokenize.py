@@ -27,7 +27,7 @@ class TokenizeService:
         """`record`: what this request's access-log line says (the images' sizes and fetch times)."""
         core = self._core
         deadline = core.deadline()
-        flags = {"add_special_tokens": body.special_tokens, "return_token_strs": body.return_token_strs}
+        flags = {"add_special_tokens": body.add_special_tokens, "return_token_strs": body.return_token_strs}
         uncaptioned = 0
         if body.messages is None:
             request = TokenizeInput(prompt=body.prompt, **flags)

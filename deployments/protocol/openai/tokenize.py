@@ -60,11 +60,6 @@ class TokenizeRequest(RequestModel):
                 raise ValueError("continue_final_message needs a final assistant message to continue")
         return self
 
-    @property
-    def special_tokens(self) -> bool:
-        """`add_special_tokens` resolved: by default true for a prompt, false for messages."""
-        return self.add_special_tokens if self.add_special_tokens is not None else self.prompt is not None
-
 
 class TokenizeResponse(BaseModel):
     count: int = Field(description="The prompt's tokens: what it takes of the context.")

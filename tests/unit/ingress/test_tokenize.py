@@ -60,8 +60,8 @@ async def test_the_completion_form_answers_vllms_shape_with_special_tokens_by_de
     assert plain.json() == {"count": 3, "max_model_len": 2048, "tokens": [97, 98, 99], "token_strs": None}
     assert strs.json()["token_strs"] == ["a", "b"]  # no model: the default one
     first, second = decoder.tokenized
-    assert (first.prompt, first.add_special_tokens, first.messages) == ("abc", True, [])
-    assert (second.add_special_tokens, second.return_token_strs) == (False, True)
+    assert (first.prompt, first.special_tokens, first.messages) == ("abc", True, [])
+    assert (second.special_tokens, second.return_token_strs) == (False, True)
 
 
 async def test_the_chat_form_sends_the_chat_as_a_chat_completion_does_with_its_flags():
@@ -82,7 +82,7 @@ async def test_the_chat_form_sends_the_chat_as_a_chat_completion_does_with_its_f
     first, second = decoder.tokenized
     assert [(m.role, m.content) for m in first.messages] == [("system", "Be brief."), ("user", "Weather?")]
     assert first.tools is not None and first.tools[0]["function"]["name"] == "get_weather"
-    assert (first.add_special_tokens, first.add_generation_prompt, first.continue_final_message) == (False, True, False)
+    assert (first.special_tokens, first.add_generation_prompt, first.continue_final_message) == (False, True, False)
     assert (second.add_generation_prompt, second.continue_final_message) == (False, True)
     assert "image_tokens" not in counted.json() and "uncaptioned_images" not in counted.json()
 
