@@ -10,8 +10,9 @@ from typing import Any, Literal
 from PIL import Image
 
 from deployments.config import ToolCallFormat
+from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.common import TokenLogprob
-from deployments.protocol.replica import GenerateRequest
+from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,17 @@ class TextEngine(Engine):
     def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream text pieces. Raise ContextLengthError before the first piece when the prompt
         cannot fit; closing the iterator early must stop generation and free its slot."""
+
+    def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
+        """The prompt's tokens exactly as `generate` would prompt with the same chat (template, tools,
+        images) or text; never fitted to the context (a prompt longer than it is counted whole).
+        Blocking; the replica calls it in a worker thread, beside running generations."""
+        raise InvalidRequestError(f"This model's engine ({type(self).__name__}) does not tokenize.")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids as text, special tokens included; an id outside the vocabulary is a 400
+        (`InvalidRequestError`). Blocking, as `tokenize`."""
+        raise InvalidRequestError(f"This model's engine ({type(self).__name__}) does not detokenize.")
 
     def failure(self) -> str | None:
         """Why the engine can no longer generate (e.g. its batching thread died), else None."""

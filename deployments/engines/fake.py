@@ -17,7 +17,9 @@ torch, so a test (or a laptop) can run the whole service in seconds.
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; see `call_text`).
   With `logprobs` k, each word is a token whose logprob is ``-0.5 * (i % 3)`` (i from 0) and whose
   top alternatives are itself then ``" alt1"``, ``" alt2"``, ... each 1 lower: k entries, sorted.
-  A prompt's tokens are its echo's words (split at spaces). Only when `params.max_model_len` is set
+  A prompt's tokens are its echo's words (split at spaces); `tokenize` gives each word an id from a
+  vocabulary the engine grows as it meets words (so ids are per replica), and `detokenize` joins
+  the words of known ids with spaces (an unknown id is a 400). Only when `params.max_model_len` is set
   is the context checked, as the transformers engines do (`context.fit_context`, with those words as
   tokens): a 400, or with `context_overflow: truncate` a chat's oldest turns dropped whole, so the
   echo shows exactly which messages (and captions) were kept.
@@ -37,9 +39,10 @@ from PIL import Image
 from deployments.config import ModelConfig, ToolCallFormat
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
 from deployments.engines.context import Limits, fit_context
+from deployments.engines.tokens import check_token_ids
 from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob
-from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage, TokenizedPrompt, TokenizeInput
 
 TICK = " tick"
 
@@ -144,6 +147,7 @@ class FakeTextEngine(TextEngine):
         self.params = model.params
         self.settings = model.fake
         self.running = 0
+        self._vocabulary: dict[str, int] = {}  # word -> its id, in the order first met
         configured = model.capabilities.tool_call_format
         self.tool_format = "hermes" if configured == "auto" else configured
 
@@ -152,6 +156,19 @@ class FakeTextEngine(TextEngine):
 
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0}
+
+    def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
+        """The echo's words, each with its id in the engine's vocabulary (a new word gets the next id)."""
+        prompt = GenerateRequest(messages=request.messages, prompt=request.prompt, tools=request.tools)
+        words = echoed_prompt(prompt).split(" ")
+        tokens = [self._vocabulary.setdefault(word, len(self._vocabulary)) for word in words]
+        strs = words if request.return_token_strs else None
+        limit = self.params.max_model_len or 0
+        return TokenizedPrompt(tokens=tokens, count=len(tokens), max_model_len=limit, token_strs=strs)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        words = list(self._vocabulary)
+        return " ".join(words[t] for t in check_token_ids(tokens, len(words), "tokens"))
 
     def _answer(self, request: GenerateRequest) -> tuple[str, bool]:
         """The text to answer with, and whether it is the echo (which `fill_to_max_tokens` extends)."""

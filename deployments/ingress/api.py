@@ -37,6 +37,7 @@ from deployments.ingress.endpoints.chat import ChatService
 from deployments.ingress.endpoints.completions import CompletionService
 from deployments.ingress.endpoints.messages import MessagesService
 from deployments.ingress.endpoints.responses import ResponseService
+from deployments.ingress.endpoints.tokenize import TokenizeService
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
 from deployments.ingress.responses.store import ResponseStorePort, delete_entry, stored_entry
 from deployments.ingress.served_models import ServedModels
@@ -47,6 +48,12 @@ from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
 from deployments.protocol.openai.completions import CompletionRequest
 from deployments.protocol.openai.responses import InputItemList, ResponseRequest
+from deployments.protocol.openai.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     error.status: {"model": ErrorResponse, "description": error.__name__}
@@ -229,6 +236,21 @@ def build_api(
         after: str | None = None,
     ) -> InputItemList:
         return input_items((await stored_entry(responses, response_id))["input"], limit, order, after)
+
+    @api.post("/tokenize", responses=_ERRORS)
+    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        """vLLM's /tokenize: a prompt's or a chat's tokens, as the model's decoder prompts with them."""
+        model = served.get(body.model or served.names[0])
+        record = record_of(request.state)
+        record.model = model.card.id
+        return await TokenizeService(model.core).tokenize(body, record)
+
+    @api.post("/detokenize", responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+        """vLLM's /detokenize: token ids as the model's text."""
+        model = served.get(body.model or served.names[0])
+        record_of(request.state).model = model.card.id
+        return await TokenizeService(model.core).detokenize(body)
 
     metrics.export_zeros(
         served.names,

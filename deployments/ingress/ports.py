@@ -15,8 +15,9 @@ class RemoteMethod(Protocol):
 
 
 class DecoderHandle(Protocol):
-    """The decoder deployment's handle: streaming `generate`, `status`, and the names by which
-    Serve's view of it is asked when it is too busy to answer (`serve_status.deployment_status`)."""
+    """The decoder deployment's handle: streaming `generate`, `status`, `tokenize` and `detokenize`,
+    and the names by which Serve's view of it is asked when it is too busy to answer
+    (`serve_status.deployment_status`)."""
 
     @property
     def app_name(self) -> str: ...
@@ -29,5 +30,11 @@ class DecoderHandle(Protocol):
 
     @property
     def status(self) -> RemoteMethod: ...
+
+    @property
+    def tokenize(self) -> RemoteMethod: ...
+
+    @property
+    def detokenize(self) -> RemoteMethod: ...
 
     def options(self, *, stream: bool) -> DecoderHandle: ...

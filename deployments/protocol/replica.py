@@ -107,6 +107,45 @@ class GenerateChunk(BaseModel):
     tool_format: str | None = None  # a request with tools: how the model writes calls, on each sequence's first chunk
 
 
+class TokenizeInput(BaseModel):
+    """Ingress -> PrimaryDecoder: a prompt to tokenize as the engine would prompt with it (/tokenize,
+    /v1/messages/count_tokens). A chat is `messages` (with native vision's `images`) and `tools`,
+    rendered by the model's chat template; a completion is `prompt`, text used as it is."""
+
+    messages: list[TextMessage] = Field(default_factory=list)
+    images: list[ImageBytes] = Field(default_factory=list)
+    prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = Field(
+        None,
+        description="The tokenizer's special tokens (a BOS where it adds one) added to the text. None: as a "
+        "request is prompted (a completion's text with them, a chat as its template writes it).",
+    )
+    add_generation_prompt: bool = Field(True, description="A chat: the template's opening of the answer.")
+    continue_final_message: bool = Field(
+        False, description="A chat: its final (assistant) message left open, for the answer to continue."
+    )
+    return_token_strs: bool = False
+
+    @property
+    def special_tokens(self) -> bool:
+        """`add_special_tokens` resolved: by default a completion's text gets them, a chat does not."""
+        return self.add_special_tokens if self.add_special_tokens is not None else self.prompt is not None
+
+
+class TokenizedPrompt(BaseModel):
+    """PrimaryDecoder -> Ingress: a prompt's tokens. `count` is what the prompt takes of the context,
+    `image_tokens` of them the images' (native vision): a transformers VLM lists them in `tokens`
+    (its placeholder's expansion); a llama.cpp VLM's images have no token ids (mtmd's embeddings), so
+    there `tokens` lists the text's alone and `count` is ``len(tokens) + image_tokens``."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    image_tokens: int = 0
+    token_strs: list[str] | None = None
+
+
 class CaptionRequest(BaseModel):
     """Ingress -> VisionCaptioner: encoded image bytes (sent once) and one prompt per image."""
 

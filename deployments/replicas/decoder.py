@@ -20,7 +20,7 @@ from deployments.errors import DecoderUnavailable
 from deployments.merge import MergedStreams
 from deployments.monitoring.metrics import DECODER_METRICS, ENGINE_METRICS, DecoderRequestTimer, Recorder
 from deployments.protocol.openai.common import TokenLogprob
-from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest, TokenizedPrompt, TokenizeInput
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 from deployments.roles import Role
@@ -150,6 +150,17 @@ class PrimaryDecoder:
                     stop_sequence=stop.matched,
                 )
                 return  # closes the engine's stream: a stop string cancels the sequence at once
+
+    async def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
+        """The prompt's tokens as the engine would prompt with them (/tokenize, count_tokens). It takes
+        none of the `max_num_seqs` slots: the engine's tokenizer, in a worker thread, beside them."""
+        async with self._slot.use() as engine:
+            return await asyncio.to_thread(engine.tokenize, request)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """Token ids as the model's text (/detokenize); an id outside the vocabulary is a 400."""
+        async with self._slot.use() as engine:
+            return await asyncio.to_thread(engine.detokenize, tokens)
 
     def _sample(self) -> None:
         """Gauges, once a second (the engine slot's tick)."""

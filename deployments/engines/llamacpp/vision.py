@@ -34,7 +34,7 @@ from typing import Any
 
 from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.context import Limits, fit_rendered
-from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared
+from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared, piece_text
 from deployments.engines.llamacpp.files import mmproj_path
 from deployments.engines.llamacpp.gguf_meta import read_metadata
 from deployments.engines.llamacpp.media import (
@@ -50,7 +50,14 @@ from deployments.engines.llamacpp.media import (
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_native_chunk
 from deployments.engines.load_log import LoadLog
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol.replica import GenerateRequest, ImageBytes, MessageImage, TextMessage
+from deployments.protocol.replica import (
+    GenerateRequest,
+    ImageBytes,
+    MessageImage,
+    TextMessage,
+    TokenizedPrompt,
+    TokenizeInput,
+)
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
@@ -176,6 +183,7 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
         images: list[ImageBytes],
         tools: list[dict[str, Any]] | None = None,
         image: Callable[[int], bytes] | None = None,
+        add_generation_prompt: bool = True,
     ) -> MediaPrompt:
         """The prompt of a chat whose image slots index `images` (see the module's docstring);
         `image(k)`: the k-th image's bytes as llama.cpp takes them (default: converted here)."""
@@ -196,9 +204,23 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
                 else:
                     parts.append({"type": "text", "text": part.text})
             contents.append(parts)
-        text = self.render_chat(messages, tools, contents)
+        text = self.render_chat(messages, tools, contents, add_generation_prompt)
         image_tokens = sum(self.image_tokens.count(images[k].sha256, partial(read, k)) for k in order)
         return MediaPrompt(text, order, self.count(text, len(order), image_tokens))
+
+    def media_tokens(self, request: TokenizeInput) -> TokenizedPrompt:
+        """/tokenize of a chat with images: counted as a request is (`media_prompt`); `tokens` are the
+        ids of the model's own tokens (a BOS) and of the text between the markers, in order; the
+        images' tokens are embeddings with no ids, counted in `image_tokens` alone."""
+        prompt = self.media_prompt(
+            request.messages, request.images, request.tools, add_generation_prompt=request.add_generation_prompt
+        )
+        own = self._call("/tokenize", {"content": "", "add_special": True, "with_pieces": True}, "messages")["tokens"]
+        body = {"content": prompt.text.split(self.marker), "add_special": False, "parse_special": True}
+        text = self._call("/tokenize", {**body, "with_pieces": True}, "messages")["tokens"]
+        ids = [int(t["id"]) for t in own + text]
+        strs = [piece_text(t["piece"]) for t in own + text]
+        return self._tokenized(ids, strs, request, image_tokens=prompt.count.images)
 
     def count(self, text: str, images: int, image_tokens: int = 0) -> PromptCount:
         """mtmd's count of a rendered prompt with `images` markers (see the module's docstring)."""

@@ -19,12 +19,13 @@ import torch
 from deployments.config import ModelConfig
 from deployments.engines.base import Engine, EngineOutput, TextEngine
 from deployments.engines.context import Limits
+from deployments.engines.tokens import check_token_ids
 from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream, stream_outputs
-from deployments.protocol.replica import GenerateRequest
+from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 from deployments.roles import Role
 
 
@@ -120,6 +121,23 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         async with contextlib.aclosing(stream_outputs(stream, self.tokenizer, self.token_texts, keep)) as outputs:
             async for output in outputs:
                 yield output
+
+    def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
+        """The prompt's ids (`prompt_ids`); `token_strs` are the vocabulary's strings of them (the
+        tokenizer's own, e.g. ``Ġthe``), as vLLM gives them."""
+        ids, image_tokens = self.prompt_ids(request)
+        strs = [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)] if request.return_token_strs else None
+        return TokenizedPrompt(
+            tokens=ids, count=len(ids), max_model_len=self.max_model_len, image_tokens=image_tokens, token_strs=strs
+        )
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(check_token_ids(tokens, self.vocab_size, "tokens")))
+
+    @abstractmethod
+    def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:
+        """The prompt's token ids as `start` would prompt with them (never fitted to the context),
+        and how many of them are image tokens."""
 
     @abstractmethod
     async def start(self, request: GenerateRequest) -> TokenStream:

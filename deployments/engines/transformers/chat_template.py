@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.config import ToolCallFormat
+from deployments.engines.tokens import check_token_ids
 from deployments.errors import InvalidRequestError
 from deployments.tools.formats import TOOL_MARKERS
 from deployments.tools.prompt import generic_chat, resolve_tool_format
@@ -96,9 +97,4 @@ def raw_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> 
     ids = list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise InvalidRequestError("The prompt is empty.", param="prompt")
-    if isinstance(prompt, list) and (bad := sorted({t for t in ids if not 0 <= t < vocab_size})):
-        raise InvalidRequestError(
-            f"The prompt has token ids outside the vocabulary (0 to {vocab_size - 1}): {bad[:5]}",
-            param="prompt",
-        )
-    return ids
+    return check_token_ids(ids, vocab_size, "prompt") if isinstance(prompt, list) else ids

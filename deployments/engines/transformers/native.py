@@ -42,7 +42,7 @@ from deployments.engines.transformers.processor_cache import ProcessorCache
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
-from deployments.protocol.replica import GenerateRequest
+from deployments.protocol.replica import GenerateRequest, TokenizeInput
 from deployments.roles import Role
 
 
@@ -94,6 +94,20 @@ class NativeVisionEngine(TransformersDecoder):
         if request.prompt is not None:
             return self.prompts.text(raw_prompt_ids(self.tokenizer, request.prompt, self.vocab_size))
         return self.prompts.chat(request.messages, request.images, request.tools)
+
+    def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:
+        """/tokenize: the prompt with each image's expansion (its processor's, cached as for a request)."""
+        if request.prompt is not None:
+            return list(self.tokenizer(request.prompt, add_special_tokens=request.special_tokens).input_ids), 0
+        prompt = self.prompts.chat(
+            request.messages,
+            request.images,
+            request.tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            add_special_tokens=request.special_tokens,
+        )
+        return prompt.ids, prompt.image_tokens
 
     def _job(self, request: GenerateRequest) -> NativeJob:
         """The request's prompt fitted to the context (`context.fit_context`: a 400 with the numbers,

@@ -61,9 +61,17 @@ class NativePromptBuilder:
         self.tools = tools
 
     def chat(
-        self, messages: list[TextMessage], images: list[ImageBytes], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[TextMessage],
+        images: list[ImageBytes],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> NativePrompt:
-        """The prompt of a chat whose image slots index `images`."""
+        """The prompt of a chat whose image slots index `images` (by default with the generation
+        prompt, as a request is prompted; the other arguments are /tokenize's)."""
         rendered: list[dict[str, Any]] = []
         slots: list[tuple[int, int]] = []  # (message index, image index), in prompt order
         for i, message in enumerate(messages):
@@ -81,8 +89,14 @@ class NativePromptBuilder:
                     content.append({"type": "text", "text": part.text})
             rendered.append({"role": message.role, "content": content})
         rendered, extra = self.tools.chat(rendered, tools)
-        text = self.processor.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra)
-        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        text = self.processor.apply_chat_template(
+            rendered,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **extra,
+        )
+        ids = list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
         processed = [self.image(images[k], param=f"messages[{i}].content") for i, k in slots]
         return self.assemble(ids, processed)
 

@@ -23,7 +23,7 @@ from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
 from deployments.errors import ConfigError
-from deployments.protocol.replica import GenerateRequest, TextMessage
+from deployments.protocol.replica import GenerateRequest, TextMessage, TokenizeInput
 from deployments.roles import Role
 from deployments.tools.prompt import template_message
 
@@ -78,8 +78,36 @@ class TransformersTextEngine(TransformersDecoder):
         )
         return Prepared(ids, fitted.max_tokens, constraints, fitted.dropped_prompt_tokens)
 
-    def chat_ids(self, messages: list[TextMessage], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Messages rendered by the model's template (with the generation prompt) and `tools`."""
+    def chat_ids(
+        self,
+        messages: list[TextMessage],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
+        """Messages rendered by the model's template (by default with the generation prompt, as a
+        request is prompted) and `tools`; `add_special_tokens`: the tokenizer's own (a BOS) added to
+        the rendered text too."""
         chat, extra = self.tools.chat([template_message(m) for m in messages], tools)
-        encoded = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, **extra)
-        return list(encoded["input_ids"])
+        text = self.tokenizer.apply_chat_template(
+            chat,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **extra,
+        )
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:
+        if request.prompt is not None:
+            return list(self.tokenizer(request.prompt, add_special_tokens=request.special_tokens).input_ids), 0
+        ids = self.chat_ids(
+            request.messages,
+            request.tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            add_special_tokens=request.special_tokens,
+        )
+        return ids, 0

@@ -2,7 +2,8 @@
 the request's deadline (`server.request_timeout_s`: a 408 before the first byte, an error event
 after; the generation is cancelled either way), the sampling settings as the decoder takes them,
 the vision pipeline, and the start of a generation, whose first chunk is awaited before anything
-is sent, so that errors before the first byte keep their status."""
+is sent, so that errors before the first byte keep their status; and the decoder's tokenizer
+(`tokenize`, `detokenize`), which needs no generation."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from deployments.ingress.ports import DecoderHandle
 from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import SamplingFields
-from deployments.protocol.replica import GenerateRequest
+from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 
 
 class Deadline:
@@ -114,3 +115,15 @@ class AnswerCore:
             for request in requests
         ]
         return await Generation.start(streams, requests[0].n)
+
+    async def tokenize(self, request: TokenizeInput, deadline: Deadline) -> TokenizedPrompt:
+        """The decoder's tokens of a prompt (its engine's tokenizer and chat template), before the deadline."""
+        async with deadline.within():
+            answer: TokenizedPrompt = await self._decoder.tokenize.remote(request)
+        return answer
+
+    async def detokenize(self, tokens: list[int], deadline: Deadline) -> str:
+        """The decoder's text of token ids, before the deadline."""
+        async with deadline.within():
+            text: str = await self._decoder.detokenize.remote(tokens)
+        return text

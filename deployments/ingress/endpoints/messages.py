@@ -45,7 +45,7 @@ from deployments.protocol.anthropic.messages import (
     ToolUseContent,
 )
 from deployments.protocol.openai.chat import ToolCallDelta
-from deployments.protocol.replica import GenerateChunk, GenerateRequest
+from deployments.protocol.replica import GenerateChunk, GenerateRequest, TokenizeInput
 from deployments.tools.calls import Piece, ToolCallText
 from deployments.tools.plan import ToolPlan, plan_tools
 
@@ -70,39 +70,43 @@ class MessagesService:
     async def count_tokens(self, body: MessagesInput, record: RequestRecord) -> TokenCount:
         """The prompt's tokens as the decoder counts them: the request rendered by the model's chat
         template, with its tools and its images as the pipeline gives them (captions under proxy
-        vision, the model's own image tokens under native vision), by a one-token generation whose
-        prompt count is read (a prefill: it takes a decoder slot for as long)."""
-        generation, _, _ = await self._generate(body, record, constrained=False, max_tokens=1, temperature=0)
-        tally: Tally[str] = Tally(1)
-
-        def end(chunk: GenerateChunk) -> None:
-            if chunk.finish_reason is not None:
-                tally.end(chunk, chunk.finish_reason)
-
-        await whole(generation, tally, end)
-        return TokenCount(input_tokens=tally[0].prompt_tokens + tally[0].truncated_prompt_tokens)
-
-    async def _generate(
-        self, body: MessagesInput, record: RequestRecord, *, constrained: bool = True, **settings: Any
-    ) -> tuple[Generation, ToolPlan, Degraded | None]:
-        """The request in chat form, through the tool plan (its grammar when `constrained`) and the
-        vision pipeline, to the decoder with the generation `settings`."""
+        vision, the model's own image tokens under native vision), by the decoder's tokenizer (no
+        generation, no decoder slot; a prompt longer than the context is counted whole)."""
         core = self._core
-        if isinstance(body.messages[-1], AssistantTurn):
-            raise InvalidRequestError(
-                "messages: a final assistant turn (a prefill for the answer to continue) is not supported; "
-                "end with a user turn.",
-                param="messages",
-            )
+        _check_final_turn(body)
         plan = _plan(body)
         deadline = core.deadline()
         async with deadline.within():
             seen = await core.vision.prepare(chat_messages(body), record)
-        grammar = plan.grammar if constrained else None
+        counted = await core.tokenize(
+            TokenizeInput(messages=seen.messages, images=seen.images, tools=plan.tools), deadline
+        )
+        return TokenCount(input_tokens=counted.count)
+
+    async def _generate(
+        self, body: MessagesInput, record: RequestRecord, **settings: Any
+    ) -> tuple[Generation, ToolPlan, Degraded | None]:
+        """The request in chat form, through the tool plan (its grammar) and the
+        vision pipeline, to the decoder with the generation `settings`."""
+        core = self._core
+        _check_final_turn(body)
+        plan = _plan(body)
+        deadline = core.deadline()
+        async with deadline.within():
+            seen = await core.vision.prepare(chat_messages(body), record)
         request = GenerateRequest(
-            messages=seen.messages, images=seen.images, tools=plan.tools, grammar=grammar, **settings
+            messages=seen.messages, images=seen.images, tools=plan.tools, grammar=plan.grammar, **settings
         )
         return await core.generate([request], deadline, record), plan, seen.degraded
+
+
+def _check_final_turn(body: MessagesInput) -> None:
+    if isinstance(body.messages[-1], AssistantTurn):
+        raise InvalidRequestError(
+            "messages: a final assistant turn (a prefill for the answer to continue) is not supported; "
+            "end with a user turn.",
+            param="messages",
+        )
 
 
 def _plan(body: MessagesInput) -> ToolPlan:

@@ -21,7 +21,7 @@ from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, VisionDisabledError
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.client import Captioner
-from deployments.ingress.vision.collect import collect_images, count_images
+from deployments.ingress.vision.collect import check_image_counts, collect_images, count_images
 from deployments.ingress.vision.native import native_messages
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
@@ -56,6 +56,7 @@ class DecoderInput:
     messages: list[TextMessage]
     images: list[ImageBytes] = field(default_factory=list)
     degraded: Degraded | None = None
+    uncaptioned: int = 0  # `prepare_to_count`: images whose captions are left out
 
 
 class VisionPipeline:
@@ -87,6 +88,23 @@ class VisionPipeline:
         if self._native_images is not None:
             return await self._native(messages, self._native_images, record)
         return await self._proxy(messages, record)
+
+    async def prepare_to_count(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
+        """/tokenize's: as `prepare` under native vision (the images go to the decoder, which counts
+        their tokens), but never captioning: under proxy vision each image's ``Image N:`` line is
+        written without its caption (not known until captioned, and a count must not cost the
+        captioner a call) and `uncaptioned` says how many were left out. A model without vision: a
+        400, as for a chat."""
+        if self._native_images is not None:
+            return await self._native(messages, self._native_images, record)
+        images = count_images(messages)
+        if images and self._captioner is None:
+            raise VisionDisabledError(
+                f"Model {self._model!r} does not accept images (vision is disabled).", param="messages"
+            )
+        if images:
+            check_image_counts(messages, self._images)
+        return DecoderInput(rewrite(messages, [""] * images), uncaptioned=images)
 
     async def _proxy(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
         """Captions in place of images; with the policy ``degrade``, a marker in place of each image

@@ -141,7 +141,7 @@ async def test_penalties_and_logit_bias_change_the_answer(engine):
     plain, _ = await complete(engine, ask(max_tokens=30))
     penalized, _ = await complete(engine, ask(max_tokens=30, presence_penalty=2.0, frequency_penalty=1.0))
     assert penalized != plain
-    comma = engine.tokenize(",")
+    comma = engine.text_ids(",")
     assert len(comma) == 1
     biased, _ = await complete(engine, ask(max_tokens=5, logit_bias={comma[0]: 100.0}))
     assert biased == ",,,,,"
@@ -203,7 +203,7 @@ async def test_stats_while_running(engine):
 
 async def test_legacy_prompt_text_and_token_ids(engine):
     text_answer, pieces = await complete(engine, GenerateRequest(prompt="The capital of France is", max_tokens=6))
-    ids = engine.tokenize("The capital of France is")
+    ids = engine.text_ids("The capital of France is")
     assert pieces[-1].prompt_tokens == len(ids)
     ids_answer, _ = await complete(engine, GenerateRequest(prompt=ids, max_tokens=6))
     assert ids_answer == text_answer

@@ -183,7 +183,7 @@ async def test_text_chats_and_legacy_prompts_run_as_token_ids(engine):
     _, pieces = await complete(engine, chat)
     assert pieces[-1].prompt_tokens == len(engine.chat_ids(chat.messages))
     text, pieces = await complete(engine, GenerateRequest(prompt="The capital of France is", max_tokens=4))
-    assert text and pieces[-1].prompt_tokens == len(engine.tokenize("The capital of France is"))
+    assert text and pieces[-1].prompt_tokens == len(engine.text_ids("The capital of France is"))
 
 
 async def test_logprobs_and_a_closed_stream_free_the_slot(engine):

@@ -1,7 +1,8 @@
 """Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
-streaming `generate` and its `status`) and the captioner client. No Ray is started. They satisfy
-the Protocols `deployments.ingress.ports.DecoderHandle` and `deployments.ingress.vision.client.Captioner`;
-`answer_core` builds a served model's answer core over them, as the Ingress does over the real ones."""
+streaming `generate`, its `status`, `tokenize` and `detokenize`) and the captioner client. No Ray
+is started. They satisfy the Protocols `deployments.ingress.ports.DecoderHandle` and
+`deployments.ingress.vision.client.Captioner`; `answer_core` builds a served model's answer core
+over them, as the Ingress does over the real ones."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from deployments.config import ImageInputConfig, ProxyVisionConfig
-from deployments.errors import CaptionerUnavailable
+from deployments.errors import CaptionerUnavailable, InvalidRequestError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
 from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob
-from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest
+from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest, TokenizedPrompt, TokenizeInput
 
 
 class FakeStream:
@@ -89,8 +90,14 @@ def fake_logprob(text: str, position: int, top: int) -> TokenLogprob:
     return TokenLogprob(token=text, bytes=list(text.encode()), logprob=-0.1 * position, top_logprobs=alternatives[:top])
 
 
+FAKE_VOCABULARY = 100  # the fake decoder's token ids: 0 to 99
+
+
 class FakeDecoder:
-    """`options(stream=True).generate.remote(request)` and `status.remote()`, as on a handle."""
+    """`options(stream=True).generate.remote(request)`, `status.remote()`, `tokenize.remote(request)`
+    and `detokenize.remote(tokens)`, as on a handle. Its tokens are a prompt's characters (their code
+    points modulo `FAKE_VOCABULARY`: a chat's messages' contents joined, each image slot one
+    `image_tokens`-long run of 0s), and `detokenize` writes each id as ``<id>``."""
 
     app_name, deployment_name = "default", "PrimaryDecoder"
 
@@ -104,9 +111,13 @@ class FakeDecoder:
         self.tool_format: str | None = None  # what the first chunk of a request with tools says
         self.cached: int | None = None  # prompt tokens the final chunks say came from the prefix cache
         self.requests: list[GenerateRequest] = []
+        self.tokenized: list[TokenizeInput] = []
+        self.image_tokens = 5  # tokens of each image a native request sends
         self.streams: list[FakeStream] = []
         self.generate = SimpleNamespace(remote=self._generate)
         self.status = SimpleNamespace(remote=self._status)
+        self.tokenize = SimpleNamespace(remote=self._tokenize)
+        self.detokenize = SimpleNamespace(remote=self._detokenize)
 
     def options(self, *, stream: bool) -> FakeDecoder:
         assert stream
@@ -127,6 +138,22 @@ class FakeDecoder:
             )
         )
         return self.streams[-1]
+
+    async def _tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
+        self.tokenized.append(request)
+        text = request.prompt if request.prompt is not None else "".join(m.content for m in request.messages)
+        images = [0] * self.image_tokens * len(request.images)
+        ids = [ord(c) % FAKE_VOCABULARY for c in text] + images
+        strs = list(text) + ["<image>"] * len(images) if request.return_token_strs else None
+        image_tokens = len(images)
+        return TokenizedPrompt(
+            tokens=ids, count=len(ids), max_model_len=2048, image_tokens=image_tokens, token_strs=strs
+        )
+
+    async def _detokenize(self, tokens: list[int]) -> str:
+        if bad := [t for t in tokens if t >= FAKE_VOCABULARY]:
+            raise InvalidRequestError(f"Token ids outside the vocabulary: {bad[:5]}", param="tokens")
+        return "".join(f"<{t}>" for t in tokens)
 
     async def _status(self) -> ComponentStatus:
         if self.down:

@@ -95,6 +95,8 @@ async def test_the_spec_has_no_422_and_keeps_its_operations():
         "legacy_completions_v1_completions_post",
         "messages_v1_messages_post",
         "count_tokens_v1_messages_count_tokens_post",
+        "tokenize_tokenize_post",
+        "detokenize_detokenize_post",
         "create_response_v1_responses_post",
         "get_response_v1_responses__response_id__get",
         "delete_response_v1_responses__response_id__delete",

@@ -199,7 +199,7 @@ async def test_tool_results_go_back_as_tool_messages_with_their_images_seen():
     assert len(captioner.calls) == 1
 
 
-async def test_usage_reads_the_prefix_cache_and_count_tokens_counts_the_prompt():
+async def test_usage_reads_the_prefix_cache_and_count_tokens_counts_the_prompt_with_the_decoders_tokenizer():
     decoder = FakeDecoder(["ok"])
     decoder.cached = 2
     async with api(decoder) as http:
@@ -209,9 +209,11 @@ async def test_usage_reads_the_prefix_cache_and_count_tokens_counts_the_prompt()
         )
         also = await sdk(http).messages.count_tokens(model="echo", messages=BODY["messages"], system="Be brief.")
     assert usage["input_tokens"] == 1 and usage["cache_read_input_tokens"] == 2
-    assert counted.status_code == 200 and counted.json() == {"input_tokens": 3}
-    assert also.input_tokens == 3
-    assert decoder.requests[-1].max_tokens == 1 and decoder.requests[-1].messages[0].content == "Be brief."
+    assert counted.status_code == 200 and counted.json() == {"input_tokens": len("hi")}  # the fake's: characters
+    assert also.input_tokens == len("Be brief." + "hi")
+    assert not decoder.requests[
+        1:
+    ]  # counted without a generation and decoder.tokenized[-1].messages[0].content == "Be brief."
 
 
 def test_stop_reasons_from_the_decoders_last_chunk():
