@@ -171,9 +171,8 @@ def test_a_message_over_the_body_cap_is_a_413_for_its_turn():
 
 def test_the_handshake_needs_an_api_key_as_a_request_does():
     with app_client(FakeDecoder(["OK."]), keys=["open-sesame"]) as client:
-        with pytest.raises(WebSocketDenialResponse) as refused:
-            with client.websocket_connect("/v1/responses"):
-                pass
+        with pytest.raises(WebSocketDenialResponse) as refused, client.websocket_connect("/v1/responses"):
+            pass
         assert refused.value.status_code == 401 and refused.value.json()["error"]["code"] == "invalid_api_key"
         with client.websocket_connect("/v1/responses", headers={"Authorization": "Bearer open-sesame"}) as socket:
             assert turn(socket, input="hi")[-1]["type"] == "response.completed"
