@@ -12,12 +12,18 @@ the next turn continues it with `previous_response_id` and only its new input. N
 connection, so after a reconnect a `store: false` response is `previous_response_not_found`, and a
 turn that fails forgets the response it continued (a stored one is still found in the store).
 
+A connection lasts at most an hour (`LIFETIME_S`, as OpenAI's): once that has passed, the next wait
+for a message ends it with a `websocket_connection_limit_reached` error and a normal close, so that
+the client reconnects (an open connection is an ongoing request of its ingress replica, counted
+by Serve against `max_ongoing_requests` and by autoscaling). A turn in progress is never cut.
+
 A message larger than `server.max_body_bytes` is a 413 for its turn, as a request body is. Each turn
 has its own access-log line and metrics (`method=WS`), and its deadline, as a request has. A client
 that leaves cancels the turn's generation when its next event cannot be sent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Awaitable, Callable
@@ -30,6 +36,8 @@ from deployments.ingress.answer.reply import Reply, recorded_error
 from deployments.ingress.responses.store import ConnectionCache
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.responses import ResponseCreateEvent, ResponseRequest
+
+LIFETIME_S = 3600.0
 
 Turn = Callable[[ResponseRequest, RequestRecord, ConnectionCache], Awaitable[Reply]]
 """A turn's answer: the Responses service's streamed create, on the connection's cache."""
@@ -46,27 +54,36 @@ class ResponseSocket:
         max_message_bytes: int,
         request_id: str,
         log: Callable[[RequestRecord], None],
+        lifetime_s: float = LIFETIME_S,
     ) -> None:
         """`request_id`: the connection's (each turn's is it and the turn's number); `log`: writes a
-        turn's access-log line and metrics."""
+        turn's access-log line and metrics; `lifetime_s`: how long the connection may last."""
         self._socket = websocket
         self._turn = turn
         self._max_bytes = max_message_bytes
         self._request_id = request_id
         self._log = log
         self._connection = ConnectionCache()
+        self._lifetime_s = lifetime_s
 
     async def run(self) -> None:
         await self._socket.accept()
+        ends = asyncio.get_running_loop().time() + self._lifetime_s
         turns = 0
         while True:
-            message = await self._socket.receive()
+            try:
+                async with asyncio.timeout_at(ends):
+                    message = await self._socket.receive()
+            except TimeoutError:
+                await self._expire()
+                return
             if message["type"] == "websocket.disconnect":
                 return
             turns += 1
             record = RequestRecord(request_id=f"{self._request_id}-{turns}", method="WS", path=self._socket.url.path)
             try:
-                if not await self._answer(message.get("text") or (message.get("bytes") or b"").decode(), record):
+                text = message.get("text") or (message.get("bytes") or b"").decode(errors="replace")
+                if not await self._answer(text, record):
                     return
             finally:
                 self._log(record)
@@ -95,6 +112,17 @@ class ResponseSocket:
                 if not await self._send(frame):
                     return False  # closing the events cancels the generation
         return True
+
+    async def _expire(self) -> None:
+        minutes = f"{self._lifetime_s / 60:g}"
+        error = {
+            "type": "invalid_request_error",
+            "code": "websocket_connection_limit_reached",
+            "message": f"The connection reached its limit of {minutes} minutes; open a new one to go on.",
+            "param": None,
+        }
+        if await self._send(json.dumps({"type": "error", "status": 400, "error": error})):
+            await self._socket.close(code=1000)
 
     async def _send(self, text: str) -> bool:
         try:

@@ -158,6 +158,14 @@ def test_a_bad_message_is_an_error_for_its_turn_and_the_connection_goes_on(messa
         assert turn(socket, input="hi")[-1]["type"] == "response.completed"
 
 
+def test_a_binary_message_is_read_as_text():
+    with app_client(FakeDecoder(["OK."])) as client, client.websocket_connect("/v1/responses") as socket:
+        socket.send_bytes(b"\xff\xfe")
+        assert json.loads(socket.receive_text())["error"]["message"] == "The message is not valid JSON."
+        socket.send_bytes(json.dumps({"type": "response.create", "model": "echo", "input": "hi"}).encode())
+        assert json.loads(socket.receive_text())["type"] == "response.created"
+
+
 def test_a_message_over_the_body_cap_is_a_413_for_its_turn():
     decoder = FakeDecoder(["OK."])
     client = app_client(decoder)
@@ -271,3 +279,28 @@ def test_a_transcript_names_tools_and_images():
         "Instructions: Be brief.\nUser: Look [an image]\n"
         'Assistant called the tool zoom with {"x": 1}\nTool result: zoomed'
     )
+
+
+def test_a_connection_ends_after_its_lifetime_with_an_error_and_a_normal_close():
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocketDisconnect
+
+    from deployments.ingress.answer.reply import Reply
+    from deployments.ingress.responses.socket import ResponseSocket
+
+    async def unused(*args: Any) -> Reply:
+        raise AssertionError("no turn is sent")
+
+    async def endpoint(websocket):
+        await ResponseSocket(
+            websocket, unused, max_message_bytes=1024, request_id="ws", log=lambda record: None, lifetime_s=0.05
+        ).run()
+
+    app = Starlette(routes=[WebSocketRoute("/v1/responses", endpoint)])
+    with TestClient(app) as client, client.websocket_connect("/v1/responses") as socket:
+        expired = json.loads(socket.receive_text())
+        with pytest.raises(WebSocketDisconnect) as closed:
+            socket.receive_text()
+    assert (expired["status"], expired["error"]["code"]) == (400, "websocket_connection_limit_reached")
+    assert closed.value.code == 1000
