@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -39,13 +39,15 @@ from deployments.ingress.endpoints.messages import MessagesService
 from deployments.ingress.endpoints.responses import ResponseService
 from deployments.ingress.endpoints.tokenize import TokenizeService
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
-from deployments.ingress.responses.store import ResponseStorePort, delete_entry, stored_entry
+from deployments.ingress.responses.socket import ResponseSocket, connection_id
+from deployments.ingress.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
 from deployments.ingress.served_models import ServedModels
-from deployments.monitoring.access_log import AccessLog, record_of
+from deployments.monitoring.access_log import AccessLog, RequestRecord, record_of, turn_log_of
 from deployments.monitoring.metrics import Recorder
 from deployments.protocol.anthropic.messages import AnthropicErrorResponse, MessagesInput, MessagesRequest, TokenCount
 from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
+from deployments.protocol.openai.compact import CompactedResponse, CompactRequest
 from deployments.protocol.openai.completions import CompletionRequest
 from deployments.protocol.openai.responses import InputItemList, ResponseRequest
 from deployments.protocol.openai.tokenize import (
@@ -218,6 +220,28 @@ def build_api(
         record = record_of(request.state)
         record.model = body.model
         return _reply(await ResponseService(served.get(body.model).core).create(body, record, responses))
+
+    @api.websocket("/v1/responses")
+    async def response_socket(websocket: WebSocket) -> None:
+        """The WebSocket mode: `response.create` turns on one connection (`responses.socket`)."""
+
+        async def turn(body: ResponseRequest, record: RequestRecord, connection: ConnectionCache) -> Reply:
+            return await ResponseService(served.get(body.model).core).create(body, record, responses, connection)
+
+        rid = request_id(websocket.scope)
+        await ResponseSocket(
+            websocket,
+            turn,
+            max_message_bytes=guard.max_body_bytes,
+            request_id=connection_id() if rid == "unknown" else rid,
+            log=turn_log_of(websocket.state),
+        ).run()
+
+    @api.post("/v1/responses/compact", responses={200: {"model": CompactedResponse}, **_ERRORS})
+    async def compact_response(body: CompactRequest, request: Request) -> Any:
+        record = record_of(request.state)
+        record.model = body.model
+        return JSONResponse(await ResponseService(served.get(body.model).core).compact(body, record, responses))
 
     @api.get("/v1/responses/{response_id}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
     async def get_response(response_id: str) -> Any:

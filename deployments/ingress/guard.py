@@ -1,5 +1,9 @@
 """Request guard: API keys and the body size cap, checked before any route runs.
 
+A WebSocket handshake (the Responses API's WebSocket mode) needs a key as a request does: without
+one it is refused with the 401 as an HTTP response where the server can send one (the ASGI
+denial-response extension), or closed with code 1008 (policy violation) before it opens.
+
 A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so streamed responses pass
 through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
@@ -20,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from deployments.config import ServerConfig
 from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
@@ -78,7 +83,7 @@ class RequestGuard:
         self._settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         settings = self._settings
@@ -87,7 +92,13 @@ class RequestGuard:
             error = AuthenticationError(
                 "Invalid or missing API key; send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
             )
-            await _reject(error, {"WWW-Authenticate": "Bearer"}, scope, receive, send)
+            if scope["type"] == "websocket":
+                await _refuse_socket(error, scope, receive, send)
+            else:
+                await _reject(error, {"WWW-Authenticate": "Bearer"}, scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # each message's size is the socket's own check
+            await self.app(scope, receive, send)
             return
         if scope["method"] in _BODY_METHODS:
             body = await _read_body(headers, receive, settings.max_body_bytes)
@@ -159,3 +170,14 @@ async def _reject(error: ServiceError, headers: dict[str, Any], scope: Scope, re
         record_of(Request(scope).state).error = error.code or error.type  # the access log's reason, as elsewhere
         body = as_anthropic(error.status, body)
     await JSONResponse(body, status_code=error.status, headers=headers)(scope, receive, send)
+
+
+async def _refuse_socket(error: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
+    body = error_body(error.message, error.type, param=error.param, code=error.code)
+    socket = WebSocket(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await socket.send_denial_response(
+            JSONResponse(body, status_code=error.status, headers={"WWW-Authenticate": "Bearer"})
+        )
+    else:
+        await socket.close(code=1008, reason=error.message[:120])

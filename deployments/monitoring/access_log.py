@@ -4,7 +4,9 @@
 route, the API-key guard included. It puts a `RequestRecord` in the request's state, which the
 request logic fills (model, images, caption-cache hits, degradation, tokens, time to first token),
 and when the response's last byte has gone (or the client has gone) it writes the line and records
-`mmserve_http_requests`, `mmserve_requests_rejected` and the image and cache counters.
+`mmserve_http_requests`, `mmserve_requests_rejected` and the image and cache counters. A WebSocket
+connection's turns (the Responses API's WebSocket mode) each get their own record, line and
+metrics, written when the turn ends (`turn_log_of`).
 
 The line is readable text with the fields as ``key=value``; with `logging_config.encoding: JSON`
 in serve_config.yaml the same fields are JSON keys (Serve's ``ray_serve_extra_fields``), next to
@@ -28,6 +30,7 @@ from deployments.monitoring.metrics import Recorder
 logger = logging.getLogger("ray.serve")
 
 STATE_KEY = "record"
+TURN_LOG_KEY = "turn_log"
 
 
 @dataclass
@@ -98,6 +101,13 @@ def record_of(state: Any) -> RequestRecord:
     return record if isinstance(record, RequestRecord) else RequestRecord()
 
 
+def turn_log_of(state: Any) -> Callable[[RequestRecord], None]:
+    """What logs a WebSocket turn's record (its line and metrics, as a request's); a no-op outside
+    `AccessLog`."""
+    log = getattr(state, TURN_LOG_KEY, None)
+    return log if callable(log) else (lambda record: None)
+
+
 def _error_of(body: bytes) -> str | None:
     try:
         error = json.loads(body)["error"]
@@ -127,6 +137,8 @@ class AccessLog:
         self._models = frozenset(models)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # a line and metrics per turn, when the socket ends one
+            scope.setdefault("state", {})[TURN_LOG_KEY] = lambda record: self.finish(record, scope)
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -262,6 +263,33 @@ def test_health_is_open_without_a_key(service, http):
     assert http.get("/health").status_code == 200
     assert http.get("/v1/models").status_code == 401
     assert http.get("/v1/models", headers=AUTH).json()["data"][0]["id"] == MODEL
+
+
+def test_the_websocket_mode_needs_the_key_and_answers_hostile_messages(service):
+    """/v1/responses over a WebSocket through Serve's proxy: a handshake without the key is a 401;
+    with it, a message that is not JSON or is over the body cap gets its error, and the connection
+    goes on to answer a turn."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = f"ws://127.0.0.1:{PORT}/v1/responses"
+    with pytest.raises(InvalidStatus) as refused, connect(url, open_timeout=60):
+        pass
+    assert refused.value.response.status_code == 401
+    with connect(url, additional_headers=AUTH, open_timeout=60, max_size=None) as socket:
+        errors = []
+        for message in ("not json", json.dumps({"type": "response.create", "input": "x" * MAX_BODY})):
+            socket.send(message)
+            errors.append(json.loads(socket.recv(timeout=60)))
+        assert [(e["type"], e["status"], e["error"]["code"]) for e in errors] == [
+            ("error", 400, "invalid_request_error"),
+            ("error", 413, "request_too_large"),
+        ]
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
+        events = [json.loads(socket.recv(timeout=120))]
+        while events[-1]["type"] not in ("response.completed", "response.incomplete", "response.failed", "error"):
+            events.append(json.loads(socket.recv(timeout=120)))
+    assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
 
 
 def test_logs_hold_no_key_and_no_image_bytes(service, http):

@@ -154,3 +154,61 @@ async def test_an_agents_sdk_agent_calls_its_tool_whole_and_streamed(client, mod
     async for _ in streamed.stream_events():
         pass
     assert streamed.final_output == whole.final_output
+
+
+def socket_turn(connection, **body: object) -> list:
+    """One response.create on an open WebSocket connection (the openai client's): its events, up
+    to its last."""
+    connection.response.create(**body)
+    events = []
+    for event in connection:
+        events.append(event)
+        if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return events
+    raise AssertionError("the connection closed in the middle of a turn")
+
+
+def test_websocket_turns_continue_on_their_connection_only(client):
+    """The openai client's WebSocket mode through Serve's proxy: turns one after the other on one
+    connection, a store: false response continued there, and not after a reconnect."""
+    with client.responses.connect() as connection:
+        first = socket_turn(connection, model=ECHO, input="the code word is cobalt", store=False)
+        second = socket_turn(
+            connection, model=ECHO, input="which word?", store=False, previous_response_id=first[-1].response.id
+        )
+        other = socket_turn(connection, model=SMOL, input="Say hello.", max_output_tokens=8)
+    assert [e.sequence_number for e in first] == list(range(len(first)))
+    assert first[-1].type == second[-1].type == "response.completed"
+    assert "cobalt" in second[-1].response.output_text  # the echo holds the earlier turn
+    assert other[-1].type in ("response.completed", "response.incomplete") and other[-1].response.output_text
+    with client.responses.connect() as connection:
+        missed = socket_turn(
+            connection, model=ECHO, input="again?", store=False, previous_response_id=first[-1].response.id
+        )
+        recovered = socket_turn(connection, model=ECHO, input="start over", store=False)
+    assert missed[-1].type == "error" and missed[-1].status == 400
+    assert missed[-1].error.code == "previous_response_not_found"
+    assert recovered[-1].type == "response.completed"
+
+
+def test_compact_on_the_offline_default_and_a_new_chain_from_it(client):
+    """The 135M model writes the summary; a new WebSocket chain starts from the compacted output."""
+    conversation = [
+        {"role": "user", "content": "We agreed to launch on Tuesday and notify support first."},
+        {"role": "assistant", "content": "Understood. The launch is Tuesday, with support notified beforehand."},
+    ]
+    compacted = client.responses.compact(model=SMOL, input=conversation)
+    assert compacted.object == "response.compaction"
+    assert [item.type for item in compacted.output] == ["message", "compaction"]
+    assert compacted.output[-1].encrypted_content  # the summary, in plain text
+    assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0
+    # The client types the kept user messages (input_text) as output messages: no warnings for that.
+    following = [item.model_dump(exclude_none=True, warnings=False) for item in compacted.output]
+    with client.responses.connect() as connection:
+        events = socket_turn(
+            connection, model=ECHO, input=[*following, {"role": "user", "content": "When?"}], store=False
+        )
+    assert (
+        "Summary of our conversation so far: " + compacted.output[-1].encrypted_content
+        in events[-1].response.output_text
+    )

@@ -29,10 +29,11 @@ DONE = "data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Framing:
-    """How an API frames a stream's end: `error` makes the one event of an error after the first
-    byte (it records the error on the access log's record), `end` is sent last whatever happened."""
+    """How an API frames a stream's end: `error` makes the event (or events) of an error after the
+    first byte (it records the error on the access log's record), `end` is sent last whatever
+    happened."""
 
-    error: Callable[[Exception, RequestRecord], str]
+    error: Callable[[Exception, RequestRecord], str | list[str]]
     end: str | None = DONE
 
 
@@ -99,8 +100,10 @@ async def framed(
             async for item in events:
                 yield item
         done = True
-    except Exception as exc:  # after the first byte: one error event, then the end marker
-        yield framing.error(exc, record)
+    except Exception as exc:  # after the first byte: the error's event(s), then the end marker
+        failed = framing.error(exc, record)
+        for item in [failed] if isinstance(failed, str) else failed:
+            yield item
         done = True
     finally:
         if not done:  # the client went away: free the decoder slots now

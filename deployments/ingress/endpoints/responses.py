@@ -7,37 +7,63 @@ every ingress replica reaches (`responses.store`) before its last event or its b
 client can continue it at once; a failed response is not kept.
 
 A request answered without some of its images says so as chat does: the `vision` field and
-`system_fingerprint` on the response, the `X-Vision-Degraded` header, the notice before the text."""
+`system_fingerprint` on the response, the `X-Vision-Degraded` header, the notice before the text.
+
+A turn of the WebSocket mode (`responses.socket`) is a streamed create on its `ConnectionCache`: its
+events are WebSocket messages, it continues the connection's last response first, and its own
+response is remembered there, `store` or not. `compact` is /v1/responses/compact: the summary that
+the model writes of the conversation (`responses.compaction`)."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
 
+from deployments.errors import InvalidRequestError
+from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.reply import Framing, Reply, streamed, whole
-from deployments.ingress.responses.items import Item, as_input, chat_messages, stored_item, text_grammar, tool_plan
-from deployments.ingress.responses.output import ResponseEvents, ResponseOutput
-from deployments.ingress.responses.store import Entry, ResponseStorePort, earlier_entry
+from deployments.ingress.responses.compaction import compacted_output, summary_request
+from deployments.ingress.responses.items import (
+    Item,
+    as_input,
+    chat_messages,
+    item_id,
+    stored_item,
+    text_grammar,
+    tool_plan,
+)
+from deployments.ingress.responses.output import (
+    ResponseEvents,
+    ResponseOutput,
+    response_usage,
+    socket_frame,
+    sse_frame,
+)
+from deployments.ingress.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
 from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
+from deployments.protocol.openai.compact import CompactedResponse, CompactRequest
 from deployments.protocol.openai.responses import Response, ResponseRequest
-from deployments.protocol.replica import GenerateRequest
+from deployments.protocol.replica import GenerateChunk, GenerateRequest
 
 
 class ResponseService:
     def __init__(self, core: AnswerCore) -> None:
         self._core = core
 
-    async def create(self, body: ResponseRequest, record: RequestRecord, store: ResponseStorePort | None) -> Reply:
+    async def create(
+        self,
+        body: ResponseRequest,
+        record: RequestRecord,
+        store: ResponseStorePort | None,
+        connection: ConnectionCache | None = None,
+    ) -> Reply:
         """`record`: what this request's access-log line and metrics say; `store`: the responses kept
-        (None: none are)."""
+        (None: none are); `connection`: the WebSocket connection's cache, for a turn of that mode."""
         core = self._core
-        conversation: list[dict[str, Any]] = []
-        if body.previous_response_id is not None:
-            earlier = await earlier_entry(store, body.previous_response_id)
-            conversation = earlier["conversation"] + [as_input(item) for item in earlier["response"]["output"]]
+        conversation = await _conversation(store, body.previous_response_id, connection)
         plan = tool_plan(body)
         deadline = core.deadline()
         async with deadline.within():
@@ -55,10 +81,10 @@ class ResponseService:
         degraded = seen.degraded
         output = ResponseOutput(plan, degraded.notice if degraded else None)
         base = echoed(body, f"resp_{secrets.token_hex(12)}", core.model, degraded)
-        kept = _Keeper(store if body.store else None, body, conversation)
+        kept = _Keeper(store if body.store else None, body, conversation, connection)
         headers = degraded.headers if degraded else {}
         if body.stream:
-            events = ResponseEvents(base, output)
+            events = ResponseEvents(base, output, socket_frame if connection is not None else sse_frame)
 
             async def end(usage: Usage) -> str:
                 return events.end(await kept(output.response(base)))
@@ -68,6 +94,38 @@ class ResponseService:
         await whole(generation, output.tally, output.feed)
         return Reply(headers, body=(await kept(output.response(base))).model_dump())
 
+    async def compact(self, body: CompactRequest, record: RequestRecord, store: ResponseStorePort | None) -> dict:
+        """The conversation (that of `previous_response_id`, then the input) compacted: its user
+        messages and the summary that the model writes of it, with the summary's usage."""
+        items = _items(await _conversation(store, body.previous_response_id)) + body.items
+        if not items:
+            raise InvalidRequestError("Nothing to compact: send input, previous_response_id or both.", param="input")
+        generation = await self._core.generate(
+            [summary_request(body.instructions, items)], self._core.deadline(), record
+        )
+        tally: Tally[str] = Tally(1)
+        summary: list[str] = []
+
+        def feed(chunk: GenerateChunk) -> None:
+            summary.append(chunk.text)
+            if chunk.finish_reason is not None:
+                tally.end(chunk, chunk.finish_reason)
+
+        await whole(generation, tally, feed)
+        output = compacted_output(items, "".join(summary))
+        return CompactedResponse(id=item_id("resp"), output=output, usage=response_usage(tally.usage())).model_dump()
+
+
+async def _conversation(
+    store: ResponseStorePort | None, previous: str | None, connection: ConnectionCache | None = None
+) -> list[dict[str, Any]]:
+    """The items of the conversation that `previous` (a response's id) ended: its input and output,
+    and those it continued."""
+    if previous is None:
+        return []
+    earlier = await earlier_entry(store, previous, connection)
+    return earlier["conversation"] + [as_input(item) for item in earlier["response"]["output"]]
+
 
 def _items(conversation: list[dict[str, Any]]) -> list[Item]:
     """Stored items as the request's models (they were validated when they came)."""
@@ -76,22 +134,32 @@ def _items(conversation: list[dict[str, Any]]) -> list[Item]:
 
 
 class _Keeper:
-    """Keeps a finished response in the store (when there is one and `store` is true), with the
-    request's input items and the conversation before them."""
+    """Keeps a finished response in the store (when there is one and `store` is true) and on its
+    WebSocket connection (a turn of that mode), with the request's input items and the
+    conversation before them."""
 
-    def __init__(self, store: ResponseStorePort | None, body: ResponseRequest, conversation: list[dict[str, Any]]):
+    def __init__(
+        self,
+        store: ResponseStorePort | None,
+        body: ResponseRequest,
+        conversation: list[dict[str, Any]],
+        connection: ConnectionCache | None,
+    ):
         self._store = store
         self._input = [stored_item(item) for item in body.items]
         self._conversation = conversation
+        self._connection = connection
 
     async def __call__(self, response: Response) -> Response:
+        entry: Entry = {
+            "response": response.model_dump(),
+            "input": self._input,
+            "conversation": self._conversation + self._input,
+        }
         if self._store is not None:
-            entry: Entry = {
-                "response": response.model_dump(),
-                "input": self._input,
-                "conversation": self._conversation + self._input,
-            }
             await self._store.put(response.id, entry)
+        if self._connection is not None:
+            self._connection.remember(response.id, entry)
         return response
 
 

@@ -10,6 +10,10 @@ plan and the grammar.
   it has none yet); a `function_call_output` is a tool message with the output's text, and the
   images of outputs (a screenshot from a computer-use tool) follow the tool messages as a user
   turn, so that they reach the decoder as any image does.
+- A `compaction` item (the summary that /v1/responses/compact wrote) is an assistant message that
+  gives the summary of the conversation before it.
+- A `function_call_output` answers a `function_call` earlier in the conversation (`call_id`);
+  one that answers none is a 400, as OpenAI's.
 - Every item is stored as it came (`stored_item`), with an id, and an answer's output items become
   input items again (`as_input`) for a later response that continues it.
 """
@@ -20,6 +24,7 @@ import json
 import secrets
 from typing import Any
 
+from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.chat import (
     AssistantMessage,
     ChatMessage,
@@ -31,6 +36,7 @@ from deployments.protocol.openai.chat import (
 )
 from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
 from deployments.protocol.openai.responses import (
+    CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputImage,
@@ -43,7 +49,9 @@ from deployments.protocol.openai.responses import (
 from deployments.protocol.replica import GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | CompactionItem
+
+SUMMARY_INTRO = "Summary of our conversation so far:"
 
 
 def item_id(prefix: str) -> str:
@@ -52,6 +60,7 @@ def item_id(prefix: str) -> str:
 
 def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessage]:
     """The chat of `instructions`, the `earlier` items and the request's own."""
+    _check_call_outputs(earlier, body.items)
     messages: list[ChatMessage] = []
     if body.instructions:
         messages.append(SystemMessage(role="system", content=body.instructions))
@@ -66,6 +75,8 @@ def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessag
             images += shown
         elif isinstance(item, FunctionCallItem):
             _add_call(messages, item)
+        elif isinstance(item, CompactionItem):
+            messages.append(AssistantMessage(role="assistant", content=f"{SUMMARY_INTRO} {item.encrypted_content}"))
         else:
             text, shown = _output(item)
             messages.append(ToolMessage(role="tool", content=text, tool_call_id=item.call_id))
@@ -73,6 +84,19 @@ def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessag
     if images:
         messages.append(_images_turn(images, tools=isinstance(messages[-1], ToolMessage)))
     return messages
+
+
+def _check_call_outputs(earlier: list[Item], items: list[Item]) -> None:
+    """Each function call output of the request answers a call before it in the conversation."""
+    calls = {item.call_id for item in earlier if isinstance(item, FunctionCallItem)}
+    for index, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
+            raise InvalidRequestError(
+                f"No tool call found for function call output with call_id {item.call_id!r}.",
+                param=f"input[{index}].call_id",
+            )
 
 
 def _image(part: InputImage) -> ImagePart:
@@ -160,7 +184,7 @@ def stored_item(item: Item) -> dict[str, Any]:
     if data["type"] == "message" and isinstance(data["content"], str):
         part = "output_text" if data["role"] == "assistant" else "input_text"
         data["content"] = [{"type": part, "text": data["content"]}]
-    prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}[data["type"]]
+    prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "compaction": "cmp"}[data["type"]]
     data["id"] = data.get("id") or item_id(prefix)
     return data
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from deployments.errors import to_openai_error
@@ -21,6 +22,7 @@ from deployments.ingress.answer.choices import Tally
 from deployments.ingress.responses.items import item_id
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ToolCallDelta
+from deployments.protocol.openai.common import Usage
 from deployments.protocol.openai.responses import (
     IncompleteDetails,
     InputTokensDetails,
@@ -37,6 +39,27 @@ from deployments.tools.plan import ToolPlan
 
 Finish = Literal["completed", "incomplete"]
 Event = dict[str, Any]
+
+
+def sse_frame(data: Event) -> str:
+    """An event over HTTP: a server-sent event named by its type."""
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
+
+
+def socket_frame(data: Event) -> str:
+    """An event in WebSocket mode: one text message, the event's JSON."""
+    return json.dumps(data)
+
+
+def response_usage(usage: Usage) -> ResponseUsage:
+    """The answer core's usage as the Responses API counts it."""
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=cached),
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
 
 
 class ResponseOutput:
@@ -158,8 +181,6 @@ class ResponseOutput:
 
     def response(self, base: Response) -> Response:
         """`base` (the echoed request fields) with this output, its status and its usage."""
-        usage = self.tally.usage()
-        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
         return base.model_copy(
             update={
                 "status": self.finish or "in_progress",
@@ -168,12 +189,7 @@ class ResponseOutput:
                 if self.finish == "incomplete"
                 else None,
                 "output": list(self.items),
-                "usage": ResponseUsage(
-                    input_tokens=usage.prompt_tokens,
-                    input_tokens_details=InputTokensDetails(cached_tokens=cached),
-                    output_tokens=usage.completion_tokens,
-                    total_tokens=usage.total_tokens,
-                ),
+                "usage": response_usage(self.tally.usage()),
             },
             deep=True,
         )
@@ -181,17 +197,19 @@ class ResponseOutput:
 
 class ResponseEvents:
     """The stream's events for `output`: each with its `sequence_number`, the opening ones before
-    the first chunk's, the final one (`end`) with the whole response."""
+    the first chunk's, the final one (`end`) with the whole response; `frame` makes each the text
+    its transport sends (a server-sent event, or a WebSocket message)."""
 
-    def __init__(self, base: Response, output: ResponseOutput) -> None:
+    def __init__(self, base: Response, output: ResponseOutput, frame: Callable[[Event], str] = sse_frame) -> None:
         self._base = base
         self._output = output
+        self._frame = frame
         self._sequence = 0
 
     def event(self, data: Event) -> str:
         data["sequence_number"] = self._sequence
         self._sequence += 1
-        return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
+        return self._frame(data)
 
     def feed(self, chunk: GenerateChunk) -> list[str]:
         opening: list[Event] = []
@@ -206,7 +224,7 @@ class ResponseEvents:
     def end(self, response: Response) -> str:
         return self.event({"type": f"response.{response.status}", "response": response.model_dump()})
 
-    def error(self, exc: Exception, record: RequestRecord) -> str:
+    def error(self, exc: Exception, record: RequestRecord) -> list[str]:
         """An error after the first event: an `error` event, then `response.failed`."""
         status, body, _ = to_openai_error(exc, record.request_id)
         error = body["error"]
@@ -220,4 +238,4 @@ class ResponseEvents:
             "message": error["message"],
             "param": error["param"],
         }
-        return self.event(data) + self.end(failed)
+        return [self.event(data), self.end(failed)]

@@ -1,6 +1,8 @@
 """The store of /v1/responses (`store: true`): each response with its input and the conversation
 it continued, for `previous_response_id`, `GET`/`DELETE /v1/responses/{id}` and its input items.
 
+A WebSocket connection also remembers its last response, stored or not (`ConnectionCache`).
+
 Every ingress replica reaches the same store: one named Ray actor per Serve application
 (`ResponseStore` starts it on first use or finds it, `get_if_exists`), detached, so that it outlives
 any one replica and a redeploy of the application (stored responses survive a rolling update; the
@@ -97,12 +99,18 @@ class ResponseStore:
         return deleted
 
 
-async def earlier_entry(store: ResponseStorePort | None, response_id: str) -> Entry:
-    """The stored response that a request continues (`previous_response_id`)."""
-    entry = await store.get(response_id) if store is not None else None
+async def earlier_entry(
+    store: ResponseStorePort | None, response_id: str, connection: ConnectionCache | None = None
+) -> Entry:
+    """The response that a request continues (`previous_response_id`): its WebSocket connection's
+    last one, or a stored one."""
+    entry = connection.take(response_id) if connection is not None else None
+    if entry is None and store is not None:
+        entry = await store.get(response_id)
     if entry is None:
         raise PreviousResponseNotFound(
-            f"Previous response with id {response_id!r} not found (unknown, deleted, or evicted from the store).",
+            f"Previous response with id {response_id!r} not found (unknown, deleted, or evicted from the store; "
+            "a store: false response is continued only on its WebSocket connection, by the next turn).",
             param="previous_response_id",
         )
     return entry
@@ -124,3 +132,27 @@ async def delete_entry(store: ResponseStorePort | None, response_id: str) -> Non
     """Forget a stored response (the DELETE route)."""
     if store is None or not await store.delete(response_id):
         raise _not_found(response_id)
+
+
+class ConnectionCache:
+    """A WebSocket connection's own memory of its most recent response (OpenAI's connection-local
+    cache), `store: false` or not, so that the next turn on the connection continues it; nothing
+    outlives the connection. A continuation takes its response out (`take`): when the turn
+    succeeds its own response is remembered instead, and when it fails nothing is, so that a failed
+    continuation cannot be continued again (a stored response is still found in the store)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, Entry] | None = None
+
+    def take(self, response_id: str) -> Entry | None:
+        if self._last is None or self._last[0] != response_id:
+            return None
+        entry, self._last = self._last[1], None
+        return entry
+
+    def remember(self, response_id: str, entry: Entry) -> None:
+        self._last = (response_id, entry)
+
+    def forget(self, response_id: str | None) -> None:
+        if self._last is not None and self._last[0] == response_id:
+            self._last = None

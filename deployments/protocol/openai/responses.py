@@ -68,6 +68,16 @@ class FunctionCallOutputItem(RequestModel):
     status: str | None = None
 
 
+class CompactionItem(RequestModel):
+    """The summary that /v1/responses/compact wrote, sent back as it came: this server's
+    `encrypted_content` is the summary's plain text (nothing is encrypted)."""
+
+    type: Literal["compaction"]
+    encrypted_content: str = Field(max_length=10_485_760)
+    id: str | None = None
+    created_by: str | None = None
+
+
 def _item_type(value: Any) -> str:
     """An item's tag: its `type`, ``message`` when a message leaves it out (OpenAI's easy form)."""
     item_type = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
@@ -77,7 +87,8 @@ def _item_type(value: Any) -> str:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CompactionItem, Tag("compaction")],
     Discriminator(_item_type),
 ]
 
@@ -252,11 +263,30 @@ class ResponseRequest(RequestModel):
         return value
 
     @property
-    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | CompactionItem]:
         """The input as items (a string is one user message)."""
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)
+
+
+class ResponseCreateEvent(ResponseRequest):
+    """A turn of the WebSocket mode (`response.create`): the create body and its `type`. Every turn
+    streams its events on the socket, so the HTTP transport's `stream`, `stream_options` and
+    `background` are not sent."""
+
+    type: Literal["response.create"]
+
+    @field_validator("stream", "stream_options", "background", mode="before")
+    @classmethod
+    def _not_in_websocket_mode(cls, value: Any) -> Any:
+        raise ValueError("not sent in WebSocket mode (every turn streams its events on the socket)")
+
+    def request(self) -> ResponseRequest:
+        """The turn as the create body (streamed)."""
+        return ResponseRequest.model_validate(
+            {**self.model_dump(exclude={"type"}, exclude_unset=True, by_alias=True), "stream": True}
+        )
 
 
 # The response.

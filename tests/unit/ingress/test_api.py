@@ -98,6 +98,7 @@ async def test_the_spec_has_no_422_and_keeps_its_operations():
         "tokenize_tokenize_post",
         "detokenize_detokenize_post",
         "create_response_v1_responses_post",
+        "compact_response_v1_responses_compact_post",
         "get_response_v1_responses__response_id__get",
         "delete_response_v1_responses__response_id__delete",
         "response_input_items_v1_responses__response_id__input_items_get",
