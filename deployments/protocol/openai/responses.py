@@ -211,7 +211,7 @@ class ResponseRequest(RequestModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools_only(cls, value: Any) -> Any:
-        for tool in value or []:
+        for tool in value if isinstance(value, list) else []:  # any other type: the list's own 400
             if isinstance(tool, dict) and tool.get("type") != "function":
                 raise ValueError(f"a tool of type {tool.get('type')!r}: {_HOSTED}")
         return value

@@ -248,6 +248,7 @@ async def test_the_store_is_bounded_by_count_and_age():
         ({"conversation": "conv_1"}, "conversation", "not supported"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", ""),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": True}, "tools", ""),  # not a list: a 400, not the validator's TypeError (a 500)
     ],
 )
 async def test_what_is_not_honoured_is_a_400_naming_it(fields, param, words):
