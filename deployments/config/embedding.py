@@ -67,4 +67,3 @@ class EmbeddingConfig(StrictModel):
         if len(set(self.dimensions)) != len(self.dimensions):
             raise ValueError(f"dimensions: a size is listed twice in {self.dimensions}")
         return self
-

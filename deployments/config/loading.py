@@ -22,10 +22,9 @@ file's values and are validated by the same models.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
-
-import importlib.util
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError

@@ -112,7 +112,11 @@ ENGINES: dict[str, EngineSpec] = {
         # runs in Python, which no OpenMP barrier spans: CPU_DECODERS processes with a share of the
         # cores each (1.4x one replica with both cores, docs/benchmarks.md).
         EngineSpec(
-            TRANSFORMERS, _transformers_text, _transformers_caption, replica_env=TORCH_ENV, embed_engine=_transformers_embed
+            TRANSFORMERS,
+            _transformers_text,
+            _transformers_caption,
+            replica_env=TORCH_ENV,
+            embed_engine=_transformers_embed,
         ),
         # A GGUF file on llama.cpp's CPU kernels: it batches its slots in one process on OpenMP
         # threads over all the cores it is given, so one replica, its threads its cores. It runs the

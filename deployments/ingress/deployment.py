@@ -18,8 +18,8 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig
 from deployments.ingress.answer.core import AnswerCore
-from deployments.ingress.embedders import EmbeddingCore
 from deployments.ingress.api import build_api
+from deployments.ingress.embedders import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.responses.store import ResponseStore
@@ -120,7 +120,7 @@ class Ingress:
         )
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
-            ", ".join(repr(m.name) for m in [*config.models, *config.embedders]),
+            ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
             f"{len(self._guard.keys)} API key(s) required" if self._guard.keys else "no API keys (open)",
             server.max_body_bytes,
             server.request_timeout_s,

@@ -13,9 +13,7 @@ from deployments.protocol.replica import EmbedRequest, EmbedResult
 
 
 class EmbeddingCore:
-    def __init__(
-        self, embedder: EmbedderHandle, *, model_name: str, max_inputs: int, request_timeout_s: float
-    ) -> None:
+    def __init__(self, embedder: EmbedderHandle, *, model_name: str, max_inputs: int, request_timeout_s: float) -> None:
         """`max_inputs`: the entry's `embedding.max_inputs_per_request`."""
         self._embedder = embedder
         self.model = model_name
@@ -33,7 +31,7 @@ class EmbeddingCore:
         request = EmbedRequest(inputs=inputs, dimensions=dimensions)
         try:
             async with asyncio.timeout(self._timeout_s):
-                return await self._embedder.embed.remote(request)  # type: ignore[no-any-return]
+                return await self._embedder.embed.remote(request)
         except TimeoutError:
             raise RequestTimeoutError(
                 f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s)."

@@ -16,8 +16,8 @@ from deployments.options.scaling import (
     EMBEDDER_ONGOING,
     EMBEDDER_TARGET,
     GPU_CAPTIONERS,
-    GPU_EMBEDDERS,
     GPU_DECODERS,
+    GPU_EMBEDDERS,
     queue_bounds,
     refuse,
     scaling,
@@ -173,7 +173,9 @@ def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, A
     count: dict[str, Any] = {"num_replicas": 1}
     if share or model.deployment.autoscaling is not None:
         top = GPU_EMBEDDERS if share else 1
-        count = {"autoscaling_config": scaling(app_args, model, max_replicas=top, target=EMBEDDER_TARGET, role="embedder")}
+        count = {
+            "autoscaling_config": scaling(app_args, model, max_replicas=top, target=EMBEDDER_TARGET, role="embedder")
+        }
     options = {
         **queue_bounds(model.deployment, EMBEDDER_ONGOING),
         **count,

@@ -110,9 +110,7 @@ def test_token_ids_embed_as_their_text(client, reference):
     one = client.embeddings.create(model=MODEL, input=ids[0])
     several = client.embeddings.create(model=MODEL, input=ids)
     np.testing.assert_allclose(one.data[0].embedding, by_text.data[0].embedding, atol=1e-6)
-    np.testing.assert_allclose(
-        [d.embedding for d in several.data], [d.embedding for d in by_text.data], atol=1e-6
-    )
+    np.testing.assert_allclose([d.embedding for d in several.data], [d.embedding for d in by_text.data], atol=1e-6)
     assert several.usage.prompt_tokens == sum(len(i) for i in ids)
 
 

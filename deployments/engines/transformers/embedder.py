@@ -43,7 +43,11 @@ def sentence_transformers_layout(folder: Path) -> dict[str, Any]:
         pooling_file = folder / module.get("path", "") / "config.json"
         if module.get("type", "").endswith(".Pooling") and pooling_file.is_file():
             config = json.loads(pooling_file.read_text())
-            modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "last": "pooling_mode_lasttoken"}
+            modes = {
+                "cls": "pooling_mode_cls_token",
+                "mean": "pooling_mode_mean_tokens",
+                "last": "pooling_mode_lasttoken",
+            }
             found["pooling"] = next((mode for mode, key in modes.items() if config.get(key)), "mean")
     bert_config = folder / "sentence_bert_config.json"
     if bert_config.is_file():

@@ -35,7 +35,8 @@ class EmbeddingService:
         return {
             "object": "list",
             "data": [
-                {"object": "embedding", "index": i, "embedding": encode(vector)} for i, vector in enumerate(result.vectors)
+                {"object": "embedding", "index": i, "embedding": encode(vector)}
+                for i, vector in enumerate(result.vectors)
             ],
             "model": self.core.model,
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
