@@ -99,6 +99,12 @@ def _llama_cpp_text(model: ModelConfig) -> TextEngine:
     return LlamaCppVisionEngine(model) if native else LlamaCppTextEngine(model)
 
 
+def _llama_cpp_embed(model: ModelConfig) -> EmbedEngine:
+    from deployments.engines.llamacpp.embedder import LlamaCppEmbedEngine
+
+    return LlamaCppEmbedEngine(model)
+
+
 def _llama_cpp_caption(model: ModelConfig) -> CaptionEngine:
     from deployments.engines.llamacpp import LlamaCppCaptionEngine
 
@@ -129,6 +135,7 @@ ENGINES: dict[str, EngineSpec] = {
             cpu_replicas=1,
             threads_are_cores=True,
             replica_env=OPENMP_ENV,
+            embed_engine=_llama_cpp_embed,
         ),
         # Deterministic, shipped for tests and demos (its settings: the entry's `fake:` section);
         # computes nothing, so its processes need nothing.

