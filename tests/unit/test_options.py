@@ -478,3 +478,20 @@ def test_before_ray_is_initialized_the_builder_inherits_nothing(monkeypatch):
     options = for_replicas("Ingress", INGRESS_OPTIONS, drain_s=1)
     assert options["ray_actor_options"] == {"num_cpus": 0, "runtime_env": {"env_vars": REPLICA_ENV["Ingress"]}}
     assert INGRESS_OPTIONS["ray_actor_options"] == {"num_cpus": 0}
+
+
+def test_an_embedding_model_is_one_cpu_replica_sharing_the_cores_or_autoscales_on_a_gpu_share():
+    from deployments.config import EmbeddingConfig
+    from deployments.options import embedder_options
+
+    entry = ModelConfig(name="emb", local_path="/m", embedding=EmbeddingConfig())
+    options, placed = embedder_options(AppArgs(), entry)
+    assert options["num_replicas"] == 1 and "autoscaling_config" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 0, "num_gpus": 0.0}
+    assert placed.engine == "transformers"
+    gguf = entry.model_copy(update={"weight_file": "m.gguf"})
+    assert embedder_options(AppArgs(), gguf)[1].engine == "llama.cpp"  # auto: a GGUF file on CPU
+    options, placed = embedder_options(AppArgs(embedder_gpus=0.5), gguf)
+    assert options["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.5}
+    assert options["autoscaling_config"]["max_replicas"] == 2
+    assert placed.engine == "transformers"  # on a GPU share
