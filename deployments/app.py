@@ -3,7 +3,8 @@
 Two Serve applications, so that a captioner that cannot start (OOM, no weights, no GPU to
 schedule on) never takes the main application out of RUNNING:
 
-- `build_app(args)`: Ingress -> one PrimaryDecoder per primary model (the main application, HTTP on /)
+- `build_app(args)`: Ingress -> one PrimaryDecoder per primary model, and one TextEmbedder per
+  embedding model (the main application, HTTP on /)
 - `build_captioner_app(args)`: one VisionCaptioner per captioner that a primary names (found by
   the ingress by application and deployment name); two primaries that name the same captioner share it
 
@@ -20,17 +21,19 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.config import AUTO, ModelConfig, cpu_cores, parse_args, resolve_plan
-from deployments.ingress.deployment import Ingress, IngressConfig, ServedModelConfig
+from deployments.ingress.deployment import Ingress, IngressConfig, ServedEmbedderConfig, ServedModelConfig
 from deployments.options import (
     INGRESS_OPTIONS,
     captioner_options,
     decoder_options,
     deployment_name,
+    embedder_options,
     for_replicas,
     placed_captioner,
 )
 from deployments.replicas.captioner import VisionCaptioner
 from deployments.replicas.decoder import PrimaryDecoder
+from deployments.replicas.embedder import TextEmbedder
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
@@ -72,14 +75,33 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
                 else None,
             )
         )
+    embedders, embedding = {}, []
+    for model in plan.embedders:
+        options, placed = embedder_options(app_args, model)
+        name = deployment_name(Role.EMBEDDER, placed, len(plan.embedders) > 1)
+        logger.info(
+            "building main app: embedder=%s engine=%s%s deployment=%s options=%s embedding=%s",
+            placed.name,
+            placed.engine,
+            " (auto)" if model.engine == AUTO else "",
+            name,
+            options,
+            placed.embedding,
+        )
+        options = for_replicas(TextEmbedder.name, options, drain_s=deadline)
+        embedders[placed.name] = TextEmbedder.options(name=name, **options).bind(placed, plan.lifecycle)
+        assert placed.embedding is not None  # plan.embedders are the entries with the section
+        embedding.append(ServedEmbedderConfig(name=placed.name, max_inputs=placed.embedding.max_inputs_per_request))
     config = IngressConfig(
         models=served,
+        embedders=embedding,
         vision=plan.vision,
         captioner_app=plan.captioner_app,
         images=plan.images,
         server=plan.server,
     )
-    return Ingress.options(**for_replicas(Ingress.name, INGRESS_OPTIONS, drain_s=deadline)).bind(config, decoders)
+    ingress = Ingress.options(**for_replicas(Ingress.name, INGRESS_OPTIONS, drain_s=deadline))
+    return ingress.bind(config, decoders, embedders)
 
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:

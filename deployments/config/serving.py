@@ -10,6 +10,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.embedding import EmbeddingConfig
 from deployments.config.params import EngineParams
 from deployments.config.strict import StrictModel
 from deployments.config.vision import VisionMode
@@ -180,6 +181,15 @@ class AppArgs(StrictModel):
     )
     captioner: EngineParams = Field(
         default_factory=EngineParams, description="Overrides of every captioner's params (only the fields given)."
+    )
+    embedder: EmbeddingConfig = Field(
+        default_factory=EmbeddingConfig,
+        description="Overrides of every embedding model's `embedding:` section (only the fields given).",
+    )
+    embedder_gpus: GpuShare = Field(
+        0.0,
+        description="num_gpus per embedding replica unless its deployment.num_gpus says; default 0: CPU (auto: "
+        "half a GPU when the cluster has GPUs).",
     )
     captioner_app: str = Field("vision", description="Serve application that runs the captioner.")
     decoder_gpus: GpuShare = Field("auto", description="num_gpus per decoder replica; auto: 0.5 with GPUs.")

@@ -4,7 +4,16 @@ folder (`transformers/`, `llamacpp/`), the deterministic `fake`, or your own `mo
 library shares sits here: the context fitting (`context`), the request batcher (`batcher`) and image
 decoding (`images`). Replicas only see `TextEngine` and `CaptionEngine`."""
 
-from deployments.engines.base import CaptionEngine, Engine, EngineOutput, TextEngine
-from deployments.engines.factory import create_caption_engine, create_text_engine
+from deployments.engines.base import CaptionEngine, EmbedEngine, Engine, EngineOutput, TextEngine
+from deployments.engines.factory import create_caption_engine, create_embed_engine, create_text_engine
 
-__all__ = ["CaptionEngine", "Engine", "EngineOutput", "TextEngine", "create_caption_engine", "create_text_engine"]
+__all__ = [
+    "CaptionEngine",
+    "EmbedEngine",
+    "Engine",
+    "EngineOutput",
+    "TextEngine",
+    "create_caption_engine",
+    "create_embed_engine",
+    "create_text_engine",
+]

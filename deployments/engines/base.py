@@ -85,3 +85,27 @@ class CaptionEngine(Engine):
     @abstractmethod
     def caption(self, images: list[Image.Image], prompts: list[str]) -> list[str]:
         """Blocking; called in a worker thread."""
+
+
+class EmbedEngine(Engine):
+    """Turns texts into token ids and token ids into one vector each, pooled and normalised as its
+    entry's `embedding:` section resolves (`pooling`, `normalize` here are the resolved values). The
+    replica checks lengths and ids against `max_input_tokens` and `vocab_size` before `embed`."""
+
+    dimensions: int
+    """The size of the vectors `embed` returns."""
+    max_input_tokens: int
+    """Most tokens of one input (special tokens included)."""
+    vocab_size: int
+    """Token ids run from 0 to vocab_size - 1."""
+    pooling: str
+    normalize: bool
+
+    @abstractmethod
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids as `embed` takes them (special tokens included), uncut. Blocking."""
+
+    @abstractmethod
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One vector per input (each at most `max_input_tokens` ids, all below `vocab_size`), in one
+        batch. Blocking; called in a worker thread."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 
 from deployments.config import EngineParams, ModelConfig
-from deployments.engines.base import CaptionEngine, TextEngine
+from deployments.engines.base import CaptionEngine, EmbedEngine, TextEngine
 from deployments.engines.registry import EngineSpec, engine_spec
+from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")
 
@@ -41,3 +42,12 @@ def create_caption_engine(model: ModelConfig) -> CaptionEngine:
     """The captioner engine named by `model.engine` (`EngineSpec.caption_engine`)."""
     model, spec = _spec(model)
     return spec.caption_engine(model)
+
+
+def create_embed_engine(model: ModelConfig) -> EmbedEngine:
+    """The embedding engine named by `model.engine` (`EngineSpec.embed_engine`) for an entry with an
+    `embedding:` section; `ConfigError` for an engine that embeds nothing."""
+    model, spec = _spec(model)
+    if spec.embed_engine is None:
+        raise ConfigError(f"model {model.name!r}: engine {spec.name!r} serves no embedding models")
+    return spec.embed_engine(model)

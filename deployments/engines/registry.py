@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from deployments.config import LLAMA_CPP, TRANSFORMERS, ModelConfig
-from deployments.engines.base import CaptionEngine, TextEngine
+from deployments.engines.base import CaptionEngine, EmbedEngine, TextEngine
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.errors import ConfigError
 
@@ -58,6 +58,9 @@ class EngineSpec:
     than Ray's num_cpus."""
     replica_env: Mapping[str, str] = field(default_factory=dict)
     """Variables its replicas' processes need when they start."""
+    embed_engine: Callable[[ModelConfig], EmbedEngine] | None = None
+    """Builds the embedding engine for an entry with an `embedding:` section; None: the engine
+    embeds nothing (a ConfigError when such an entry names it)."""
 
 
 def _transformers_text(model: ModelConfig) -> TextEngine:
@@ -82,12 +85,24 @@ def _transformers_caption(model: ModelConfig) -> CaptionEngine:
     return TransformersCaptionEngine(model)
 
 
+def _transformers_embed(model: ModelConfig) -> EmbedEngine:
+    from deployments.engines.transformers.embedder import TransformersEmbedEngine
+
+    return TransformersEmbedEngine(model)
+
+
 def _llama_cpp_text(model: ModelConfig) -> TextEngine:
     """A text decoder, or under `vision_mode: native` the GGUF VLM with its projector."""
     from deployments.engines.llamacpp import LlamaCppTextEngine, LlamaCppVisionEngine
 
     native = model.capabilities.vision_mode == "native"
     return LlamaCppVisionEngine(model) if native else LlamaCppTextEngine(model)
+
+
+def _llama_cpp_embed(model: ModelConfig) -> EmbedEngine:
+    from deployments.engines.llamacpp.embedder import LlamaCppEmbedEngine
+
+    return LlamaCppEmbedEngine(model)
 
 
 def _llama_cpp_caption(model: ModelConfig) -> CaptionEngine:
@@ -102,7 +117,13 @@ ENGINES: dict[str, EngineSpec] = {
         # Hugging Face models (and a GGUF text model when named), on CPU or GPUs. On CPU its step loop
         # runs in Python, which no OpenMP barrier spans: CPU_DECODERS processes with a share of the
         # cores each (1.4x one replica with both cores, docs/benchmarks.md).
-        EngineSpec(TRANSFORMERS, _transformers_text, _transformers_caption, replica_env=TORCH_ENV),
+        EngineSpec(
+            TRANSFORMERS,
+            _transformers_text,
+            _transformers_caption,
+            replica_env=TORCH_ENV,
+            embed_engine=_transformers_embed,
+        ),
         # A GGUF file on llama.cpp's CPU kernels: it batches its slots in one process on OpenMP
         # threads over all the cores it is given, so one replica, its threads its cores. It runs the
         # GGUF file as it is: the transformers engines' loading and batching settings mean nothing.
@@ -114,6 +135,7 @@ ENGINES: dict[str, EngineSpec] = {
             cpu_replicas=1,
             threads_are_cores=True,
             replica_env=OPENMP_ENV,
+            embed_engine=_llama_cpp_embed,
         ),
         # Deterministic, shipped for tests and demos (its settings: the entry's `fake:` section);
         # computes nothing, so its processes need nothing.

@@ -35,6 +35,7 @@ from deployments.errors import (
 from deployments.ingress.answer.reply import Reply
 from deployments.ingress.endpoints.chat import ChatService
 from deployments.ingress.endpoints.completions import CompletionService
+from deployments.ingress.endpoints.embeddings import EmbeddingService
 from deployments.ingress.endpoints.messages import MessagesService
 from deployments.ingress.endpoints.responses import ResponseService
 from deployments.ingress.endpoints.tokenize import TokenizeService
@@ -49,6 +50,7 @@ from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.openai.common import ErrorResponse, ModelCard, ModelList
 from deployments.protocol.openai.compact import CompactedResponse, CompactRequest
 from deployments.protocol.openai.completions import CompletionRequest
+from deployments.protocol.openai.embeddings import EmbeddingList, EmbeddingRequest
 from deployments.protocol.openai.responses import InputItemList, ResponseRequest
 from deployments.protocol.openai.tokenize import (
     DetokenizeRequest,
@@ -183,7 +185,7 @@ def build_api(
 
     @api.get("/v1/models/{model:path}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
     async def model_card(model: str) -> ModelCard:
-        return served.get(model).card
+        return served.card(model)
 
     @api.get("/health", responses={503: {"description": "No decoder is ready; the body says why"}})
     async def health() -> JSONResponse:
@@ -201,6 +203,12 @@ def build_api(
         record = record_of(request.state)
         record.model = body.model
         return _reply(await CompletionService(served.get(body.model).core).create(body, record))
+
+    @api.post("/v1/embeddings", responses={200: {"model": EmbeddingList}, **_ERRORS})
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+        record = record_of(request.state)
+        record.model = body.model
+        return JSONResponse(await EmbeddingService(served.embedder(body.model).core).create(body, record))
 
     @api.post("/v1/messages", responses=_MESSAGES_RESPONSES)
     async def messages(body: MessagesRequest, request: Request) -> Any:

@@ -19,10 +19,11 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
+from deployments.ingress.embedders import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.responses.store import ResponseStore
-from deployments.ingress.served_models import ServedModel, ServedModels
+from deployments.ingress.served_models import ServedEmbedder, ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
@@ -43,10 +44,20 @@ class ServedModelConfig(BaseModel):
     native_max_images: int | None = None  # native vision: the model's own image limit
 
 
+class ServedEmbedderConfig(BaseModel):
+    """An embedding model behind /v1/embeddings: its name and its per-request input limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    max_inputs: int
+
+
 class IngressConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ServedModelConfig]  # the first is the default model
+    embedders: list[ServedEmbedderConfig] = []
     vision: ProxyVisionConfig | None = None  # how to call the captioners
     captioner_app: str = "vision"
     images: ImageInputConfig = ImageInputConfig()
@@ -56,8 +67,14 @@ class IngressConfig(BaseModel):
 @serve.deployment  # its options are the builder's (deployments/options/)
 @serve.ingress()
 class Ingress:
-    def __init__(self, config: IngressConfig, decoders: dict[str, DeploymentHandle]) -> None:
-        """`decoders`: each served model's decoder handle, by model name."""
+    def __init__(
+        self,
+        config: IngressConfig,
+        decoders: dict[str, DeploymentHandle],
+        embedders: dict[str, DeploymentHandle] | None = None,
+    ) -> None:
+        """`decoders`: each served model's decoder handle, by model name; `embedders`: each embedding
+        model's handle, by model name."""
         self._metrics = Recorder(INGRESS_METRICS, config.models[0].name)
         server = config.server
         clients: dict[str, CaptionerClient] = {}
@@ -83,7 +100,19 @@ class Ingress:
             health = HealthService(decoder, captioner, model_name=model.name)
             card = ModelCard(id=model.name, created=int(time.time()))
             served.append(ServedModel(card, core, health))
-        self._served = ServedModels(served)
+        embedding = [
+            ServedEmbedder(
+                ModelCard(id=e.name, created=int(time.time())),
+                EmbeddingCore(
+                    (embedders or {})[e.name],
+                    model_name=e.name,
+                    max_inputs=e.max_inputs,
+                    request_timeout_s=server.request_timeout_s,
+                ),
+            )
+            for e in config.embedders
+        ]
+        self._served = ServedModels(served, embedding)
         self._guard = GuardSettings.from_config(server)
         app = serve.get_replica_context().app_name
         self._responses = ResponseStore(
@@ -91,7 +120,7 @@ class Ingress:
         )
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
-            ", ".join(repr(m.name) for m in config.models),
+            ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
             f"{len(self._guard.keys)} API key(s) required" if self._guard.keys else "no API keys (open)",
             server.max_body_bytes,
             server.request_timeout_s,

@@ -1,4 +1,5 @@
-"""What the ingress's request logic (`answer.core.AnswerCore`, `HealthService`) calls on the decoder:
+"""What the ingress's request logic (`answer.core.AnswerCore`, `HealthService`) calls on the decoder
+(and `embedders.EmbeddingCore` on an embedding model):
 Serve's `DeploymentHandle` to it satisfies `DecoderHandle`, and so does the unit tests' fake
 (tests/unit/ingress/fakes.py). The captioner's side is `vision.client.Captioner`."""
 
@@ -38,3 +39,14 @@ class DecoderHandle(Protocol):
     def detokenize(self) -> RemoteMethod: ...
 
     def options(self, *, stream: bool) -> DecoderHandle: ...
+
+
+class EmbedderHandle(Protocol):
+    """An embedding model's deployment handle: `embed` (an `EmbedRequest` in, an `EmbedResult` back)
+    and `status`. Serve's `DeploymentHandle` satisfies it, and so does the unit tests' fake."""
+
+    @property
+    def embed(self) -> RemoteMethod: ...
+
+    @property
+    def status(self) -> RemoteMethod: ...

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.errors import ModelNotFoundError
+from deployments.errors import InvalidRequestError, ModelNotFoundError
 from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.embedders import EmbeddingCore
 from deployments.ingress.health import HealthService
 from deployments.protocol.openai.common import ModelCard, ModelList
 
@@ -22,25 +23,60 @@ class ServedModel:
     health: HealthService
 
 
-class ServedModels:
-    """The served models by name, in order: the first is the default model."""
+@dataclass(frozen=True)
+class ServedEmbedder:
+    card: ModelCard
+    core: EmbeddingCore
 
-    def __init__(self, models: Sequence[ServedModel]) -> None:
+
+class ServedModels:
+    """The served models by name, in order: the first is the default model; then the embedding models."""
+
+    def __init__(self, models: Sequence[ServedModel], embedders: Sequence[ServedEmbedder] = ()) -> None:
         if not models:
             raise ValueError("an endpoint serves at least one model")
         self._models = {model.card.id: model for model in models}
-        self.cards = ModelList(data=[model.card for model in models])
+        self._embedders = {embedder.card.id: embedder for embedder in embedders}
+        self.cards = ModelList(data=[model.card for model in models] + [e.card for e in embedders])
 
     @property
     def names(self) -> list[str]:
-        return list(self._models)
+        return [*self._models, *self._embedders]
+
+    def _unknown(self, name: str) -> ModelNotFoundError:
+        available = ", ".join(repr(n) for n in self.names)
+        return ModelNotFoundError(f"The model {name!r} does not exist. Available: {available}.", param="model")
 
     def get(self, name: str) -> ServedModel:
+        """A chat model; an embedding model's name is a 400 (it only embeds)."""
         model = self._models.get(name)
+        if model is None and name in self._embedders:
+            raise InvalidRequestError(
+                f"The model {name!r} is an embedding model: it answers /v1/embeddings only.", param="model"
+            )
         if model is None:
-            available = ", ".join(repr(n) for n in self._models)
-            raise ModelNotFoundError(f"The model {name!r} does not exist. Available: {available}.", param="model")
+            raise self._unknown(name)
         return model
+
+    def card(self, name: str) -> ModelCard:
+        """The card of any served model, chat or embedding."""
+        served = self._models.get(name) or self._embedders.get(name)
+        if served is None:
+            raise self._unknown(name)
+        return served.card
+
+    def embedder(self, name: str) -> ServedEmbedder:
+        """An embedding model; a chat model's name is a 400 (it embeds nothing)."""
+        embedder = self._embedders.get(name)
+        if embedder is None and name in self._models:
+            embedding = ", ".join(repr(n) for n in self._embedders) or "none is configured"
+            raise InvalidRequestError(
+                f"The model {name!r} is a chat model, not an embedding model (embedding models: {embedding}).",
+                param="model",
+            )
+        if embedder is None:
+            raise self._unknown(name)
+        return embedder
 
     async def health(self) -> tuple[dict[str, Any], int]:
         """One model: its /health body and code. Several: the default model's components at the top

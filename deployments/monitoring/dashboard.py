@@ -223,6 +223,36 @@ CAPTIONER_PANELS = [
     ),
 ]
 
+_embed_buckets = _series(_spec("embed_batch_size", "histogram"), "_bucket", 'le!="+Inf", ')
+
+EMBEDDER_PANELS = [
+    _latency_panel(41, "Embedding latency", "embed_latency_seconds"),
+    _panel(
+        42,
+        "Embedding batch size",
+        "embed_batch_size",
+        "short",
+        [
+            Target(
+                expr=f"sum by (le) (increase({_embed_buckets}[$__range]))",
+                legend="<= {{le}} inputs",
+                template=TargetTemplate.HISTOGRAM_BAR_CHART,
+            )
+        ],
+        note="Forward passes by batch size over the dashboard's time range.",
+        fill=0,
+        stack=False,
+        template=PanelTemplate.BAR_CHART,
+    ),
+    _panel(
+        43,
+        "Tokens embedded / s",
+        "embed_input_tokens",
+        "short",
+        [Target(expr=_rate("embed_input_tokens", "model"), legend="{{model}}")],
+    ),
+]
+
 _hits = _rate("caption_cache_hits")
 _misses = _rate("caption_cache_misses")
 
@@ -301,6 +331,7 @@ ROWS = [
     Row(title="Decoder", id=101, panels=DECODER_PANELS),
     Row(title="Captioner", id=102, panels=CAPTIONER_PANELS),
     Row(title="Images and cache", id=103, panels=IMAGES_AND_CACHE),
+    Row(title="Embeddings", id=104, panels=EMBEDDER_PANELS),
 ]
 
 _ids = [row.id for row in ROWS] + [panel.id for row in ROWS for panel in row.panels]

@@ -138,6 +138,16 @@ CAPTIONER_METRICS = (
         known={"kind": ("unavailable", "oom", "error")},
     ),
 )
+EMBEDDER_METRICS = (
+    _spec(
+        "embed_latency_seconds",
+        "histogram",
+        "Embedder: one request's inputs, arrival to vectors.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec("embed_batch_size", "histogram", "Embedder: inputs per forward pass.", buckets=BATCH_BUCKETS),
+    _spec("embed_input_tokens", "counter", "Embedder: tokens embedded."),
+)
 ENGINE_METRICS = (
     _spec(
         "engine_loaded",
@@ -187,7 +197,9 @@ INGRESS_METRICS = (
         known={"scheme": ("http", "https", "file")},
     ),
 )
-SPECS: tuple[MetricSpec, ...] = DECODER_METRICS + CAPTIONER_METRICS + ENGINE_METRICS + INGRESS_METRICS
+SPECS: tuple[MetricSpec, ...] = (
+    DECODER_METRICS + CAPTIONER_METRICS + EMBEDDER_METRICS + ENGINE_METRICS + INGRESS_METRICS
+)
 
 
 def _create(spec: MetricSpec, defaults: dict[str, str]) -> Any:

@@ -17,6 +17,9 @@ GPU share from `model_gpus`; on CPU `build_app` gives each its part of the cores
   resolves its `engine: auto` from that placement (`ModelConfig.resolved`); it takes up
   to twice `max_num_seqs` requests (one batch running, one waiting in the replica) and never fewer
   than `max_num_seqs`.
+- TextEmbedder (one per embedding model, `embedder_options`): on CPU one replica that reserves no Ray
+  CPU (it shares the cores, as the ingress does); with a GPU share, 1 to 2 replicas autoscaled on
+  ongoing requests; `deployment.autoscaling` applies as for the others.
 - VisionCaptioner: one CPU and a GPU share, autoscaled on ongoing captioning calls, its `engine:
   auto` resolved from that share (`placed_captioner`); without a GPU share, one replica (a second
   on the same cores adds no throughput, and when decoder replicas crash it can take the CPU their
@@ -42,6 +45,7 @@ from deployments.options.layout import (
     cpu_decoders,
     decoder_layout,
     decoder_options,
+    embedder_options,
     gpus,
     model_gpus,
     placed_captioner,
@@ -86,6 +90,7 @@ __all__ = [
     "decoder_layout",
     "decoder_options",
     "deployment_name",
+    "embedder_options",
     "for_replicas",
     "gpus",
     "model_gpus",

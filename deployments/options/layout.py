@@ -13,8 +13,11 @@ from deployments.engines.registry import engine_spec
 from deployments.options.scaling import (
     CAPTIONER_ONGOING,
     CAPTIONER_TARGET,
+    EMBEDDER_ONGOING,
+    EMBEDDER_TARGET,
     GPU_CAPTIONERS,
     GPU_DECODERS,
+    GPU_EMBEDDERS,
     queue_bounds,
     refuse,
     scaling,
@@ -157,3 +160,25 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
         **count,
         "ray_actor_options": {"num_cpus": 1, "num_gpus": share},
     }
+
+
+def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, Any], ModelConfig]:
+    """An embedding model's options and its placed config (`engine: auto` resolved from its GPU share).
+    With a GPU share it autoscales (1 to `GPU_EMBEDDERS` replicas, each kept near two full batches
+    ongoing); on CPU it is one replica that reserves no Ray CPU (like the ingress: it shares the cores
+    with the decoder instead of keeping a core from it; its threads are `params.cpu_threads`) unless
+    its `deployment.autoscaling` says otherwise. A replica takes up to `EMBEDDER_ONGOING` requests."""
+    share = model_gpus(model, app_args.embedder_gpus)
+    model = model.resolved(on_cpu=not share)
+    count: dict[str, Any] = {"num_replicas": 1}
+    if share or model.deployment.autoscaling is not None:
+        top = GPU_EMBEDDERS if share else 1
+        count = {
+            "autoscaling_config": scaling(app_args, model, max_replicas=top, target=EMBEDDER_TARGET, role="embedder")
+        }
+    options = {
+        **queue_bounds(model.deployment, EMBEDDER_ONGOING),
+        **count,
+        "ray_actor_options": {"num_cpus": 1 if share else 0, "num_gpus": share},
+    }
+    return options, model

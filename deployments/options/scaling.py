@@ -24,6 +24,9 @@ CAPTIONER_ONGOING = 16
 GPU_DECODERS = 2  # default max_replicas of a decoder on GPUs
 GPU_CAPTIONERS = 2  # default max_replicas of a captioner with a GPU share (1 on CPU)
 CAPTIONER_TARGET = 4  # default target_ongoing_requests of a captioner
+EMBEDDER_ONGOING = 64  # requests one embedding replica takes (each a few inputs, batched across requests)
+EMBEDDER_TARGET = 16  # default target_ongoing_requests of an autoscaled embedding model
+GPU_EMBEDDERS = 2  # default max_replicas of an embedding model with a GPU share (1 on CPU)
 
 
 def refuse(app_args: AppArgs, model: ModelConfig, problem: str) -> ConfigError:

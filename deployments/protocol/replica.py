@@ -160,3 +160,19 @@ class ComponentStatus(BaseModel):
     model: str | None = None
     reason: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class EmbedRequest(BaseModel):
+    """The ingress's request to an embedder: the inputs (all texts, or all token-id lists, as the
+    client sent them) and the vector size asked for (None: the model's own)."""
+
+    inputs: list[str] | list[list[int]]
+    dimensions: int | None = None
+
+
+class EmbedResult(BaseModel):
+    """One vector per input, each as little-endian float32 bytes (4 bytes a value: small through the
+    handle, and base64 of it is OpenAI's `encoding_format: base64`), and the tokens embedded."""
+
+    vectors: list[bytes]
+    prompt_tokens: int

@@ -9,6 +9,8 @@ configuration (docs/benchmarks.md records the runs).
 - `ramp`: decoder autoscaling under a load ramp (`ramp.py`);
 - `metrics`: what the metrics and the access log cost a decoder and the ingress (`metrics.py`);
 - `structured`: JSON-constrained decoding against free text (`structured.py`);
+- `embeddings`: embeddings per second, the engines alone and through Serve, beside
+  sentence-transformers' own `encode` (`embeddings.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`, not
   written yet).
 

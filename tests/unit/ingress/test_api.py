@@ -93,6 +93,7 @@ async def test_the_spec_has_no_422_and_keeps_its_operations():
         "health_health_get",
         "chat_completions_v1_chat_completions_post",
         "legacy_completions_v1_completions_post",
+        "embeddings_v1_embeddings_post",
         "messages_v1_messages_post",
         "count_tokens_v1_messages_count_tokens_post",
         "tokenize_tokenize_post",

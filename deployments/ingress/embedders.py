@@ -1,0 +1,38 @@
+"""An embedding model as the ingress sees it (`EmbeddingCore`): its deployment's handle, its
+per-request input limit (checked here, before the call) and the request's deadline. A plain class
+over the handle (or a fake with the same calls), so that `endpoints.embeddings.EmbeddingService`
+runs, and is tested, without Ray and without HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+from deployments.errors import InvalidRequestError, RequestTimeoutError
+from deployments.ingress.ports import EmbedderHandle
+from deployments.protocol.replica import EmbedRequest, EmbedResult
+
+
+class EmbeddingCore:
+    def __init__(self, embedder: EmbedderHandle, *, model_name: str, max_inputs: int, request_timeout_s: float) -> None:
+        """`max_inputs`: the entry's `embedding.max_inputs_per_request`."""
+        self._embedder = embedder
+        self.model = model_name
+        self.max_inputs = max_inputs
+        self._timeout_s = request_timeout_s
+
+    async def embed(self, inputs: list[str] | list[list[int]], dimensions: int | None) -> EmbedResult:
+        """The vectors of `inputs`, from the model's replica, within the request's deadline."""
+        if len(inputs) > self.max_inputs:
+            raise InvalidRequestError(
+                f"{len(inputs)} inputs; model {self.model!r} takes at most {self.max_inputs} per request "
+                "(embedding.max_inputs_per_request).",
+                param="input",
+            )
+        request = EmbedRequest(inputs=inputs, dimensions=dimensions)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._embedder.embed.remote(request)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s)."
+            ) from None
