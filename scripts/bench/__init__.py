@@ -9,6 +9,8 @@ configuration (docs/benchmarks.md records the runs).
 - `ramp`: decoder autoscaling under a load ramp (`ramp.py`);
 - `metrics`: what the metrics and the access log cost a decoder and the ingress (`metrics.py`);
 - `structured`: JSON-constrained decoding against free text (`structured.py`);
+- `greedy`: greedy answers alone and beside sampled requests, per llama.cpp KV layout, with their
+  memory and speed (`greedy.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`, not
   written yet).
 

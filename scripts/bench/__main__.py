@@ -9,7 +9,7 @@ import sys
 
 import scripts.bench
 
-SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu")
+SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu", "greedy")
 
 
 def main(argv: list[str]) -> None:

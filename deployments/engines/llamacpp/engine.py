@@ -36,7 +36,7 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
@@ -67,6 +67,11 @@ def llama_threads(params: EngineParams) -> int:
         return params.cpu_threads
     omp = os.environ.get("OMP_NUM_THREADS", "")
     return int(omp) if omp.isdigit() and int(omp) > 0 else cpu_cores()
+
+
+def kv_cache_type(params: EngineParams) -> Literal["f16", "q8_0"]:
+    """The KV cells' type: `kv_cache_dtype`, q8_0 for auto (see the module's docstring)."""
+    return "f16" if params.kv_cache_dtype == "f16" else "q8_0"
 
 
 def kv_layout(params: EngineParams, max_model_len: int, bytes_per_token: int | None) -> tuple[int, bool]:
@@ -119,7 +124,8 @@ class LlamaCppTextEngine(TextEngine):
         shape = describe_gguf(self.path)
         own_len = shape.context_length or DEFAULT_CONTEXT
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
-        self.kv_bytes_per_token = shape.kv_bytes_per_token
+        self.kv_cache_type = kv_cache_type(self.params)
+        self.kv_bytes_per_token = shape.kv_bytes_per_token(self.kv_cache_type)
         self.kv_cells, self.kv_unified = kv_layout(self.params, self.max_model_len, self.kv_bytes_per_token)
         self.cpu_threads = llama_threads(self.params)
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
@@ -145,6 +151,7 @@ class LlamaCppTextEngine(TextEngine):
                     n_batch=self.params.prefill_chunk_size,
                     mmproj_path=None if self.projector is None else str(self.projector),
                     http_streams=self.streams if self.takes_images else 0,
+                    kv_cache_type=self.kv_cache_type,
                 )
             )
         except BaseException as exc:
@@ -170,9 +177,15 @@ class LlamaCppTextEngine(TextEngine):
             f"llama.cpp server in this process: {shape.architecture or 'unknown'} GGUF as it is, "
             f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
             f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
-            f"{self.cpu_threads} threads",
+            f"{self.kv_cache_type} cells, {self.cpu_threads} threads",
         )
         progress.finished()
+
+    @property
+    def greedy_independent_of_load(self) -> bool:
+        """Whether a greedy answer is the same whatever runs beside it: a stream per slot of q8_0 cells
+        (see the module's docstring)."""
+        return not self.kv_unified and self.kv_cache_type != "f16"
 
     def projector_file(self, model: ModelConfig, progress: LoadLog) -> Path | None:
         """The multimodal projector llama.cpp loads beside the model: none for text."""
@@ -195,6 +208,8 @@ class LlamaCppTextEngine(TextEngine):
             "kv_cache_tokens": self.kv_cells,
             "kv_cache_mb": kv_mb,
             "kv_unified": self.kv_unified,
+            "kv_cache_type": self.kv_cache_type,
+            "greedy_independent_of_load": self.greedy_independent_of_load,
             "cpu_threads": self.cpu_threads,
             "vocab_size": self.vocab_size,
             "tool_call_format": self.tool_format,

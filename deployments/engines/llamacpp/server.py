@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from deployments.engines.llamacpp.params import LlamaCppError
 
@@ -51,6 +51,8 @@ class ServerSettings:
     n_batch: int | None = None  # most tokens per decode step (prompt chunks + one per running slot)
     mmproj_path: str | None = None  # a vision model's projector (llama.cpp's mtmd): images in prompts
     http_streams: int = 0  # streams read over HTTP at once (`stream_native`), beside the route calls
+    kv_cache_type: Literal["f16", "q8_0"] = "f16"  # the K and V cells' type
+    flash_attn: bool | None = None  # None: llama.cpp's auto (on where the CPU backend has it: always)
 
 
 class LlamaServer:
@@ -67,6 +69,12 @@ class LlamaServer:
         if settings.n_batch is not None:
             params.n_batch = settings.n_batch
             params.n_ubatch = min(params.n_ubatch, settings.n_batch)
+        kv_type = getattr(xllamacpp.ggml_type, f"GGML_TYPE_{settings.kv_cache_type.upper()}")
+        params.cache_type_k = kv_type
+        params.cache_type_v = kv_type
+        if settings.flash_attn is not None:
+            kind = "ENABLED" if settings.flash_attn else "DISABLED"
+            params.flash_attn_type = getattr(xllamacpp.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{kind}")
         params.cache_ram_mib = 0
         params.ctx_shift = False
         params.ui = False
