@@ -58,9 +58,31 @@ LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 PEER = "peer"
 
 WORDS = (
-    "river stone lantern orchard harbor meadow copper violin garden winter signal compass ember "
-    "thunder willow marble canyon feather glacier almond saffron beacon quartz timber"
-).split()
+    "river",
+    "stone",
+    "lantern",
+    "orchard",
+    "harbor",
+    "meadow",
+    "copper",
+    "violin",
+    "garden",
+    "winter",
+    "signal",
+    "compass",
+    "ember",
+    "thunder",
+    "willow",
+    "marble",
+    "canyon",
+    "feather",
+    "glacier",
+    "almond",
+    "saffron",
+    "beacon",
+    "quartz",
+    "timber",
+)
 
 
 def filler(seed: int, words: int) -> str:
@@ -73,9 +95,9 @@ GREEDY_PROMPTS = (
     "Summarise these notes in one sentence: " + filler(1, 110),
     "Here is a long list of words. Which word comes up most often? " + filler(2, 520),
 )
-SAMPLED_PROMPTS = tuple(f"Write a short story about these: {filler(10 + i, n)}" for i, n in enumerate(
-    (10, 40, 90, 160, 240, 330, 420)
-))
+SAMPLED_PROMPTS = tuple(
+    f"Write a short story about these: {filler(10 + i, n)}" for i, n in enumerate((10, 40, 90, 160, 240, 330, 420))
+)
 
 
 def rss_mb() -> int:

@@ -241,7 +241,9 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
     shape = describe_gguf(path)
     own_len = shape.context_length or DEFAULT_CONTEXT
     cells, unified = kv_layout(
-        model.params, min(model.params.max_model_len or own_len, own_len), shape.kv_bytes_per_token(kv_cache_type(model.params))
+        model.params,
+        min(model.params.max_model_len or own_len, own_len),
+        shape.kv_bytes_per_token(kv_cache_type(model.params)),
     )
     return {
         "gguf": path,

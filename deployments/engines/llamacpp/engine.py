@@ -20,8 +20,16 @@ with ``-np``), unless `mem` is smaller than that: then one pool of `mem` MB that
 (llama.cpp's unified KV cache; a sequence may still reach `max_model_len`). llama.cpp has no
 preemption, so a batch that outgrew the pool would fail every sequence in it: each request reserves
 its prompt and completion budget in the pool first, and waits while they do not fit (`kv_room`).
-Per-slot streams are the faster layout (attention only reads a slot's own cells: about 15% more
-tokens/s at 8 sequences here).
+
+Cells are q8_0 unless `kv_cache_dtype: f16`. With a stream per slot and q8_0 cells a greedy answer
+does not depend on what else runs: llama.cpp's CPU flash attention has three kernels, chosen by the
+step's shape (one query row of one stream over 512 cells or more: split over the threads and
+reduced; 64 rows or more of one stream: tiled; else one row at a time), and the first two take f16
+cells only, so with q8_0 every row is computed the same way in any batch; a stream of its own keeps
+a sequence's cells in position order, where a shared pool puts them wherever it has room and the
+attention's running sums see them in another order. The weights' products are computed row by row
+(the GGUF's Q4_1 and Q8_0 kernels), whatever the batch. `greedy_independent_of_load` in the
+effective config says whether this holds (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -177,7 +185,8 @@ class LlamaCppTextEngine(TextEngine):
             f"llama.cpp server in this process: {shape.architecture or 'unknown'} GGUF as it is, "
             f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
             f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
-            f"{self.kv_cache_type} cells, {self.cpu_threads} threads",
+            f"{self.kv_cache_type} cells, {self.cpu_threads} threads; greedy answers "
+            f"{'independent of' if self.greedy_independent_of_load else 'may change with'} the load",
         )
         progress.finished()
 

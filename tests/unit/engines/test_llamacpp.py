@@ -455,7 +455,8 @@ async def test_on_the_offline_default_a_greedy_answer_is_the_same_alone_and_besi
     """models.yaml's first entry as it ships: three greedy prompts (a short one; about 100 tokens,
     which f16 cells prefill with the tiled attention kernel alone; about 560 tokens, whose decode steps
     alone take the split-KV kernel on f16 cells) in three rounds beside seven sampled requests. On the
-    shared f16 pool this engine shipped before, 6 of 9 such checks drifted (docs/reliability.md, Greedy answers and the batch)."""
+    shared f16 pool this engine shipped before, 6 of 9 such checks drifted (docs/reliability.md, "Greedy answers
+    and the batch")."""
     from scripts.bench.greedy import GREEDY_PROMPTS, drift, filler
 
     shipped = load_models_file(ROOT / "models.yaml").models[0]
