@@ -378,7 +378,7 @@ def test_the_load_logs_its_steps_with_time_and_bytes(smollm2, caplog):
         rf"source local GGUF {re.escape(str(smollm2))} \({size}\)",
         rf"step=download \d+\.\d s \(local, {size} on disk\)",
         r"step=load \d+\.\d s \(llama.cpp server in this process: llama GGUF as it is, 2 slots, 1024 KV cells, "
-        r"\d+\.\d MB \(512 per slot\), 2 threads\)",
+        r"\d+\.\d MB \(512 per slot\), q8_0 cells, 2 threads; greedy answers independent of the load\)",
         r"done in \d+\.\d s \(rss \d+\.\d [MG]B\)",
     ]
     assert len(lines) == len(patterns), lines
