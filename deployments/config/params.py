@@ -47,6 +47,15 @@ class EngineParams(StrictModel):
         "sequences of max_model_len tokens.",
     )
     max_num_seqs: int = Field(8, gt=0, description="Sequences decoded concurrently by one replica.")
+    kv_cache_dtype: Literal["auto", "f16", "q8_0"] = Field(
+        "auto",
+        description="llama.cpp: the KV cells' type. auto: q8_0, about half f16's memory per token; with a stream "
+        "per slot (no `mem` below max_num_seqs x max_model_len) a greedy answer is then the same whatever runs "
+        "beside it, because llama.cpp's CPU attention computes q8_0 cells one way in every batch shape "
+        "(docs/reliability.md, Greedy answers and the batch). f16: llama.cpp's own default, whose attention "
+        "picks a split or tiled kernel by the batch's shape, so a greedy answer can change with the load. "
+        "transformers: ignored (its KV cache has the model's dtype).",
+    )
     prefill_chunk_size: int | None = Field(
         None,
         gt=0,

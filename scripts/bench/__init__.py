@@ -11,8 +11,9 @@ configuration (docs/benchmarks.md records the runs).
 - `structured`: JSON-constrained decoding against free text (`structured.py`);
 - `embeddings`: embeddings per second, the engines alone and through Serve, beside
   sentence-transformers' own `encode` (`embeddings.py`);
-- `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`, not
-  written yet).
+- `greedy`: greedy answers alone and beside sampled requests, per llama.cpp KV layout, with their
+  memory and speed (`greedy.py`);
+- `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they
 serve, prompts, the closed loop, test images, percentiles) and `tiny_models` (small real models

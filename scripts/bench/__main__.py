@@ -9,7 +9,7 @@ import sys
 
 import scripts.bench
 
-SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu", "embeddings")
+SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu", "embeddings", "greedy")
 
 
 def main(argv: list[str]) -> None:

@@ -233,7 +233,7 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
     """The llama.cpp engine's layout for the primary of `models_file` (slots, KV cells and whether
     they are one pool, threads of one replica with every core), for a peer that runs the same."""
     from deployments.config import cpu_cores, load_models_file
-    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, kv_layout
+    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, kv_cache_type, kv_layout
     from deployments.engines.llamacpp.gguf_meta import describe_gguf
 
     model = load_models_file(models_file).models[0]
@@ -241,7 +241,9 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
     shape = describe_gguf(path)
     own_len = shape.context_length or DEFAULT_CONTEXT
     cells, unified = kv_layout(
-        model.params, min(model.params.max_model_len or own_len, own_len), shape.kv_bytes_per_token
+        model.params,
+        min(model.params.max_model_len or own_len, own_len),
+        shape.kv_bytes_per_token(kv_cache_type(model.params)),
     )
     return {
         "gguf": path,

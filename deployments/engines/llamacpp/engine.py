@@ -20,8 +20,16 @@ with ``-np``), unless `mem` is smaller than that: then one pool of `mem` MB that
 (llama.cpp's unified KV cache; a sequence may still reach `max_model_len`). llama.cpp has no
 preemption, so a batch that outgrew the pool would fail every sequence in it: each request reserves
 its prompt and completion budget in the pool first, and waits while they do not fit (`kv_room`).
-Per-slot streams are the faster layout (attention only reads a slot's own cells: about 15% more
-tokens/s at 8 sequences here).
+
+Cells are q8_0 unless `kv_cache_dtype: f16`. With a stream per slot and q8_0 cells a greedy answer
+does not depend on what else runs: llama.cpp's CPU flash attention has three kernels, chosen by the
+step's shape (one query row of one stream over 512 cells or more: split over the threads and
+reduced; 64 rows or more of one stream: tiled; else one row at a time), and the first two take f16
+cells only, so with q8_0 every row is computed the same way in any batch; a stream of its own keeps
+a sequence's cells in position order, where a shared pool puts them wherever it has room and the
+attention's running sums see them in another order. The weights' products are computed row by row
+(the GGUF's Q4_1 and Q8_0 kernels), whatever the batch. `greedy_independent_of_load` in the
+effective config says whether this holds (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
@@ -68,6 +76,11 @@ def llama_threads(params: EngineParams) -> int:
         return params.cpu_threads
     omp = os.environ.get("OMP_NUM_THREADS", "")
     return int(omp) if omp.isdigit() and int(omp) > 0 else cpu_cores()
+
+
+def kv_cache_type(params: EngineParams) -> Literal["f16", "q8_0"]:
+    """The KV cells' type: `kv_cache_dtype`, q8_0 for auto (see the module's docstring)."""
+    return "f16" if params.kv_cache_dtype == "f16" else "q8_0"
 
 
 def kv_layout(params: EngineParams, max_model_len: int, bytes_per_token: int | None) -> tuple[int, bool]:
@@ -120,7 +133,8 @@ class LlamaCppTextEngine(TextEngine):
         shape = describe_gguf(self.path)
         own_len = shape.context_length or DEFAULT_CONTEXT
         self.max_model_len = min(self.params.max_model_len or own_len, own_len)
-        self.kv_bytes_per_token = shape.kv_bytes_per_token
+        self.kv_cache_type = kv_cache_type(self.params)
+        self.kv_bytes_per_token = shape.kv_bytes_per_token(self.kv_cache_type)
         self.kv_cells, self.kv_unified = kv_layout(self.params, self.max_model_len, self.kv_bytes_per_token)
         self.cpu_threads = llama_threads(self.params)
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
@@ -146,6 +160,7 @@ class LlamaCppTextEngine(TextEngine):
                     n_batch=self.params.prefill_chunk_size,
                     mmproj_path=None if self.projector is None else str(self.projector),
                     http_streams=self.streams if self.takes_images else 0,
+                    kv_cache_type=self.kv_cache_type,
                 )
             )
         except BaseException as exc:
@@ -171,9 +186,16 @@ class LlamaCppTextEngine(TextEngine):
             f"llama.cpp server in this process: {shape.architecture or 'unknown'} GGUF as it is, "
             f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
             f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
-            f"{self.cpu_threads} threads",
+            f"{self.kv_cache_type} cells, {self.cpu_threads} threads; greedy answers "
+            f"{'independent of' if self.greedy_independent_of_load else 'may change with'} the load",
         )
         progress.finished()
+
+    @property
+    def greedy_independent_of_load(self) -> bool:
+        """Whether a greedy answer is the same whatever runs beside it: a stream per slot of q8_0 cells
+        (see the module's docstring)."""
+        return not self.kv_unified and self.kv_cache_type != "f16"
 
     def projector_file(self, model: ModelConfig, progress: LoadLog) -> Path | None:
         """The multimodal projector llama.cpp loads beside the model: none for text."""
@@ -196,6 +218,8 @@ class LlamaCppTextEngine(TextEngine):
             "kv_cache_tokens": self.kv_cells,
             "kv_cache_mb": kv_mb,
             "kv_unified": self.kv_unified,
+            "kv_cache_type": self.kv_cache_type,
+            "greedy_independent_of_load": self.greedy_independent_of_load,
             "cpu_threads": self.cpu_threads,
             "vocab_size": self.vocab_size,
             "tool_call_format": self.tool_format,

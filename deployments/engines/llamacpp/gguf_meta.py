@@ -81,12 +81,13 @@ class GGUFModel:
     kv_width: int | None  # key + value width per token and layer (elements), over the KV heads
     vocab_size: int | None
 
-    @property
-    def kv_bytes_per_token(self) -> int | None:
-        """KV-cache bytes of one token in llama.cpp's default f16 cache (None: unknown shape)."""
+    def kv_bytes_per_token(self, cache_type: str = "f16") -> int | None:
+        """KV-cache bytes of one token in a cache of `cache_type` cells: f16 (llama.cpp's default),
+        or q8_0 (blocks of 32 values in 34 bytes). None: unknown shape."""
         if self.layers is None or self.kv_width is None:
             return None
-        return 2 * self.layers * self.kv_width
+        f16 = 2 * self.layers * self.kv_width
+        return f16 if cache_type == "f16" else -(-f16 * 34 // 64)
 
 
 def describe_gguf(path: Path) -> GGUFModel:

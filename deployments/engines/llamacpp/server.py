@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from deployments.engines.llamacpp.params import LlamaCppError
 
@@ -54,6 +54,8 @@ class ServerSettings:
     http_streams: int = 0  # streams read over HTTP at once (`stream_native`), beside the route calls
     pooling: str | None = None  # an embedding model's pooling (mean, cls, last): llama.cpp's embedding mode
     n_ubatch: int | None = None  # most tokens per compute pass (an embedding input must fit in one)
+    kv_cache_type: Literal["f16", "q8_0"] = "f16"  # the K and V cells' type
+    flash_attn: bool | None = None  # None: llama.cpp's auto (on where the CPU backend has it: always)
 
 
 class LlamaServer:
@@ -77,6 +79,12 @@ class LlamaServer:
             )
         if settings.n_ubatch is not None:
             params.n_ubatch = settings.n_ubatch
+        kv_type = getattr(xllamacpp.ggml_type, f"GGML_TYPE_{settings.kv_cache_type.upper()}")
+        params.cache_type_k = kv_type
+        params.cache_type_v = kv_type
+        if settings.flash_attn is not None:
+            kind = "ENABLED" if settings.flash_attn else "DISABLED"
+            params.flash_attn_type = getattr(xllamacpp.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{kind}")
         params.cache_ram_mib = 0
         params.ctx_shift = False
         params.ui = False

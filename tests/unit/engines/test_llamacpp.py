@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from deployments.config import EngineParams, Lifecycle, ModelConfig
+from deployments.config import EngineParams, Lifecycle, ModelConfig, load_models_file
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppTextEngine
 from deployments.engines.llamacpp.engine import kv_layout
@@ -26,6 +26,7 @@ from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessa
 from deployments.replicas.lifecycle import EngineSlot
 
 QUESTION = "What is the capital of France?"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def llamacpp_model(gguf: Path, engine: str = "llama.cpp", **params) -> ModelConfig:
@@ -323,13 +324,15 @@ def test_describe_and_settings(engine):
     assert described["engine"] == "llama.cpp" and described["slots"] == 4
     assert described["max_model_len"] == 512 and described["kv_cache_tokens"] == 4 * 512
     assert described["kv_unified"] is False and described["cpu_threads"] == 2
+    assert described["kv_cache_type"] == "q8_0" and described["greedy_independent_of_load"] is True
     assert described["vocab_size"] == 49152
 
 
 def test_gguf_header(smollm2):
     shape = describe_gguf(smollm2)
     assert (shape.architecture, shape.context_length, shape.layers, shape.vocab_size) == ("llama", 8192, 30, 49152)
-    assert shape.kv_bytes_per_token == 2 * 30 * 3 * (64 + 64)  # f16 K and V, 3 KV heads of 64
+    assert shape.kv_bytes_per_token() == 2 * 30 * 3 * (64 + 64)  # f16 K and V, 3 KV heads of 64
+    assert shape.kv_bytes_per_token("q8_0") == 30 * 3 * (64 + 64) * 34 // 32  # blocks of 32 in 34 bytes
 
 
 def test_kv_layout():
@@ -375,7 +378,7 @@ def test_the_load_logs_its_steps_with_time_and_bytes(smollm2, caplog):
         rf"source local GGUF {re.escape(str(smollm2))} \({size}\)",
         rf"step=download \d+\.\d s \(local, {size} on disk\)",
         r"step=load \d+\.\d s \(llama.cpp server in this process: llama GGUF as it is, 2 slots, 1024 KV cells, "
-        r"\d+\.\d MB \(512 per slot\), 2 threads\)",
+        r"\d+\.\d MB \(512 per slot\), q8_0 cells, 2 threads; greedy answers independent of the load\)",
         r"done in \d+\.\d s \(rss \d+\.\d [MG]B\)",
     ]
     assert len(lines) == len(patterns), lines
@@ -433,8 +436,9 @@ async def test_a_batch_larger_than_the_shared_pool_waits_instead_of_failing(smol
     200 new tokens each need twice that: two run, the others wait for their cells, and none fails
     (without the reservation llama.cpp failed all four: "Context size has been exceeded")."""
     shape = describe_gguf(smollm2)
-    assert shape.kv_bytes_per_token
-    mem = 1000 * shape.kv_bytes_per_token // 2**20 + 1
+    per_token = shape.kv_bytes_per_token("q8_0")  # the cells' type on auto
+    assert per_token
+    mem = 1000 * per_token // 2**20 + 1
     engine = create_text_engine(llamacpp_model(smollm2, mem=mem, max_model_len=600, enable_prefix_caching=False))
     assert isinstance(engine, LlamaCppTextEngine) and engine.kv_unified and engine.kv_cells < 1200
     try:
@@ -443,5 +447,26 @@ async def test_a_batch_larger_than_the_shared_pool_waits_instead_of_failing(smol
         answers = await asyncio.gather(*(complete(engine, r) for r in requests))
         assert all(pieces[-1].finish_reason == "length" for _, pieces in answers)  # EOS is biased away
         assert all(200 <= pieces[-1].prompt_tokens <= 300 for _, pieces in answers), [p[-1] for _, p in answers]
+    finally:
+        engine.close()
+
+
+async def test_on_the_offline_default_a_greedy_answer_is_the_same_alone_and_beside_sampled_requests(smollm2):
+    """models.yaml's first entry as it ships: three greedy prompts (a short one; about 100 tokens,
+    which f16 cells prefill with the tiled attention kernel alone; about 560 tokens, whose decode steps
+    alone take the split-KV kernel on f16 cells) in three rounds beside seven sampled requests. On the
+    shared f16 pool this engine shipped before, 6 of 9 such checks drifted (docs/reliability.md, "Greedy answers
+    and the batch")."""
+    from scripts.bench.greedy import GREEDY_PROMPTS, drift, filler
+
+    shipped = load_models_file(ROOT / "models.yaml").models[0]
+    model = shipped.model_copy(update={"local_path": str(smollm2.parent), "weight_file": smollm2.name})
+    engine = create_text_engine(model)
+    assert isinstance(engine, LlamaCppTextEngine) and engine.describe()["greedy_independent_of_load"]
+    try:
+        greedy = (GREEDY_PROMPTS[0], GREEDY_PROMPTS[1][:500], GREEDY_PROMPTS[2][:3000])
+        sampled = [f"Tell me a story about {filler(20 + i, 5 + 12 * i)}" for i in range(7)]
+        drifted = await drift(engine, greedy, sampled, rounds=3, greedy_tokens=16, sampled_tokens=(8, 24))
+        assert drifted == []
     finally:
         engine.close()
