@@ -34,7 +34,7 @@ from typing import Any
 
 from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.context import Limits, fit_rendered
-from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared, piece_text
+from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared
 from deployments.engines.llamacpp.files import mmproj_path
 from deployments.engines.llamacpp.gguf_meta import read_metadata
 from deployments.engines.llamacpp.media import (
@@ -48,6 +48,7 @@ from deployments.engines.llamacpp.media import (
     probe_image,
 )
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_native_chunk
+from deployments.engines.llamacpp.prompts import piece_text
 from deployments.engines.load_log import LoadLog
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
 from deployments.protocol.replica import (
