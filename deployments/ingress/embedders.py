@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.errors import InvalidRequestError, RequestTimeoutError
+from deployments.errors import InvalidRequestError, RequestTimeoutError, unwrap
 from deployments.ingress.ports import EmbedderHandle
-from deployments.protocol.replica import EmbedRequest, EmbedResult
+from deployments.protocol.replica import ComponentStatus, EmbedRequest, EmbedResult
+
+STATUS_TIMEOUT_S = 5.0
 
 
 class EmbeddingCore:
@@ -36,3 +38,12 @@ class EmbeddingCore:
             raise RequestTimeoutError(
                 f"The request did not finish within {self._timeout_s:g} s (server.request_timeout_s)."
             ) from None
+
+    async def status(self) -> ComponentStatus:
+        """The model's replica's own status (/health), or why none answered within 5 s."""
+        try:
+            return await asyncio.wait_for(self._embedder.status.remote(), STATUS_TIMEOUT_S)
+        except Exception as exc:
+            cause = unwrap(exc)
+            words = f"no status answer within {STATUS_TIMEOUT_S:g}s" if isinstance(cause, TimeoutError) else cause
+            return ComponentStatus(ready=False, model=self.model, reason=f"embedder not reachable: {words}"[:500])

@@ -81,12 +81,28 @@ class ServedModels:
     async def health(self) -> tuple[dict[str, Any], int]:
         """One model: its /health body and code. Several: the default model's components at the top
         (as with one), each model's body under `models`, `ok` when all are, `unavailable` (503) when
-        no decoder serves, else `degraded`: the endpoint still answers some models."""
-        reports = await asyncio.gather(*(model.health.report() for model in self._models.values()))
+        no decoder serves, else `degraded`: the endpoint still answers some models.
+        Each embedding model's replica status is under `components.embedders`; one that is not ready
+        makes an `ok` endpoint `degraded` (chat still answers)."""
+        reports, embedders = await asyncio.gather(
+            asyncio.gather(*(model.health.report() for model in self._models.values())),
+            asyncio.gather(*(embedder.core.status() for embedder in self._embedders.values())),
+        )
         if len(reports) == 1:
-            return reports[0]
-        code = 200 if any(code == 200 for _, code in reports) else 503
-        everything_ok = all(body["status"] == "ok" for body, _ in reports)
-        overall = "unavailable" if code == 503 else ("ok" if everything_ok else "degraded")
-        models = {name: body for name, (body, _) in zip(self._models, reports, strict=True)}
-        return {"status": overall, "components": reports[0][0]["components"], "models": models}, code
+            body, code = reports[0]
+        else:
+            code = 200 if any(code == 200 for _, code in reports) else 503
+            everything_ok = all(body["status"] == "ok" for body, _ in reports)
+            overall = "unavailable" if code == 503 else ("ok" if everything_ok else "degraded")
+            models = {name: body for name, (body, _) in zip(self._models, reports, strict=True)}
+            body = {"status": overall, "components": reports[0][0]["components"], "models": models}
+        if embedders:
+            body["components"] = {
+                **body["components"],
+                "embedders": {
+                    name: status.model_dump() for name, status in zip(self._embedders, embedders, strict=True)
+                },
+            }
+            if body["status"] == "ok" and not all(status.ready for status in embedders):
+                body["status"] = "degraded"
+        return body, code

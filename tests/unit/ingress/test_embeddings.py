@@ -20,7 +20,7 @@ from deployments.ingress.served_models import ServedEmbedder, ServedModel, Serve
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import ModelCard
 from deployments.protocol.openai.embeddings import EmbeddingRequest
-from deployments.protocol.replica import EmbedRequest, EmbedResult
+from deployments.protocol.replica import ComponentStatus, EmbedRequest, EmbedResult
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
 
@@ -37,8 +37,18 @@ class FakeEmbedder:
                 outer.requests.append(request)
                 return outer._answer(request)
 
+        class _Status:
+            def remote(self):
+                return outer._status()
+
         self.embed = _Embed()
-        self.status = None
+        self.status = _Status()
+        self.ready: ComponentStatus | Exception = ComponentStatus(ready=True, model="emb")
+
+    async def _status(self) -> ComponentStatus:
+        if isinstance(self.ready, Exception):
+            raise self.ready
+        return self.ready
 
     async def _answer(self, request: EmbedRequest) -> EmbedResult:
         await asyncio.sleep(self.delay_s)
@@ -130,3 +140,31 @@ def test_chat_and_embedding_models_are_each_served_by_their_own_endpoint():
         served.embedder("chat")
     with pytest.raises(ModelNotFoundError):
         served.embedder("other")
+
+
+async def test_health_reports_each_embedder_and_degrades_while_one_is_not_ready():
+    embedder = FakeEmbedder()
+    chat = answer_core(FakeDecoder(["hi"]))
+    served = ServedModels(
+        [
+            ServedModel(
+                ModelCard(id="chat", created=1), chat, HealthService(FakeDecoder(["hi"]), None, model_name="chat")
+            )
+        ],
+        [
+            ServedEmbedder(
+                ModelCard(id="emb", created=1),
+                EmbeddingCore(embedder, model_name="emb", max_inputs=4, request_timeout_s=5),
+            )
+        ],
+    )
+    body, code = await served.health()
+    assert (body["status"], code) == ("ok", 200) and body["components"]["embedders"]["emb"]["ready"]
+    embedder.ready = ComponentStatus(ready=False, model="emb", reason="loading")
+    body, code = await served.health()
+    assert (body["status"], code) == ("degraded", 200)
+    assert body["components"]["embedders"]["emb"]["reason"] == "loading"
+    embedder.ready = RuntimeError("replica died")
+    body, code = await served.health()
+    assert (body["status"], code) == ("degraded", 200) and body["components"]["decoder"]["ready"]
+    assert "embedder not reachable: replica died" in body["components"]["embedders"]["emb"]["reason"]
