@@ -85,8 +85,11 @@ def test_health_says_why(service, weights_dir, http):
     captioner = health["components"]["captioner"]
     assert not captioner["ready"]
     # The loader's own words, naming the empty directory: the replica's, or Serve's while Serve replaces
-    # the failing replica (tests/serve/test_captioner_health.py).
-    assert str(weights_dir) in captioner["reason"]
+    # the failing replica (tests/serve/test_captioner_health.py), after the last cause this ingress
+    # heard. An ingress that never reached a running replica hears it once Serve's message carries
+    # the failed start's traceback (seconds after the replacement starts).
+    reason = lambda: http.get("/health").json()["components"]["captioner"]["reason"]  # noqa: E731
+    assert wait_until(lambda: str(weights_dir) in reason(), timeout_s=90), reason()
 
 
 def test_reject_policy_answers_503(service, models_file, http):

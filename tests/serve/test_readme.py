@@ -36,7 +36,7 @@ README = ROOT / "README.md"
 BLOCK = re.compile(
     r"^(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>bash|python)\n(?P<code>.*?)^```$", re.M | re.S
 )
-READY = re.compile(r"^mmserve ready: (?P<url>http://\S+) \| model: \S+ \| vision: (ok|off|degraded \(.+\))$")
+READY = re.compile(r"^mmserve ready: (?P<url>http://\S+) \| model: \S+(, \S+)* \| vision: (ok|off|degraded \(.+\))$")
 BLOCK_TIMEOUT_S = 180  # a hang guard, not a measurement
 READY_TIMEOUT_S = 300
 

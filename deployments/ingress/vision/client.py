@@ -75,7 +75,7 @@ class CaptionerClient:
         self._vision = vision
         self._down_until = 0.0
         self.reason: str | None = None
-        self._last_reason: str | None = None  # the captioner's own last "not ready" reason
+        self._last_reason: str | None = None  # the captioner's own last words on why it is not ready
         self._view: tuple[float, asyncio.Future[tuple[str, str]]] | None = None  # Serve's view, shared by waiting calls
         scaling = captioner.deployment.autoscaling
         self._scales_to_zero = scaling is not None and scaling.min_replicas == 0
@@ -94,7 +94,7 @@ class CaptionerClient:
     def _mark_up(self) -> None:
         if self.reason is not None:
             logger.info("captioner is back")
-        self.reason, self._down_until = None, 0.0
+        self.reason, self._down_until, self._last_reason = None, 0.0, None
 
     async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]:
         """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed;
@@ -126,7 +126,12 @@ class CaptionerClient:
             cause = unwrap(exc)
             if isinstance(cause, BackPressureError):  # busy, not broken: no degradation, the client retries
                 raise from_serve(cause) from None
-            reason = cause.message if isinstance(cause, CaptionerUnavailable) else f"{type(cause).__name__}: {cause}"
+            if isinstance(cause, _ServeSaysDown):  # Serve's words: with the captioner's own last cause
+                reason = self._with_known_cause(cause.message)
+            elif isinstance(cause, CaptionerUnavailable):  # the replica's own words (its loader's error)
+                reason = self._last_reason = cause.message[:500]
+            else:
+                reason = f"{type(cause).__name__}: {cause}"
             raise self._mark_down(reason[:500]) from None
         self._mark_up()
         return captions
@@ -149,7 +154,7 @@ class CaptionerClient:
                     return call.result()
                 status, words = await self._serve_status()
                 if status in FAILED:
-                    raise CaptionerUnavailable(words)
+                    raise _ServeSaysDown(words)
         finally:
             if not call.done():
                 call.cancel()
@@ -162,6 +167,13 @@ class CaptionerClient:
             self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_status, self._app, self._deployment)))
         return await asyncio.shield(self._view[1])
 
+    def _with_known_cause(self, state: str) -> str:
+        """Serve's words on the captioner, after the captioner's own last known cause (its loader's
+        error, from a status or a caption call) when they do not already hold it: while Serve
+        replaces a failing replica, its words are generic ("A replica's health check failed")."""
+        known = self._last_reason
+        return state if not known or known in state else f"{known} ({state})"
+
     async def status(self) -> ComponentStatus:
         if self._scales_to_zero and await asyncio.to_thread(scaled_to_zero, self._app, self._deployment):
             # Any call, a status call too, makes Serve start a replica: idle stays idle.
@@ -169,12 +181,13 @@ class CaptionerClient:
         try:
             status = await asyncio.wait_for(self._handle().status.remote(), STATUS_TIMEOUT_S)
         except Exception:  # no replica answers (one being replaced): Serve's words, with the last known cause
-            state = await self._app_state()
-            known = self._last_reason or self.reason
-            return ComponentStatus(ready=False, reason=state if not known or known in state else f"{known} ({state})")
+            return ComponentStatus(ready=False, reason=self._with_known_cause(await self._app_state()))
         if status.ready:
             self._mark_up()
-            self._last_reason = None
         elif status.reason:
             self._last_reason = status.reason
         return status
+
+
+class _ServeSaysDown(CaptionerUnavailable):
+    """Serve reports the captioner deployment failed while a call waits: Serve's words, not the replica's."""
