@@ -27,10 +27,10 @@ from typing import Any
 
 from deployments.errors import InvalidRequestError, as_anthropic
 from deployments.ingress.answer.choices import Tally
-from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.core import AnswerCore, Deadline
 from deployments.ingress.answer.reply import Framing, Reply, recorded_error, streamed, whole
 from deployments.ingress.answer.stream import Generation
-from deployments.ingress.vision.pipeline import Degraded
+from deployments.ingress.vision.pipeline import DecoderInput, Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.anthropic.chat_form import chat_messages, functions, tool_choice
 from deployments.protocol.anthropic.messages import (
@@ -72,32 +72,31 @@ class MessagesService:
         template, with its tools and its images as the pipeline gives them (captions under proxy
         vision, the model's own image tokens under native vision), by the decoder's tokenizer (no
         generation, no decoder slot; a prompt longer than the context is counted whole)."""
-        core = self._core
-        _check_final_turn(body)
-        plan = _plan(body)
-        deadline = core.deadline()
-        async with deadline.within():
-            seen = await core.vision.prepare(chat_messages(body), record)
-        counted = await core.tokenize(
+        plan, deadline, seen = await self._prepare(body, record)
+        counted = await self._core.tokenize(
             TokenizeInput(messages=seen.messages, images=seen.images, tools=plan.tools), deadline
         )
         return TokenCount(input_tokens=counted.count)
+
+    async def _prepare(self, body: MessagesInput, record: RequestRecord) -> tuple[ToolPlan, Deadline, DecoderInput]:
+        """The request's tool plan, its deadline, and its chat in form through the vision pipeline."""
+        _check_final_turn(body)
+        plan = _plan(body)
+        deadline = self._core.deadline()
+        async with deadline.within():
+            seen = await self._core.vision.prepare(chat_messages(body), record)
+        return plan, deadline, seen
 
     async def _generate(
         self, body: MessagesInput, record: RequestRecord, **settings: Any
     ) -> tuple[Generation, ToolPlan, Degraded | None]:
         """The request in chat form, through the tool plan (its grammar) and the
         vision pipeline, to the decoder with the generation `settings`."""
-        core = self._core
-        _check_final_turn(body)
-        plan = _plan(body)
-        deadline = core.deadline()
-        async with deadline.within():
-            seen = await core.vision.prepare(chat_messages(body), record)
+        plan, deadline, seen = await self._prepare(body, record)
         request = GenerateRequest(
             messages=seen.messages, images=seen.images, tools=plan.tools, grammar=plan.grammar, **settings
         )
-        return await core.generate([request], deadline, record), plan, seen.degraded
+        return await self._core.generate([request], deadline, record), plan, seen.degraded
 
 
 def _check_final_turn(body: MessagesInput) -> None:
