@@ -170,19 +170,20 @@ DECODER_PANELS = [
 
 # Bars per bucket over the dashboard's range, as Ray Data's histogram panels do (Grafana turns the
 # cumulative `le` buckets into per-bucket counts).
-_batch_buckets = _series(_spec("caption_batch_size", "histogram"), "_bucket", 'le!="+Inf", ')
 
-CAPTIONER_PANELS = [
-    _latency_panel(21, "Caption latency", "caption_latency_seconds"),
-    _panel(
-        22,
-        "Caption batch size",
-        "caption_batch_size",
+
+def _batch_size_panel(panel_id: int, title: str, metric: str, items: str) -> Panel:
+    """Forward passes by batch size: a histogram's cumulative `le` buckets as per-bucket counts."""
+    buckets = _series(_spec(metric, "histogram"), "_bucket", 'le!="+Inf", ')
+    return _panel(
+        panel_id,
+        title,
+        metric,
         "short",
         [
             Target(
-                expr=f"sum by (le) (increase({_batch_buckets}[$__range]))",
-                legend="<= {{le}} images",
+                expr=f"sum by (le) (increase({buckets}[$__range]))",
+                legend=f"<= {{{{le}}}} {items}",
                 template=TargetTemplate.HISTOGRAM_BAR_CHART,
             )
         ],
@@ -190,7 +191,12 @@ CAPTIONER_PANELS = [
         fill=0,
         stack=False,
         template=PanelTemplate.BAR_CHART,
-    ),
+    )
+
+
+CAPTIONER_PANELS = [
+    _latency_panel(21, "Caption latency", "caption_latency_seconds"),
+    _batch_size_panel(22, "Caption batch size", "caption_batch_size", "images"),
     _panel(
         23,
         "Images captioned / s",
@@ -223,27 +229,10 @@ CAPTIONER_PANELS = [
     ),
 ]
 
-_embed_buckets = _series(_spec("embed_batch_size", "histogram"), "_bucket", 'le!="+Inf", ')
 
 EMBEDDER_PANELS = [
     _latency_panel(41, "Embedding latency", "embed_latency_seconds"),
-    _panel(
-        42,
-        "Embedding batch size",
-        "embed_batch_size",
-        "short",
-        [
-            Target(
-                expr=f"sum by (le) (increase({_embed_buckets}[$__range]))",
-                legend="<= {{le}} inputs",
-                template=TargetTemplate.HISTOGRAM_BAR_CHART,
-            )
-        ],
-        note="Forward passes by batch size over the dashboard's time range.",
-        fill=0,
-        stack=False,
-        template=PanelTemplate.BAR_CHART,
-    ),
+    _batch_size_panel(42, "Embedding batch size", "embed_batch_size", "inputs"),
     _panel(
         43,
         "Tokens embedded / s",
