@@ -106,7 +106,12 @@ def test_metrics_move_by_what_was_sent_and_each_request_leaves_a_json_access_lin
         usage.append(degraded.json()["usage"])
 
     answered = len(usage)  # 7 answers, and the 400
-    samples = settle({("http_requests", ""): answered + 1, ("requests_degraded", ""): 1, ("prompt_tokens", ""): 1})
+    # Each process exports on its own clock: wait for the ingress's and the decoder's counts alike.
+    decoder = {(name, "_count"): answered for name in ("e2e_request_latency_seconds", "time_per_output_token_seconds")}
+    expected = {("http_requests", ""): answered + 1, ("requests_degraded", ""): 1, ("request_success", ""): answered}
+    expected[("prompt_tokens", "")] = sum(u["prompt_tokens"] for u in usage)
+    expected[("generation_tokens", "")] = sum(u["completion_tokens"] for u in usage)
+    samples = settle(expected | decoder)
     route = "/v1/chat/completions"
     assert total(samples, "http_requests", route=route, status="200") == answered
     assert total(samples, "http_requests", route=route, status="400") == 1
