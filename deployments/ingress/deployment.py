@@ -118,6 +118,7 @@ class Ingress:
         self._responses = ResponseStore(
             f"mmserve-responses-{app}", server.responses_max_entries, server.responses_max_age_s
         )
+        self._responses.start()
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),

@@ -12,6 +12,7 @@ import json
 import httpx
 import openai
 import pytest
+import ray
 
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
@@ -47,9 +48,21 @@ def client(serve_cluster, tmp_path_factory, smollm2):
         ],
         primaries=[ECHO, SMOL],
     )
+    for actor in store_actors():  # an earlier module's: the deploy below must start its own
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
     deploy(models, decoder_gpus=0, captioner_gpus=0)
     yield openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
     undeploy("default", "vision")
+
+
+def store_actors() -> list[dict]:
+    return [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "mmserve-responses-default"]
+
+
+def test_the_store_is_up_before_the_first_response(client):
+    # A new actor is a new worker process (seconds on a busy machine): the ingress starts it as it
+    # starts, so that the first requests do not wait for it.
+    assert len(store_actors()) == 1
 
 
 def test_llamacpp_whole_and_streamed_say_the_same(client):

@@ -4,7 +4,9 @@ it continued, for `previous_response_id`, `GET`/`DELETE /v1/responses/{id}` and 
 A WebSocket connection also remembers its last response, stored or not (`ConnectionCache`).
 
 Every ingress replica reaches the same store: one named Ray actor per Serve application
-(`ResponseStore` starts it on first use or finds it, `get_if_exists`), detached, so that it outlives
+(`ResponseStore.start`, called by each ingress replica as it starts, starts it or finds it,
+`get_if_exists`: a new actor is a new worker process, seconds on a busy machine, which the first
+requests should not wait for), detached, so that it outlives
 any one replica and a redeploy of the application (stored responses survive a rolling update; the
 new settings bound it again); it holds no CPU. It stays until Ray stops or it is killed
 (`ray.kill`): deleting the application leaves it. It is bounded: at most
@@ -14,6 +16,7 @@ go first); an evicted or unknown id is `PreviousResponseNotFound` for a continua
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from typing import Any, Protocol
@@ -21,6 +24,8 @@ from typing import Any, Protocol
 import ray
 
 from deployments.errors import PreviousResponseNotFound, ResponseNotFoundError
+
+logger = logging.getLogger("ray.serve")
 
 Entry = dict[str, Any]  # {"response": the response object, "input": its items, "conversation": all before it}
 
@@ -77,6 +82,14 @@ class ResponseStore:
         self._name = name
         self._bounds = (max_entries, max_age_s)
         self._actor: Any = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start the actor (or find it) and wait, at most `timeout_s`, until it answers: called as
+        the ingress replica starts. A store still starting after that is logged; calls then wait for it."""
+        try:
+            ray.get(self._store().bound.remote(*self._bounds), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            logger.warning("the responses store %r did not answer within %gs; still starting", self._name, timeout_s)
 
     def _store(self) -> Any:
         if self._actor is None:
