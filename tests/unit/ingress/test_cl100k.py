@@ -72,7 +72,9 @@ async def test_the_embedder_gets_the_text_and_counts_its_own_tokens(openai_encod
     )
     sent = TEXTS[:1] if forms == "one list" else TEXTS
     assert embedder.requests[-1].inputs == sent
-    assert [d["embedding"][0] for d in body["data"]] == [float(len(t)) for t in sent]  # the fake's vector: its input's length
+    assert [d["embedding"][0] for d in body["data"]] == [
+        float(len(t)) for t in sent
+    ]  # the fake's vector: its input's length
     assert body["usage"]["prompt_tokens"] == sum(len(t) for t in sent)  # the replica's count, not the client's ids
 
 
@@ -88,7 +90,9 @@ async def test_texts_are_untouched_and_the_default_reads_the_models_own_ids():
 @pytest.mark.parametrize("bad", [100256, 100261, 100275, 100277, 2**31 - 1])
 async def test_an_id_cl100k_base_lacks_is_a_400_naming_input(bad):
     embedder = FakeEmbedder()
-    with pytest.raises(InvalidRequestError, match=f"input\\[1\\] has token id {bad}, which is not a cl100k_base") as err:
+    with pytest.raises(
+        InvalidRequestError, match=f"input\\[1\\] has token id {bad}, which is not a cl100k_base"
+    ) as err:
         await core(embedder, "cl100k_base").embed([[9906], [9906, bad, 1917]], None)
     assert err.value.param == "input"
     assert embedder.requests == []
