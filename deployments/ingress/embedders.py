@@ -1,8 +1,8 @@
 """An embedding model as the ingress sees it (`EmbeddingCore`): its deployment's handle, its
 per-request input limit (checked here, before the call), the vocabulary of its token-id inputs
-(OpenAI's cl100k_base ids are decoded to text here, so the replica sees text) and the request's deadline. A plain class
-over the handle (or a fake with the same calls), so that `endpoints.embeddings.EmbeddingService`
-runs, and is tested, without Ray and without HTTP."""
+(OpenAI's cl100k_base ids are decoded to text here, so the replica sees text) and the request's
+deadline. A plain class over the handle (or a fake with the same calls), so that
+`endpoints.embeddings.EmbeddingService` runs, and is tested, without Ray and without HTTP."""
 
 from __future__ import annotations
 
