@@ -91,7 +91,13 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         options = for_replicas(TextEmbedder.name, options, drain_s=deadline)
         embedders[placed.name] = TextEmbedder.options(name=name, **options).bind(placed, plan.lifecycle)
         assert placed.embedding is not None  # plan.embedders are the entries with the section
-        embedding.append(ServedEmbedderConfig(name=placed.name, max_inputs=placed.embedding.max_inputs_per_request))
+        embedding.append(
+            ServedEmbedderConfig(
+                name=placed.name,
+                max_inputs=placed.embedding.max_inputs_per_request,
+                token_ids=placed.embedding.token_ids,
+            )
+        )
     config = IngressConfig(
         models=served,
         embedders=embedding,

@@ -15,7 +15,7 @@ file on disk, the builder args or other entries (paths exist, the primary named 
 defaults fill it, in `deployments/options/`."""
 
 from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat
-from deployments.config.embedding import EmbeddingConfig, Pooling
+from deployments.config.embedding import EmbeddingConfig, Pooling, TokenIdVocabulary
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
 from deployments.config.machine import cpu_cores
 from deployments.config.models import (
@@ -53,6 +53,7 @@ __all__ = [
     "ProxyVisionConfig",
     "ServerConfig",
     "ServicePlan",
+    "TokenIdVocabulary",
     "ToolCallFormat",
     "VisionMode",
     "cpu_cores",

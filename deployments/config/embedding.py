@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from deployments.config.strict import StrictModel
 
 Pooling = Literal["mean", "cls", "last"]
+TokenIdVocabulary = Literal["model", "cl100k_base"]
 
 
 class EmbeddingConfig(StrictModel):
@@ -48,6 +49,14 @@ class EmbeddingConfig(StrictModel):
         "error",
         description="An input longer than max_input_tokens. error: a 400 context_length_exceeded with the numbers. "
         "truncate: its first max_input_tokens tokens are embedded (the end is dropped, as sentence-transformers does).",
+    )
+    token_ids: TokenIdVocabulary = Field(
+        "model",
+        description="The vocabulary that token-id inputs are read in. model: the model's own ids (vLLM's and "
+        "llama-server's reading). cl100k_base: OpenAI's encoding, what LangChain's OpenAIEmbeddings and other "
+        "OpenAI-tuned clients send by default: the ingress decodes the ids to text with cl100k_base and the "
+        "model tokenizes that text (usage and max_input_tokens then count the model's tokens); an id that is "
+        "not a cl100k_base token is a 400.",
     )
     max_inputs_per_request: int = Field(
         2048, gt=0, description="Most inputs in one request (OpenAI's limit is 2048); a 400 beyond."

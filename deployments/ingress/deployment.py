@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig
+from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig, TokenIdVocabulary
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.embedders import EmbeddingCore
@@ -45,12 +45,14 @@ class ServedModelConfig(BaseModel):
 
 
 class ServedEmbedderConfig(BaseModel):
-    """An embedding model behind /v1/embeddings: its name and its per-request input limit."""
+    """An embedding model behind /v1/embeddings: its name, its per-request input limit and the
+    vocabulary its token-id inputs are read in."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     max_inputs: int
+    token_ids: TokenIdVocabulary = "model"
 
 
 class IngressConfig(BaseModel):
@@ -107,6 +109,7 @@ class Ingress:
                     (embedders or {})[e.name],
                     model_name=e.name,
                     max_inputs=e.max_inputs,
+                    token_ids=e.token_ids,
                     request_timeout_s=server.request_timeout_s,
                 ),
             )

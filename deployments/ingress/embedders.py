@@ -1,13 +1,17 @@
 """An embedding model as the ingress sees it (`EmbeddingCore`): its deployment's handle, its
-per-request input limit (checked here, before the call) and the request's deadline. A plain class
-over the handle (or a fake with the same calls), so that `endpoints.embeddings.EmbeddingService`
-runs, and is tested, without Ray and without HTTP."""
+per-request input limit (checked here, before the call), the vocabulary of its token-id inputs
+(OpenAI's cl100k_base ids are decoded to text here, so the replica sees text) and the request's
+deadline. A plain class over the handle (or a fake with the same calls), so that
+`endpoints.embeddings.EmbeddingService` runs, and is tested, without Ray and without HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
+from deployments.config import TokenIdVocabulary
 from deployments.errors import InvalidRequestError, RequestTimeoutError, unwrap
+from deployments.ingress import cl100k
 from deployments.ingress.ports import EmbedderHandle
 from deployments.protocol.replica import ComponentStatus, EmbedRequest, EmbedResult
 
@@ -15,11 +19,20 @@ STATUS_TIMEOUT_S = 5.0
 
 
 class EmbeddingCore:
-    def __init__(self, embedder: EmbedderHandle, *, model_name: str, max_inputs: int, request_timeout_s: float) -> None:
-        """`max_inputs`: the entry's `embedding.max_inputs_per_request`."""
+    def __init__(
+        self,
+        embedder: EmbedderHandle,
+        *,
+        model_name: str,
+        max_inputs: int,
+        request_timeout_s: float,
+        token_ids: TokenIdVocabulary = "model",
+    ) -> None:
+        """`max_inputs`: the entry's `embedding.max_inputs_per_request`; `token_ids`: its `embedding.token_ids`."""
         self._embedder = embedder
         self.model = model_name
         self.max_inputs = max_inputs
+        self.token_ids = token_ids
         self._timeout_s = request_timeout_s
 
     async def embed(self, inputs: list[str] | list[list[int]], dimensions: int | None) -> EmbedResult:
@@ -30,6 +43,9 @@ class EmbeddingCore:
                 "(embedding.max_inputs_per_request).",
                 param="input",
             )
+        if self.token_ids == "cl100k_base" and isinstance(inputs[0], list):
+            # In a worker thread: the first call loads the encoding, and a request may hold many ids.
+            inputs = await asyncio.to_thread(cl100k.decode, cast("list[list[int]]", inputs))
         request = EmbedRequest(inputs=inputs, dimensions=dimensions)
         try:
             async with asyncio.timeout(self._timeout_s):

