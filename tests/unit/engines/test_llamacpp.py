@@ -470,3 +470,18 @@ async def test_on_the_offline_default_a_greedy_answer_is_the_same_alone_and_besi
         assert drifted == []
     finally:
         engine.close()
+
+
+async def test_on_the_offline_default_greedy_answers_end_instead_of_looping_to_max_tokens(smollm2):
+    """models.yaml's first entry as it ships: greedy alone, this 135M model loops on these prompts
+    ("1. 1. 1. ..."; "la femme au martyre, ...") until max_tokens; its frequency_penalty ends them
+    (docs/benchmarks.md, "The offline default's answers")."""
+    shipped = load_models_file(ROOT / "models.yaml").models[0]
+    model = shipped.model_copy(update={"local_path": str(smollm2.parent), "weight_file": smollm2.name})
+    engine = create_text_engine(model)
+    try:
+        for prompt in ("Count from 1 to 3.", QUESTION):
+            text, pieces = await complete(engine, ask(prompt))
+            assert pieces[-1].finish_reason == "stop", (prompt, text)
+    finally:
+        engine.close()
