@@ -60,7 +60,8 @@ class EngineParams(StrictModel):
         None,
         gt=0,
         description="Most tokens per batching step (prompt chunks + decodes; llama.cpp's n_batch). Default: "
-        "512 (transformers), llama.cpp's own 2048.",
+        "512 (transformers), llama.cpp's own 2048. llama.cpp: also the prompt tokens that may be in prefill at "
+        "once; a prompt waits, first come first served, while those before it fill it (a prompt alone always enters).",
     )
     cuda_graphs: Literal["auto", "on", "off"] = Field(
         "auto",

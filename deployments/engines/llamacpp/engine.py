@@ -19,7 +19,9 @@ KV cache: `max_num_seqs` streams of `max_model_len` cells each (one per slot, as
 with ``-np``), unless `mem` is smaller than that: then one pool of `mem` MB that the slots share
 (llama.cpp's unified KV cache; a sequence may still reach `max_model_len`). llama.cpp has no
 preemption, so a batch that outgrew the pool would fail every sequence in it: each request reserves
-its prompt and completion budget in the pool first, and waits while they do not fit (`kv_room`).
+its prompt and completion budget in the pool first, and waits while they do not fit; and a prompt
+enters while the prompts still in prefill leave it room in `n_batch` tokens, first come first
+served, so that a burst of long prompts is answered in order instead of all late (`admission`).
 
 Cells are q8_0 unless `kv_cache_dtype: f16`. With a stream per slot and q8_0 cells a greedy answer
 does not depend on what else runs: llama.cpp's CPU flash attention has three kernels, chosen by the
@@ -50,9 +52,9 @@ from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.bridge import ThreadStream
 from deployments.engines.context import Limits, fit_rendered
+from deployments.engines.llamacpp.admission import Budget
 from deployments.engines.llamacpp.files import gguf_path
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
-from deployments.engines.llamacpp.kv_room import KvRoom
 from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.prompts import LlamaCppPrompts
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
@@ -65,6 +67,7 @@ from deployments.tools.prompt import resolve_tool_format
 logger = logging.getLogger("ray.serve")
 
 DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
+LLAMA_N_BATCH = 2048  # llama.cpp's default n_batch: the prefill budget when prefill_chunk_size is unset
 
 
 def llama_threads(params: EngineParams) -> int:
@@ -166,7 +169,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         self.vocab_size = int(meta.get("n_vocab") or shape.vocab_size or 0)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="llamacpp")
         self._live: dict[int, list[int]] = {}  # request -> [prompt tokens, completion tokens so far]
-        self._room = KvRoom(self.kv_cells) if self.kv_unified else None  # slots with a pool of their own never wait
+        self._room = Budget(self.kv_cells) if self.kv_unified else None  # slots with a pool of their own never wait
+        self._prefill = Budget(self.params.prefill_chunk_size or LLAMA_N_BATCH)  # prompt tokens in prefill
         self._ids = itertools.count()
         self._closed = False
         kv_mb = "" if self.kv_bytes_per_token is None else f", {size_text(self.kv_cells * self.kv_bytes_per_token)}"
@@ -223,7 +227,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         held = sum(prompt + completion for prompt, completion in live[:slots])
         return {
             "running": min(len(live), slots),
-            "waiting": max(len(live) - slots, 0) + (self._room.waiting if self._room is not None else 0),
+            "waiting": max(len(live) - slots, 0) + self._prefill.waiting + (self._room.waiting if self._room else 0),
             "kv_cache_usage": round(min(held / self.kv_cells, 1.0), 4) if self.kv_cells else 0.0,
         }
 
@@ -240,7 +244,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             raise DecoderUnavailable("The llama.cpp engine was closed.")
         prepared = await asyncio.to_thread(self._prepare, request)
         need = prepared.prompt_tokens + int(prepared.body.get("n_predict") or self.max_model_len)
-        async with self._room.reserve(need) if self._room is not None else contextlib.nullcontext():
+        room = self._room.reserve(need) if self._room is not None else contextlib.nullcontext()
+        async with room, self._prefill.reserve(prepared.prompt_tokens) as prefilled:
             key = next(self._ids)
             prompt_tokens = prepared.prompt_tokens
             live = self._live[key] = [prompt_tokens, 0]
@@ -261,6 +266,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                     self._pool.submit(chunks.run, produce)
                     tokens = 0
                     async for chunk in chunks:
+                        prefilled()  # its first token: the next prompt may start
                         try:
                             piece = self._read(chunk)
                         except LlamaCppError as exc:

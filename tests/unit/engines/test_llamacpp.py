@@ -485,3 +485,36 @@ async def test_on_the_offline_default_greedy_answers_end_instead_of_looping_to_m
             assert pieces[-1].finish_reason == "stop", (prompt, text)
     finally:
         engine.close()
+
+
+async def test_long_prompts_enter_prefill_first_come_first_served(smollm2):
+    """With 64 prompt tokens of prefill budget, of three ~200-token prompts sent at once the later
+    two wait (free slots notwithstanding) until the one before has its first token; all three answer."""
+    engine = create_text_engine(llamacpp_model(smollm2, prefill_chunk_size=64))
+    assert isinstance(engine, LlamaCppTextEngine)
+    firsts: list[int] = []
+
+    async def one(i: int) -> str:
+        text = ""
+        async for piece in engine.generate(ask(f"{i} " + "tell me about rivers and stones " * 30, max_tokens=4)):
+            if i not in firsts:
+                firsts.append(i)
+            text += piece.text
+        return text
+
+    try:
+        tasks = []
+        for i in range(3):
+            tasks.append(asyncio.create_task(one(i)))
+            await asyncio.sleep(0.3)  # arrival order 0, 1, 2
+        waited = 0
+        while not all(t.done() for t in tasks):
+            stats = engine.stats()
+            if stats["running"] < 3 and stats["waiting"] > 0:
+                waited += 1
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        assert waited > 0  # the four slots had room: only the prefill budget held them
+        assert firsts == [0, 1, 2]
+    finally:
+        engine.close()
