@@ -13,6 +13,8 @@ configuration (docs/benchmarks.md records the runs).
   sentence-transformers' own `encode` (`embeddings.py`);
 - `greedy`: greedy answers alone and beside sampled requests, per llama.cpp KV layout, with their
   memory and speed (`greedy.py`);
+- `burst`: long prompts at once through a running service: answered, or how each other one ended
+  (`burst.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they

@@ -9,7 +9,7 @@ import sys
 
 import scripts.bench
 
-SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu", "embeddings", "greedy")
+SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu", "embeddings", "greedy", "burst")
 
 
 def main(argv: list[str]) -> None:
