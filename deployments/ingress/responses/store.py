@@ -87,17 +87,22 @@ class ResponseStore:
         """Start the actor (or find it) and wait, at most `timeout_s`, until it answers: called as
         the ingress replica starts. A store still starting after that is logged; calls then wait for it."""
         try:
-            ray.get(self._store().bound.remote(*self._bounds), timeout=timeout_s)
+            ray.get(self._connect(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             logger.warning("the responses store %r did not answer within %gs; still starting", self._name, timeout_s)
 
+    def _connect(self) -> ray.ObjectRef:
+        """Start the actor or find it, and bound it with this deployment's settings (a store found, not
+        started, has another deployment's): the bound call's reference, ready once the actor answers."""
+        actor = ray.remote(BoundedResponses).options(
+            name=self._name, get_if_exists=True, lifetime="detached", num_cpus=0, max_restarts=-1
+        )
+        self._actor = actor.remote(*self._bounds)
+        return self._actor.bound.remote(*self._bounds)
+
     def _store(self) -> Any:
         if self._actor is None:
-            actor = ray.remote(BoundedResponses).options(
-                name=self._name, get_if_exists=True, lifetime="detached", num_cpus=0, max_restarts=-1
-            )
-            self._actor = actor.remote(*self._bounds)
-            self._actor.bound.remote(*self._bounds)  # found, not started: this deployment's settings
+            self._connect()
         return self._actor
 
     async def put(self, response_id: str, entry: Entry) -> None:
