@@ -49,7 +49,8 @@ async def one(http: httpx.AsyncClient, url: str, model: str, text: str, max_toke
     started = time.monotonic()
     messages = [{"role": "user", "content": text}]
     reply = await http.post(url, json={"model": model, "messages": messages, "max_tokens": max_tokens})
-    body = reply.json()
+    json_body = reply.headers.get("content-type", "").startswith("application/json")
+    body = reply.json() if json_body else {}  # a 500 may come as plain text
     usage = body.get("usage") or {}
     return {
         "status": reply.status_code,
