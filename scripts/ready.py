@@ -5,6 +5,12 @@ second: where the Ray dashboard is, and the command that prints the token it ask
     mmserve ready: http://127.0.0.1:8000 | model: smollm2-135m-instruct | vision: degraded (...)
     mmserve dashboard: http://127.0.0.1:8265/#/serve | token: .venv/bin/ray get-auth-token
 
+vision: ok, off, degraded (why), or loading (...) while the captioner's replica starts; then it goes
+on watching, for at most `VISION_WAIT_S`, and prints one more line once the captioner has loaded or
+failed:
+
+    mmserve vision: ok
+
 scripts/run.sh starts it beside `serve run` with `--pid` (it gives up when that process is gone).
 Until then /health gives no answer, Ray's plain-text 404 (routes not deployed yet) or a JSON 503
 (decoder loading): only a JSON 200 means ready. Exit status 0 when ready, 1 otherwise.
@@ -26,6 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = "http://127.0.0.1:8265"  # where `serve run` (and `ray start --head`) put Ray's dashboard
 TOKEN_COMMAND = ".venv/bin/ray get-auth-token"  # Ray's CLI of this checkout: `ray` is not on PATH
+VISION_WAIT_S = 300.0  # a captioner still loading after this is left to /health
 
 
 def base_url(config: Path) -> str:
@@ -64,15 +71,29 @@ def ready_line(url: str, health: dict[str, Any]) -> str:
         model = ", ".join(m["id"] for m in models["data"])
     else:
         model = f"? (/v1/models answered {status}: set MMSERVE_API_KEYS to one of the keys)"
+    return f"mmserve ready: {url} | model: {model} | vision: {vision_state(health)}"
+
+
+def vision_state(health: dict[str, Any]) -> str:
     captioner = health["components"].get("captioner")
     if captioner is None:
-        vision = "off"
-    elif captioner["ready"]:
-        vision = "ok"
-    else:
-        reason = " ".join(str(captioner.get("reason")).split())  # one line, however the loader wrote it
-        vision = f"degraded ({reason if len(reason) <= 160 else reason[:157] + '...'})"
-    return f"mmserve ready: {url} | model: {model} | vision: {vision}"
+        return "off"
+    if captioner["ready"]:
+        return "ok"
+    reason = " ".join(str(captioner.get("reason")).split())  # one line, however the loader wrote it
+    state = "loading" if (captioner.get("details") or {}).get("state") == "loading" else "degraded"
+    return f"{state} ({reason if len(reason) <= 160 else reason[:157] + '...'})"
+
+
+def watch_vision(url: str, pid: int | None) -> None:
+    """Once the captioner has left `loading` (or after VISION_WAIT_S), its state on one line."""
+    deadline = time.monotonic() + VISION_WAIT_S
+    while time.monotonic() < deadline and (pid is None or alive(pid)):
+        time.sleep(2)
+        status, health = get_json(f"{url}/health")
+        if status == 200 and isinstance(health, dict) and not vision_state(health).startswith("loading"):
+            print(f"mmserve vision: {vision_state(health)}", flush=True)
+            return
 
 
 def dashboard_line(url: str = DASHBOARD) -> str:
@@ -96,6 +117,8 @@ def main() -> int:
         if status == 200 and isinstance(health, dict) and "components" in health:
             print(ready_line(url, health), flush=True)
             print(dashboard_line(), flush=True)
+            if vision_state(health).startswith("loading"):
+                watch_vision(url, args.pid)
             return 0
         time.sleep(1)
     return 1

@@ -11,7 +11,7 @@ from ray.serve.exceptions import BackPressureError
 
 from deployments.errors import unwrap
 from deployments.ingress.ports import DecoderHandle
-from deployments.ingress.serve_status import SERVING, deployment_status
+from deployments.ingress.serve_status import SERVING, deployment_view
 from deployments.ingress.vision.client import Captioner
 from deployments.protocol.replica import ComponentStatus
 
@@ -27,15 +27,20 @@ class HealthService:
 
     async def report(self) -> tuple[dict[str, Any], int]:
         """The /health body and its status code."""
-        decoder = await self._decoder_status()
+        decoder, captioner = await asyncio.gather(self._decoder_status(), self._captioner_status())  # neither waits
         components: dict[str, Any] = {"decoder": decoder.model_dump()}
         ready = [decoder.ready]
-        if self._captioner is not None:
-            captioner = await self._captioner.status()
-            components["captioner"] = {**captioner.model_dump(), "cache": self._captioner.cache.describe()}
-            ready.append(captioner.ready)
+        if captioner is not None:
+            components["captioner"] = captioner
+            ready.append(captioner["ready"])
         overall = "ok" if all(ready) else ("degraded" if decoder.ready else "unavailable")
         return {"status": overall, "components": components}, 200 if decoder.ready else 503
+
+    async def _captioner_status(self) -> dict[str, Any] | None:
+        if self._captioner is None:
+            return None
+        status = await self._captioner.status()
+        return {**status.model_dump(), "cache": self._captioner.cache.describe()}
 
     async def _decoder_status(self) -> ComponentStatus:
         try:
@@ -49,8 +54,8 @@ class HealthService:
         # Every replica is busy generating: the status call waits behind generation. Serve's own
         # health checks (which fail when the engine does) still say whether the decoder works.
         decoder = self._decoder
-        status, words = await asyncio.to_thread(deployment_status, decoder.app_name, decoder.deployment_name)
-        if status not in SERVING:
-            return ComponentStatus(ready=False, model=self._model, reason=words)
-        busy = f"no status answer within {DECODER_STATUS_TIMEOUT_S:g}s (replicas busy); {words}"
+        view = await asyncio.to_thread(deployment_view, decoder.app_name, decoder.deployment_name)
+        if view.status not in SERVING:
+            return ComponentStatus(ready=False, model=self._model, reason=view.words)
+        busy = f"no status answer within {DECODER_STATUS_TIMEOUT_S:g}s (replicas busy); {view.words}"
         return ComponentStatus(ready=True, model=self._model, details={"busy": busy})

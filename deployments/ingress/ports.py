@@ -18,7 +18,7 @@ class RemoteMethod(Protocol):
 class DecoderHandle(Protocol):
     """The decoder deployment's handle: streaming `generate`, `status`, `tokenize` and `detokenize`,
     and the names by which Serve's view of it is asked when it is too busy to answer
-    (`serve_status.deployment_status`)."""
+    (`serve_status.deployment_view`)."""
 
     @property
     def app_name(self) -> str: ...

@@ -4,9 +4,9 @@ itself cannot help: its replica died, is being replaced, or is too busy to answe
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from ray import serve
-from ray.serve.schema import DeploymentStatusOverview
 
 SERVING = {"HEALTHY", "UPSCALING", "DOWNSCALING"}
 # Neither: UPDATING (a first start, or a redeploy while old replicas serve) and UNKNOWN.
@@ -46,26 +46,31 @@ def app_state(app: str, deployment: str) -> str:
     return f"Serve application {app!r} is {_value(status.status)}" + (f": {message}" if message else "")
 
 
-def _detail(app: str, deployment: str) -> DeploymentStatusOverview:
-    """The controller's status of one deployment (raises when Serve cannot tell)."""
-    return serve.status().applications[app].deployments[deployment]
+@dataclass(frozen=True)
+class DeploymentView:
+    """Serve's status of one deployment at one moment: "UNKNOWN" when Serve cannot tell."""
+
+    status: str
+    words: str  # Serve's words on it, for a reason
+    replicas: dict[str, int] = field(default_factory=dict)  # replicas by state: RUNNING, STARTING, ...
+
+    @property
+    def running(self) -> int:
+        """Replicas that a handle call can reach now; the others are starting, stopping or being replaced."""
+        return self.replicas.get("RUNNING", 0)
+
+    @property
+    def scaled_to_zero(self) -> bool:
+        """Healthy with no replica at all (idle, at min_replicas 0)."""
+        return self.status == "HEALTHY" and not any(self.replicas.values())
 
 
-def deployment_status(app: str, deployment: str) -> tuple[str, str]:
-    """(status, Serve's words on it); the status is "UNKNOWN" when Serve cannot tell."""
+def deployment_view(app: str, deployment: str) -> DeploymentView:
     try:
-        detail = _detail(app, deployment)
+        detail = serve.status().applications[app].deployments[deployment]
     except Exception as exc:
-        return "UNKNOWN", f"Serve's status of {deployment} is unavailable: {type(exc).__name__}: {exc}"
+        return DeploymentView("UNKNOWN", f"Serve's status of {deployment} is unavailable: {type(exc).__name__}: {exc}")
     status = _value(detail.status)
     message = brief(detail.message)
-    return status, f"Serve reports {deployment} {status}" + (f": {message}" if message else "")
-
-
-def scaled_to_zero(app: str, deployment: str) -> bool:
-    """Serve shows the deployment healthy with no replica at all (idle, at min_replicas 0)."""
-    try:
-        detail = _detail(app, deployment)
-    except Exception:
-        return False
-    return _value(detail.status) == "HEALTHY" and not any(detail.replica_states.values())
+    words = f"Serve reports {deployment} {status}" + (f": {message}" if message else "")
+    return DeploymentView(status, words, {_value(state): n for state, n in detail.replica_states.items() if n})

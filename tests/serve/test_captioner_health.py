@@ -98,6 +98,23 @@ def test_stays_unhealthy_and_restarts_no_faster_than_unhealthy_restart_s(service
     assert all(gap >= RESTART_S for gap in gaps[2:]), gaps
 
 
+def test_health_answers_from_serves_view_while_no_replica_runs(service, http):
+    """While a replacement loads (Serve shows it STARTING), no replica can answer a status call: /health
+    answers from Serve's view at once, with the loader's words, instead of waiting out a timeout first."""
+
+    seen: list[dict] = []
+
+    def answered_from_serves_view() -> bool:
+        seen.append(http.get("/health").json()["components"]["captioner"])
+        return "replicas" in seen[-1]["details"]
+
+    assert wait_until(answered_from_serves_view, timeout_s=60), seen
+    answer = seen[-1]
+    print(f"\n/health's captioner while no replica runs: {answer['details']} {answer['reason']}")
+    assert not answer["ready"] and "RUNNING" not in answer["details"]["replicas"], answer
+    assert "cannot load" in answer["reason"] and "Serve reports VisionCaptioner" in answer["reason"], answer
+
+
 def test_healthy_again_once_the_weights_appear(service, weights_dir, tiny_vlm_dir, http):
     for item in tiny_vlm_dir.iterdir():
         shutil.copy(item, weights_dir / item.name)

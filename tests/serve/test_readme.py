@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,12 @@ README = ROOT / "README.md"
 BLOCK = re.compile(
     r"^(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>bash|python)\n(?P<code>.*?)^```$", re.M | re.S
 )
-READY = re.compile(r"^mmserve ready: (?P<url>http://\S+) \| model: \S+(, \S+)* \| vision: (ok|off|degraded \(.+\))$")
+READY = re.compile(
+    r"^mmserve ready: (?P<url>http://\S+) \| model: \S+(, \S+)* "
+    r"\| vision: (?P<vision>ok|off|(loading|degraded) \(.+\))$"
+)
 BLOCK_TIMEOUT_S = 180  # a hang guard, not a measurement
+VISION = re.compile(r"^mmserve vision: (ok|degraded \(.+\))$")
 READY_TIMEOUT_S = 300
 
 
@@ -182,6 +187,11 @@ def test_readme_commands_run_as_written():
         for block in blocks:
             if not block.mark:
                 run_block(block, env)
+        if ready["vision"].startswith("loading"):  # then one more line says how the captioner's start ended
+            deadline = time.monotonic() + 120
+            while not any(map(VISION.match, service.lines)) and time.monotonic() < deadline:
+                time.sleep(1)
+            assert any(map(VISION.match, service.lines)), service.lines[-30:]
         processes = service.tree()
         assert len(processes) > 3, [p.cmdline() for p in processes]  # serve run and Ray's processes
         run_block(stop, env)

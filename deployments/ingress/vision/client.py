@@ -14,8 +14,9 @@ once rather than wait for the replacement.
 
 A captioner that scales to zero (`deployment.autoscaling.min_replicas: 0`) is started by the
 first call that finds no replica: that call waits for the cold start within `timeout_s`, like any
-other. `status` never starts it: while Serve shows no replica it answers from Serve's view, so that
-/health polls do not keep an idle captioner up.
+other. `status` asks a replica only while Serve shows one running; otherwise (idle at zero, loading,
+being replaced) it answers from Serve's view at once, so that /health polls neither keep an idle
+captioner up nor wait out a timeout while one loads.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ray.serve.handle import DeploymentResponse
 
 from deployments.config import ModelConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serve, unwrap
-from deployments.ingress.serve_status import FAILED, app_state, deployment_status, scaled_to_zero
+from deployments.ingress.serve_status import FAILED, DeploymentView, app_state, deployment_view
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
@@ -76,9 +77,7 @@ class CaptionerClient:
         self._down_until = 0.0
         self.reason: str | None = None
         self._last_reason: str | None = None  # the captioner's own last words on why it is not ready
-        self._view: tuple[float, asyncio.Future[tuple[str, str]]] | None = None  # Serve's view, shared by waiting calls
-        scaling = captioner.deployment.autoscaling
-        self._scales_to_zero = scaling is not None and scaling.min_replicas == 0
+        self._view: tuple[float, asyncio.Future[DeploymentView]] | None = None  # Serve's, shared by waiting calls
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
@@ -152,19 +151,20 @@ class CaptionerClient:
                 done, _ = await asyncio.wait({call}, timeout=min(WATCH_AFTER_S, left))
                 if done:
                     return call.result()
-                status, words = await self._serve_status()
-                if status in FAILED:
-                    raise _ServeSaysDown(words)
+                view = await self._serve_view()
+                if view.status in FAILED:
+                    raise _ServeSaysDown(view.words)
         finally:
             if not call.done():
                 call.cancel()
                 response.cancel()
 
-    async def _serve_status(self) -> tuple[str, str]:
-        """`serve_status.deployment_status`, asked at most once per `WATCH_AFTER_S` however many calls are waiting."""
+    async def _serve_view(self) -> DeploymentView:
+        """Serve's view of the captioner, asked at most once per `WATCH_AFTER_S` however many calls
+        (caption calls waiting, /health polls) want it."""
         now = time.monotonic()
         if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
-            self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_status, self._app, self._deployment)))
+            self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_view, self._app, self._deployment)))
         return await asyncio.shield(self._view[1])
 
     def _with_known_cause(self, state: str) -> str:
@@ -175,9 +175,19 @@ class CaptionerClient:
         return state if not known or known in state else f"{known} ({state})"
 
     async def status(self) -> ComponentStatus:
-        if self._scales_to_zero and await asyncio.to_thread(scaled_to_zero, self._app, self._deployment):
-            # Any call, a status call too, makes Serve start a replica: idle stays idle.
+        view = await self._serve_view()
+        if view.scaled_to_zero:  # any call, a status call too, makes Serve start a replica: idle stays idle
             return ComponentStatus(ready=True, model=self._name, details={"state": "scaled_to_zero", "replicas": 0})
+        if view.status != "UNKNOWN" and not view.running:
+            # No replica can answer (one is loading, or Serve is replacing a failed one): a call would
+            # wait out STATUS_TIMEOUT_S for nothing, and /health with it. Serve's words, at once.
+            replicas = ", ".join(f"{n} {state}" for state, n in view.replicas.items()) or "none"
+            reason = f"no replica running yet ({replicas}); {view.words}"
+            if view.status in FAILED:
+                state, reason = "failed", self._with_known_cause(reason)
+            else:
+                state = "loading"  # a first start, a redeploy or a scale-up: nothing has failed
+            return ComponentStatus(ready=False, reason=reason, details={"state": state, "replicas": view.replicas})
         try:
             status = await asyncio.wait_for(self._handle().status.remote(), STATUS_TIMEOUT_S)
         except Exception:  # no replica answers (one being replaced): Serve's words, with the last known cause
