@@ -7,32 +7,98 @@
 #   2. the engine on a random model of SmolLM2-1.7B's shape, cuda_graphs off and on, against plain
 #      `generate` and the measured bandwidth roofline, as a table (python -m scripts.bench gpu).
 #
-#   scripts/gpu_check.sh [OUT_DIR]     # logs and results in OUT_DIR (default build/gpu-check)
+#   scripts/gpu_check.sh [--rehearse] [OUT_DIR]     # logs and OUT_DIR/summary.txt (default build/gpu-check)
 #
-# Python: .venv/bin/python where scripts/setup.sh made it, else python3 with the packages on its path
-# (a machine with no network: ../shared/gpu's payload). The tiny test models and the benchmark's model
-# use the SmolLM2 tokenizer: saved once into OUT_DIR/tokenizer from the offline default GGUF where
-# models/ has it; on a machine without it, bring that folder (3 MB) along.
+# On the lent GPU machine (no network; `.gpu` built here by scripts/gpu_payload.sh and carried):
+#   bash scripts/gpu_check.sh "$OUT"
+# `--rehearse` runs the same steps on a CPU machine: no nvidia-smi, the GPU tests only collected (they skip
+# without CUDA, so collection proves every import) and a tiny benchmark. Each step runs under its own
+# `timeout` within GPU_CHECK_BUDGET seconds in all (default 540, under the device's 600 s per command), and
+# writes its log to OUT_DIR as it goes, so a run cut short still brings back what it did.
+#
+# Python: MMSERVE_PYTHON, else .venv/bin/python where scripts/setup.sh made it, else python3. Where `.gpu/`
+# is here and that Python has no Ray, it is installed from `.gpu/` into GPU_CHECK_SITE (default /tmp/site)
+# the way ../shared/gpu/make-payload.sh says. The tokenizer of the tiny test models and of the benchmark's
+# model: `.gpu/tokenizer`, else saved from the offline default GGUF in models/ (which does not travel).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+rehearse=0
+if [ "${1:-}" = --rehearse ]; then rehearse=1 && shift; fi
 out=${1:-build/gpu-check}
-mkdir -p "$out"
-py=python3
-[ -x .venv/bin/python ] && py=.venv/bin/python
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
-if [ ! -f "$out/tokenizer/tokenizer.json" ]; then
-  "$py" -c "from scripts.bench.tiny_models import _tokenizer; _tokenizer().save_pretrained('$out/tokenizer')" || exit 1
-fi
-export MMSERVE_TOKENIZER_DIR="$PWD/$out/tokenizer"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" || {
-  echo "gpu_check: no NVIDIA GPU here (nvidia-smi failed)" >&2
-  exit 1
-}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+deadline=$((SECONDS + ${GPU_CHECK_BUDGET:-540}))
+summary=$out/summary.txt
+: >"$summary"
 status=0
-echo "== GPU tests"
-timeout 240 "$py" -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/tests.log" | tail -15
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== engine benchmark"
-timeout 300 "$py" -m scripts.bench gpu --tokenizer "$out/tokenizer" 2>"$out/bench.err" | tee "$out/bench.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || { status=1; tail -20 "$out/bench.err"; }
+
+note() { echo "$*" | tee -a "$summary"; }
+
+# step NAME LIMIT CMD...: CMD under `timeout` (LIMIT seconds, less if the budget has less left), its
+# output in OUT_DIR/NAME.log, one line in the summary; the log's tail on the terminal when it fails.
+step() {
+  local name=$1 limit=$2 start=$SECONDS rc
+  shift 2
+  ((limit > deadline - SECONDS)) && limit=$((deadline - SECONDS))
+  if ((limit < 10)); then
+    note "$name: not run, out of time"
+    status=1 && return 1
+  fi
+  echo "== $name (at most ${limit} s)"
+  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then
+    note "$name: ok in $((SECONDS - start)) s"
+  else
+    note "$name: FAILED (exit $rc$([ $rc = 124 ] && echo ", timed out after $limit s")) in $((SECONDS - start)) s; see $name.log"
+    tail -n 20 "$out/$name.log"
+    status=1
+  fi
+  return $rc
+}
+
+py=${MMSERVE_PYTHON:-python3}
+[ -z "${MMSERVE_PYTHON:-}" ] && [ -x .venv/bin/python ] && py=.venv/bin/python
+site=${GPU_CHECK_SITE:-/tmp/site}
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" HF_HUB_OFFLINE=1
+note "gpu_check $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) python $("$py" -V 2>&1)$([ $rehearse = 1 ] && echo ', rehearsal')"
+
+if [ -d .gpu/whl ] && ! "$py" -c 'import ray' 2>/dev/null; then
+  step install 150 bash -c "'$py' -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target '$site' .gpu/whl/*.whl && tar xJf .gpu/ray-slim.tar.xz -C '$site'" || exit 1
+fi
+
+tokenizer=$PWD/.gpu/tokenizer
+if [ ! -f "$tokenizer/tokenizer.json" ]; then
+  tokenizer=$PWD/build/gpu-check-tokenizer
+  [ -f "$tokenizer/tokenizer.json" ] || step tokenizer 120 "$py" -c \
+    "from scripts.bench.tiny_models import _tokenizer; _tokenizer().save_pretrained('$tokenizer')" || exit 1
+fi
+export MMSERVE_TOKENIZER_DIR=$tokenizer
+
+bench=()
+if [ $rehearse = 1 ]; then
+  bench=(--shape tiny --concurrency 1 4 --max-tokens 16 --cuda-graphs off)
+else
+  gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) || {
+    note "no NVIDIA GPU here (nvidia-smi failed); on a CPU machine: --rehearse"
+    exit 1
+  }
+  note "gpu: $gpu"
+fi
+
+# What the check imports, with versions, in the summary: a package the machine lacks is named at once.
+step versions 60 "$py" -c 'import importlib, torch
+for name in ("torch", "transformers", "tokenizers", "ray", "pydantic", "fastapi", "httpx", "prometheus_client", "pytest_asyncio"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "present"))
+    except Exception as exc:
+        print(name, "MISSING:", exc)
+print("cuda", torch.version.cuda, "available" if torch.cuda.is_available() else "not available")'
+sed 's/^/  /' "$out/versions.log" >>"$summary"
+# A module that fails to import fails its own tests, not the others'.
+step tests 240 "$py" -m pytest tests/gpu -q -p no:cacheprovider --continue-on-collection-errors
+step bench 300 "$py" -m scripts.bench gpu --tokenizer "$tokenizer" "${bench[@]}"
+# The table: what the benchmark prints after its JSON lines, from its title line on.
+[ -f "$out/bench.log" ] && sed -n '/greedy tokens$/,$p' "$out/bench.log" | tee -a "$summary"
+note "gpu_check: $([ $status = 0 ] && echo passed || echo FAILED) in $SECONDS s"
 exit $status
