@@ -86,7 +86,8 @@ def vision_state(health: dict[str, Any]) -> str:
 
 
 def watch_vision(url: str, pid: int | None) -> None:
-    """Once the captioner has left `loading` (or after VISION_WAIT_S), its state on one line."""
+    """Once the captioner has left `loading`, its state on one line; nothing while it still loads
+    after VISION_WAIT_S (/health goes on telling)."""
     deadline = time.monotonic() + VISION_WAIT_S
     while time.monotonic() < deadline and (pid is None or alive(pid)):
         time.sleep(2)
