@@ -112,7 +112,7 @@ def test_health_answers_from_serves_view_while_no_replica_runs(service, http):
     answer = seen[-1]
     print(f"\n/health's captioner while no replica runs: {answer['details']} {answer['reason']}")
     assert not answer["ready"] and "RUNNING" not in answer["details"]["replicas"], answer
-    assert "cannot load" in answer["reason"] and "Serve reports VisionCaptioner" in answer["reason"], answer
+    assert "cannot load" in answer["reason"] and "Serve application 'vision' is UNHEALTHY" in answer["reason"], answer
 
 
 def test_healthy_again_once_the_weights_appear(service, weights_dir, tiny_vlm_dir, http):
