@@ -92,8 +92,9 @@ def watch_vision(url: str, pid: int | None) -> None:
     while time.monotonic() < deadline and (pid is None or alive(pid)):
         time.sleep(2)
         status, health = get_json(f"{url}/health")
-        if status == 200 and isinstance(health, dict) and not vision_state(health).startswith("loading"):
-            print(f"mmserve vision: {vision_state(health)}", flush=True)
+        vision = vision_state(health) if status == 200 and isinstance(health, dict) else "loading"
+        if not vision.startswith("loading"):
+            print(f"mmserve vision: {vision}", flush=True)
             return
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from ray import serve
+from ray.serve.schema import ApplicationStatusOverview
 
 SERVING = {"HEALTHY", "UPSCALING", "DOWNSCALING"}
 # Neither: UPDATING (a first start, or a redeploy while old replicas serve) and UNKNOWN.
@@ -36,14 +37,18 @@ def brief(message: str) -> str:
 def app_state(app: str, deployment: str) -> str:
     """Serve's words on an application and one of its deployments (e.g. why it cannot be scheduled)."""
     try:
-        status = serve.status().applications.get(app)
+        application = serve.status().applications.get(app)
     except Exception as exc:
         return f"Serve status unavailable: {exc}"
-    if status is None:
+    return _app_words(app, application, deployment)
+
+
+def _app_words(app: str, application: ApplicationStatusOverview | None, deployment: str) -> str:
+    if application is None:
         return f"Serve application {app!r} is not deployed"
-    detail = status.deployments.get(deployment)
-    message = brief((detail.message if detail else "") or status.message)
-    return f"Serve application {app!r} is {_value(status.status)}" + (f": {message}" if message else "")
+    detail = application.deployments.get(deployment)
+    message = brief((detail.message if detail else "") or application.message)
+    return f"Serve application {app!r} is {_value(application.status)}" + (f": {message}" if message else "")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class DeploymentView:
     status: str
     words: str  # Serve's words on it, for a reason
     replicas: dict[str, int] = field(default_factory=dict)  # replicas by state: RUNNING, STARTING, ...
+    app_words: str = ""  # `app_state`'s words, from the same moment: they say why a replica is not scheduled
 
     @property
     def running(self) -> int:
@@ -67,10 +73,12 @@ class DeploymentView:
 
 def deployment_view(app: str, deployment: str) -> DeploymentView:
     try:
-        detail = serve.status().applications[app].deployments[deployment]
+        application = serve.status().applications[app]
+        detail = application.deployments[deployment]
     except Exception as exc:
         return DeploymentView("UNKNOWN", f"Serve's status of {deployment} is unavailable: {type(exc).__name__}: {exc}")
     status = _value(detail.status)
     message = brief(detail.message)
     words = f"Serve reports {deployment} {status}" + (f": {message}" if message else "")
-    return DeploymentView(status, words, {_value(state): n for state, n in detail.replica_states.items() if n})
+    replicas = {_value(state): n for state, n in detail.replica_states.items() if n}
+    return DeploymentView(status, words, replicas, _app_words(app, application, deployment))

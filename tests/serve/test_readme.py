@@ -24,13 +24,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
+
+from tests.serve.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -188,10 +189,7 @@ def test_readme_commands_run_as_written():
             if not block.mark:
                 run_block(block, env)
         if ready["vision"].startswith("loading"):  # then one more line says how the captioner's start ended
-            deadline = time.monotonic() + 120
-            while not any(map(VISION.match, service.lines)) and time.monotonic() < deadline:
-                time.sleep(1)
-            assert any(map(VISION.match, service.lines)), service.lines[-30:]
+            assert wait_until(lambda: any(map(VISION.match, service.lines)), 120, 1), service.lines[-30:]
         processes = service.tree()
         assert len(processes) > 3, [p.cmdline() for p in processes]  # serve run and Ray's processes
         run_block(stop, env)

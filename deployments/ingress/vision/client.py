@@ -182,8 +182,7 @@ class CaptionerClient:
             # No replica can answer (one is loading, or Serve is replacing a failed one): a call would
             # wait out STATUS_TIMEOUT_S for nothing, and /health with it. Serve's words, at once.
             replicas = ", ".join(f"{n} {state}" for state, n in view.replicas.items()) or "none"
-            # The application's words: they say why a replica is not scheduled (no GPU to fit it).
-            reason = f"no replica running yet ({replicas}); {await self._app_state()}"
+            reason = f"no replica running yet ({replicas}); {view.app_words}"
             if view.status in FAILED:
                 state, reason = "failed", self._with_known_cause(reason)
             else:
