@@ -40,6 +40,7 @@ from deployments.ingress.endpoints.messages import MessagesService
 from deployments.ingress.endpoints.responses import ResponseService
 from deployments.ingress.endpoints.tokenize import TokenizeService
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
+from deployments.ingress.owners import caller_of
 from deployments.ingress.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
 from deployments.ingress.served_models import ServedModels
@@ -227,14 +228,18 @@ def build_api(
     async def create_response(body: ResponseRequest, request: Request) -> Any:
         record = record_of(request.state)
         record.model = body.model
-        return _reply(await ResponseService(served.get(body.model).core).create(body, record, responses))
+        caller = caller_of(request.state, record.request_id)
+        return _reply(await ResponseService(served.get(body.model).core).create(body, record, responses, caller))
 
     @api.websocket("/v1/responses")
     async def response_socket(websocket: WebSocket) -> None:
         """The WebSocket mode: `response.create` turns on one connection (`responses.socket`)."""
 
         async def turn(body: ResponseRequest, record: RequestRecord, connection: ConnectionCache) -> Reply:
-            return await ResponseService(served.get(body.model).core).create(body, record, responses, connection)
+            caller = caller_of(websocket.state, record.request_id)
+            return await ResponseService(served.get(body.model).core).create(
+                body, record, responses, caller, connection
+            )
 
         rid = request_id(websocket.scope)
         await ResponseSocket(
@@ -249,25 +254,29 @@ def build_api(
     async def compact_response(body: CompactRequest, request: Request) -> Any:
         record = record_of(request.state)
         record.model = body.model
-        return JSONResponse(await ResponseService(served.get(body.model).core).compact(body, record, responses))
+        caller = caller_of(request.state, record.request_id)
+        return JSONResponse(await ResponseService(served.get(body.model).core).compact(body, record, responses, caller))
 
     @api.get("/v1/responses/{response_id}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
-    async def get_response(response_id: str) -> Any:
-        return JSONResponse((await stored_entry(responses, response_id))["response"])
+    async def get_response(response_id: str, request: Request) -> Any:
+        caller = caller_of(request.state, request_id(request.scope))
+        return JSONResponse((await stored_entry(responses, response_id, caller))["response"])
 
     @api.delete("/v1/responses/{response_id}", responses={401: _ERRORS[401], 404: _ERRORS[404]})
-    async def delete_response(response_id: str) -> Any:
-        await delete_entry(responses, response_id)
+    async def delete_response(response_id: str, request: Request) -> Any:
+        await delete_entry(responses, response_id, caller_of(request.state, request_id(request.scope)))
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @api.get("/v1/responses/{response_id}/input_items", responses={401: _ERRORS[401], 404: _ERRORS[404]})
     async def response_input_items(
         response_id: str,
+        request: Request,
         limit: int = Query(20, ge=1, le=100),
         order: Literal["asc", "desc"] = "desc",
         after: str | None = None,
     ) -> InputItemList:
-        return input_items((await stored_entry(responses, response_id))["input"], limit, order, after)
+        caller = caller_of(request.state, request_id(request.scope))
+        return input_items((await stored_entry(responses, response_id, caller))["input"], limit, order, after)
 
     @api.post("/tokenize", responses=_ERRORS)
     async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:

@@ -8,7 +8,8 @@ A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so stream
 through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
 A key comes as ``Authorization: Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key``;
-the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape.
+the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. The accepted
+key's digest stays in the request's state: the request's caller, who owns what it stores (`owners`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.websockets import WebSocket
 
 from deployments.config import ServerConfig
 from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
+from deployments.ingress import owners
 from deployments.monitoring.access_log import record_of
 
 ANTHROPIC_PATH = "/v1/messages"
@@ -53,12 +55,17 @@ class KeyRing:
 
     def accepts(self, authorization: str | None) -> bool:
         """`Authorization: Bearer <key>` with an accepted key. Every key is compared, match or not."""
+        return self.match(authorization) is not None
+
+    def match(self, authorization: str | None) -> bytes | None:
+        """The digest of the accepted key that `Authorization: Bearer <key>` presents; None for none.
+        Every key is compared, match or not."""
         scheme, _, token = (authorization or "").partition(" ")
         presented = _digest(token.strip())
         matched = False
         for digest in self._digests:
             matched |= hmac.compare_digest(digest, presented)
-        return matched and scheme.lower() == "bearer"
+        return presented if matched and scheme.lower() == "bearer" else None
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,10 @@ class RequestGuard:
             return
         settings = self._settings
         headers = Headers(scope=scope)
-        if settings.keys and _route(scope) not in OPEN_PATHS and not settings.keys.accepts(_presented(headers)):
+        key = settings.keys.match(_presented(headers)) if settings.keys else None
+        if key is not None:  # who makes the request: the owner of what it stores (`owners`)
+            scope.setdefault("state", {})[owners.STATE_KEY] = key
+        elif settings.keys and _route(scope) not in OPEN_PATHS:
             error = AuthenticationError(
                 "Invalid or missing API key; send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
             )

@@ -3,7 +3,8 @@
 words do not matter, and the offline default (SmolLM2 on llama.cpp) for a whole and a streamed
 response that must say the same. The store is the named Ray actor that the ingress replicas share.
 
-One deployment for the module: both models behind one endpoint."""
+One deployment for the module: both models behind one endpoint, with two API keys (two tenants: a
+stored response is its key's alone)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
 
 ECHO, SMOL = "echo", "smollm2-llamacpp"
+KEY_A, KEY_B = "key-tenant-a-0001", "key-tenant-b-0002"
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -47,12 +49,17 @@ def client(serve_cluster, tmp_path_factory, smollm2):
             },
         ],
         primaries=[ECHO, SMOL],
+        server={"api_keys": [KEY_A, KEY_B]},
     )
     for actor in store_actors():  # an earlier module's: the deploy below must start its own
         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
     deploy(models, decoder_gpus=0, captioner_gpus=0)
-    yield openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
+    yield tenant(KEY_A)
     undeploy("default", "vision")
+
+
+def tenant(key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key=key, max_retries=0, timeout=120)
 
 
 def store_actors() -> list[dict]:
@@ -120,6 +127,43 @@ def test_previous_response_id_retrieve_input_items_and_delete(client):
     assert gone.value.code == "previous_response_not_found" and gone.value.param == "previous_response_id"
 
 
+def test_a_stored_response_is_its_keys_alone(client):
+    """Another key reads, lists, continues (over HTTP and the WebSocket), compacts and deletes the
+    response exactly as an unknown id; the owner's response stays whole and theirs to continue."""
+    secret = client.responses.create(model=ECHO, input="My secret is 4471.")
+    other = tenant(KEY_B)
+    unknown_id = "resp_" + "0" * 24
+
+    def refused(call, rid: str) -> tuple[int, dict, set[str]]:
+        with pytest.raises(openai.APIStatusError) as caught:
+            call(rid)
+        response = caught.value.response
+        names = {n.lower() for n in response.headers} - {"date", "x-request-id", "content-length"}
+        return response.status_code, _without_id(response.json(), rid), names
+
+    for call in (other.responses.retrieve, other.responses.input_items.list, other.responses.delete):
+        assert refused(call, secret.id) == refused(call, unknown_id)
+        assert refused(call, secret.id)[0] == 404
+    for how in (
+        lambda rid: other.responses.create(model=ECHO, input="And?", previous_response_id=rid),
+        lambda rid: other.responses.compact(model=ECHO, previous_response_id=rid),
+    ):
+        assert refused(how, secret.id) == refused(how, unknown_id)
+    assert refused(how, secret.id)[1]["error"]["code"] == "previous_response_not_found"
+    with other.responses.connect() as connection:
+        theirs = socket_turn(connection, model=ECHO, input="And?", previous_response_id=secret.id)
+        nobodys = socket_turn(connection, model=ECHO, input="And?", previous_response_id=unknown_id)
+    assert [e.type for e in theirs] == [e.type for e in nobodys] == ["error"]
+    assert theirs[0].error.code == nobodys[0].error.code == "previous_response_not_found"
+    assert "4471" in client.responses.retrieve(secret.id).output_text
+    assert "4471" in client.responses.create(model=ECHO, input="Again?", previous_response_id=secret.id).output_text
+    client.responses.delete(secret.id)
+
+
+def _without_id(body: dict, rid: str) -> dict:
+    return json.loads(json.dumps(body).replace(rid, "<id>"))
+
+
 def test_errors_name_what_is_wrong(client):
     with pytest.raises(openai.NotFoundError) as unknown:
         client.responses.create(model="gpt-9", input="hi")
@@ -127,7 +171,11 @@ def test_errors_name_what_is_wrong(client):
     with pytest.raises(openai.BadRequestError) as hosted:
         client.responses.create(model=ECHO, input="hi", tools=[{"type": "web_search"}])
     assert hosted.value.param == "tools" and "hosted tools" in hosted.value.message
-    bad = httpx.post(f"{BASE_URL}/v1/responses", json={"model": ECHO, "input": [{"type": "message", "role": "tool"}]})
+    bad = httpx.post(
+        f"{BASE_URL}/v1/responses",
+        json={"model": ECHO, "input": [{"type": "message", "role": "tool"}]},
+        headers={"Authorization": f"Bearer {KEY_A}"},
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input[0]")
 
 
@@ -143,7 +191,7 @@ def agent(model: str, **settings: object):
         """The weather in a city."""
         return f"sunny in {city}"
 
-    client = openai.AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key=KEY_A, max_retries=0, timeout=120)
     return Agent(
         name="weather",
         instructions="Answer briefly; use the tool for the weather.",

@@ -23,6 +23,7 @@ from deployments.errors import InvalidRequestError
 from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.reply import Framing, Reply, streamed, whole
+from deployments.ingress.owners import Caller
 from deployments.ingress.responses.compaction import compacted_output, summary_request
 from deployments.ingress.responses.items import (
     Item,
@@ -58,12 +59,14 @@ class ResponseService:
         body: ResponseRequest,
         record: RequestRecord,
         store: ResponseStorePort | None,
+        caller: Caller,
         connection: ConnectionCache | None = None,
     ) -> Reply:
         """`record`: what this request's access-log line and metrics say; `store`: the responses kept
-        (None: none are); `connection`: the WebSocket connection's cache, for a turn of that mode."""
+        (None: none are); `caller`: who asks (a response continued must be theirs, the response is
+        kept as theirs); `connection`: the WebSocket connection's cache, for a turn of that mode."""
         core = self._core
-        conversation = await _conversation(store, body.previous_response_id, connection)
+        conversation = await _conversation(store, body.previous_response_id, caller, connection)
         plan = tool_plan(body)
         deadline = core.deadline()
         async with deadline.within():
@@ -81,7 +84,7 @@ class ResponseService:
         degraded = seen.degraded
         output = ResponseOutput(plan, degraded.notice if degraded else None)
         base = echoed(body, f"resp_{secrets.token_hex(12)}", core.model, degraded)
-        kept = _Keeper(store if body.store else None, body, conversation, connection)
+        kept = _Keeper(store if body.store else None, caller, body, conversation, connection)
         headers = degraded.headers if degraded else {}
         if body.stream:
             events = ResponseEvents(base, output, socket_frame if connection is not None else sse_frame)
@@ -94,10 +97,12 @@ class ResponseService:
         await whole(generation, output.tally, output.feed)
         return Reply(headers, body=(await kept(output.response(base))).model_dump())
 
-    async def compact(self, body: CompactRequest, record: RequestRecord, store: ResponseStorePort | None) -> dict:
-        """The conversation (that of `previous_response_id`, then the input) compacted: its user
-        messages and the summary that the model writes of it, with the summary's usage."""
-        items = _items(await _conversation(store, body.previous_response_id)) + body.items
+    async def compact(
+        self, body: CompactRequest, record: RequestRecord, store: ResponseStorePort | None, caller: Caller
+    ) -> dict:
+        """The conversation (that of `previous_response_id`, the caller's, then the input) compacted:
+        its user messages and the summary that the model writes of it, with the summary's usage."""
+        items = _items(await _conversation(store, body.previous_response_id, caller)) + body.items
         if not items:
             raise InvalidRequestError("Nothing to compact: send input, previous_response_id or both.", param="input")
         generation = await self._core.generate(
@@ -117,13 +122,13 @@ class ResponseService:
 
 
 async def _conversation(
-    store: ResponseStorePort | None, previous: str | None, connection: ConnectionCache | None = None
+    store: ResponseStorePort | None, previous: str | None, caller: Caller, connection: ConnectionCache | None = None
 ) -> list[dict[str, Any]]:
     """The items of the conversation that `previous` (a response's id) ended: its input and output,
     and those it continued."""
     if previous is None:
         return []
-    earlier = await earlier_entry(store, previous, connection)
+    earlier = await earlier_entry(store, previous, caller, connection)
     return earlier["conversation"] + [as_input(item) for item in earlier["response"]["output"]]
 
 
@@ -135,17 +140,19 @@ def _items(conversation: list[dict[str, Any]]) -> list[Item]:
 
 class _Keeper:
     """Keeps a finished response in the store (when there is one and `store` is true) and on its
-    WebSocket connection (a turn of that mode), with the request's input items and the
+    WebSocket connection (a turn of that mode), as the caller's, with the request's input items and the
     conversation before them."""
 
     def __init__(
         self,
         store: ResponseStorePort | None,
+        caller: Caller,
         body: ResponseRequest,
         conversation: list[dict[str, Any]],
         connection: ConnectionCache | None,
     ):
         self._store = store
+        self._caller = caller
         self._input = [stored_item(item) for item in body.items]
         self._conversation = conversation
         self._connection = connection
@@ -157,7 +164,7 @@ class _Keeper:
             "conversation": self._conversation + self._input,
         }
         if self._store is not None:
-            await self._store.put(response.id, entry)
+            await self._store.put(response.id, entry, self._caller)
         if self._connection is not None:
             self._connection.remember(response.id, entry)
         return response

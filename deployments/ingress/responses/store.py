@@ -12,7 +12,11 @@ new settings bound it again); it holds no CPU. It stays until Ray stops or it is
 (`ray.kill`): deleting the application leaves it. It is bounded: at most
 `server.responses_max_entries` responses, none older than `server.responses_max_age_s` (the oldest
 go first); an evicted or unknown id is `PreviousResponseNotFound` for a continuation,
-`ResponseNotFoundError` (404) for a GET."""
+`ResponseNotFoundError` (404) for a GET.
+
+Each response belongs to the API key that made it (`ingress.owners`): the store keeps its owner's
+tag and finds it only for that owner; for another key it is an unknown id (the same 404 or
+`previous_response_not_found`), and the refusal is logged with the request's id."""
 
 from __future__ import annotations
 
@@ -24,20 +28,24 @@ from typing import Any, Protocol
 import ray
 
 from deployments.errors import PreviousResponseNotFound, ResponseNotFoundError
+from deployments.ingress.owners import Caller, Found, Owners, refused
 
 logger = logging.getLogger("ray.serve")
 
 Entry = dict[str, Any]  # {"response": the response object, "input": its items, "conversation": all before it}
 
 
+Lookup = Found[Entry]
+
+
 class ResponseStorePort(Protocol):
-    """What the Responses endpoint calls: the actor's methods, awaited."""
+    """What the Responses endpoint calls: the actor's methods, awaited, each for one caller."""
 
-    async def put(self, response_id: str, entry: Entry) -> None: ...
+    async def put(self, response_id: str, entry: Entry, caller: Caller) -> None: ...
 
-    async def get(self, response_id: str) -> Entry | None: ...
+    async def get(self, response_id: str, caller: Caller) -> Lookup: ...
 
-    async def delete(self, response_id: str) -> bool: ...
+    async def delete(self, response_id: str, caller: Caller) -> Lookup: ...
 
 
 class BoundedResponses:
@@ -45,7 +53,8 @@ class BoundedResponses:
     unit tests' store)."""
 
     def __init__(self, max_entries: int, max_age_s: float) -> None:
-        self._entries: OrderedDict[str, tuple[float, Entry]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[float, str | None, Entry]] = OrderedDict()  # stored at, owner
+        self._owners = Owners()
         self.bound(max_entries, max_age_s)
 
     def bound(self, max_entries: int, max_age_s: float) -> None:
@@ -61,18 +70,24 @@ class BoundedResponses:
         ):
             self._entries.popitem(last=False)
 
-    async def put(self, response_id: str, entry: Entry) -> None:
-        self._entries[response_id] = (time.monotonic(), entry)
+    async def put(self, response_id: str, entry: Entry, caller: Caller) -> None:
+        self._entries[response_id] = (time.monotonic(), self._owners.tag(caller), entry)
         self._evict()
 
-    async def get(self, response_id: str) -> Entry | None:
+    async def get(self, response_id: str, caller: Caller) -> Lookup:
         self._evict()
         kept = self._entries.get(response_id)
-        return kept[1] if kept else None
+        if kept is None:
+            return Lookup()
+        if not self._owners.owns(kept[1], caller):
+            return Lookup(foreign=True)
+        return Lookup(kept[2])
 
-    async def delete(self, response_id: str) -> bool:
-        self._evict()
-        return self._entries.pop(response_id, None) is not None
+    async def delete(self, response_id: str, caller: Caller) -> Lookup:
+        found = await self.get(response_id, caller)
+        if found.thing is not None:
+            del self._entries[response_id]
+        return found
 
 
 class ResponseStore:
@@ -105,26 +120,39 @@ class ResponseStore:
             self._connect()
         return self._actor
 
-    async def put(self, response_id: str, entry: Entry) -> None:
-        await self._store().put.remote(response_id, entry)
+    async def put(self, response_id: str, entry: Entry, caller: Caller) -> None:
+        await self._store().put.remote(response_id, entry, caller)
 
-    async def get(self, response_id: str) -> Entry | None:
-        entry: Entry | None = await self._store().get.remote(response_id)
-        return entry
+    async def get(self, response_id: str, caller: Caller) -> Lookup:
+        found: Lookup = await self._store().get.remote(response_id, caller)
+        return found
 
-    async def delete(self, response_id: str) -> bool:
-        deleted: bool = await self._store().delete.remote(response_id)
-        return deleted
+    async def delete(self, response_id: str, caller: Caller) -> Lookup:
+        found: Lookup = await self._store().delete.remote(response_id, caller)
+        return found
+
+
+async def _lookup(
+    store: ResponseStorePort | None, response_id: str, caller: Caller, delete: bool = False
+) -> Entry | None:
+    """The caller's stored response (deleted from the store when `delete`); None for an unknown id and
+    for another owner's, the latter logged."""
+    if store is None:
+        return None
+    found = await (store.delete if delete else store.get)(response_id, caller)
+    if found.foreign:
+        refused("response", response_id, caller)
+    return found.thing
 
 
 async def earlier_entry(
-    store: ResponseStorePort | None, response_id: str, connection: ConnectionCache | None = None
+    store: ResponseStorePort | None, response_id: str, caller: Caller, connection: ConnectionCache | None = None
 ) -> Entry:
     """The response that a request continues (`previous_response_id`): its WebSocket connection's
-    last one, or a stored one."""
+    last one, or one that the caller stored."""
     entry = connection.take(response_id) if connection is not None else None
-    if entry is None and store is not None:
-        entry = await store.get(response_id)
+    if entry is None:
+        entry = await _lookup(store, response_id, caller)
     if entry is None:
         raise PreviousResponseNotFound(
             f"Previous response with id {response_id!r} not found (unknown, deleted, or evicted from the store; "
@@ -138,17 +166,17 @@ def _not_found(response_id: str) -> ResponseNotFoundError:
     return ResponseNotFoundError(f"Response with id {response_id!r} not found.", param="response_id")
 
 
-async def stored_entry(store: ResponseStorePort | None, response_id: str) -> Entry:
-    """A stored response, for the GET routes."""
-    entry = await store.get(response_id) if store is not None else None
+async def stored_entry(store: ResponseStorePort | None, response_id: str, caller: Caller) -> Entry:
+    """A response that the caller stored, for the GET routes."""
+    entry = await _lookup(store, response_id, caller)
     if entry is None:
         raise _not_found(response_id)
     return entry
 
 
-async def delete_entry(store: ResponseStorePort | None, response_id: str) -> None:
-    """Forget a stored response (the DELETE route)."""
-    if store is None or not await store.delete(response_id):
+async def delete_entry(store: ResponseStorePort | None, response_id: str, caller: Caller) -> None:
+    """Forget a response that the caller stored (the DELETE route)."""
+    if await _lookup(store, response_id, caller, delete=True) is None:
         raise _not_found(response_id)
 
 

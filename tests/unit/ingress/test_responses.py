@@ -16,6 +16,7 @@ from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.owners import Caller
 from deployments.ingress.responses.items import chat_messages
 from deployments.ingress.responses.store import BoundedResponses
 from deployments.ingress.served_models import ServedModel, ServedModels
@@ -221,18 +222,18 @@ async def test_a_streamed_response_is_stored_before_its_last_event():
         async with api.responses.stream(model="echo", input="hi") as stream:
             async for event in stream:
                 if event.type == "response.completed":
-                    assert await store.get(event.response.id) is not None
+                    assert (await store.get(event.response.id, Caller())).thing is not None
 
 
 async def test_the_store_is_bounded_by_count_and_age():
     store = BoundedResponses(2, 60)
     for rid in ("a", "b", "c"):
-        await store.put(rid, {"response": {"id": rid}})
-    assert await store.get("a") is None and await store.get("c") is not None
+        await store.put(rid, {"response": {"id": rid}}, Caller())
+    assert (await store.get("a", Caller())).thing is None and (await store.get("c", Caller())).thing is not None
     aged = BoundedResponses(5, 0.01)
-    await aged.put("x", {})
+    await aged.put("x", {}, Caller())
     await asyncio.sleep(0.02)
-    assert await aged.get("x") is None
+    assert (await aged.get("x", Caller())).thing is None
 
 
 @pytest.mark.parametrize(
