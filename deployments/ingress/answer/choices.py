@@ -37,6 +37,10 @@ class Tally(Generic[F]):
         self._endings: list[Ending[F]] = [Ending() for _ in range(choices)]
         self._per_prompt = per_prompt or choices
 
+    @property
+    def choices(self) -> int:
+        return len(self._endings)
+
     def __getitem__(self, index: int) -> Ending[F]:
         return self._endings[index]
 

@@ -1,24 +1,29 @@
-"""One served model's answering, which every endpoint's service frames (`AnswerCore`): its decoder,
+"""One served model's answering, which every API's service formats (`AnswerCore`): its decoder,
 the request's deadline (`server.request_timeout_s`: a 408 before the first byte, an error event
 after; the generation is cancelled either way), the sampling settings as the decoder takes them,
-the vision pipeline, and the start of a generation, whose first chunk is awaited before anything
-is sent, so that errors before the first byte keep their status; and the decoder's tokenizer
-(`tokenize`, `detokenize`), which needs no generation."""
+the vision pipeline, and the opening of an answer, written once for every API (`open`: the deadline,
+the chat through the vision pipeline, the decoder request with the tool plan's tools, and the start
+of the generation, whose first chunk is awaited before anything is sent, so that errors before the
+first byte keep their status); and the decoder's tokenizer (`tokenize`, `detokenize`), which needs
+no generation."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
 from deployments.ingress.answer.stream import DecoderStream, Generation
 from deployments.ingress.ports import DecoderHandle
-from deployments.ingress.vision.pipeline import VisionPipeline
+from deployments.ingress.vision.pipeline import DecoderInput, Degraded, VisionPipeline
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChatMessage
 from deployments.protocol.openai.common import SamplingFields
 from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
+from deployments.tools.plan import ToolPlan
 
 
 class Deadline:
@@ -77,6 +82,25 @@ def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         ) from None
 
 
+@dataclass(frozen=True)
+class Opened:
+    """An answer begun: its generation (the first chunk in hand) and what the vision pipeline could
+    not show the decoder (None: every image seen)."""
+
+    generation: Generation
+    degraded: Degraded | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The reply's headers that say the answer is degraded (`X-Vision-Degraded`)."""
+        return self.degraded.headers if self.degraded else {}
+
+    @property
+    def notice(self) -> str | None:
+        """The degraded-vision notice to put before the answer's text."""
+        return self.degraded.notice if self.degraded else None
+
+
 class AnswerCore:
     """A plain class over the decoder's handle (or a fake with the same calls), so that every
     endpoint's service runs, and is tested, without Ray and without HTTP."""
@@ -104,6 +128,21 @@ class AnswerCore:
 
     def sampling(self, body: SamplingFields) -> dict[str, Any]:
         return sampling_fields(body, self._max_n)
+
+    async def prepare(self, messages: list[ChatMessage], record: RequestRecord) -> tuple[Deadline, DecoderInput]:
+        """A request's deadline, from now, and its chat through the vision pipeline before it."""
+        deadline = self.deadline()
+        async with deadline.within():
+            seen = await self.vision.prepare(messages, record)
+        return deadline, seen
+
+    async def open(self, messages: list[ChatMessage], plan: ToolPlan, record: RequestRecord, **settings: Any) -> Opened:
+        """The opening of every API's answer to a chat: the chat through the vision pipeline, the
+        decoder's request (the plan's tools and the request's generation `settings`, a grammar among
+        them), and its generation started, all before the request's deadline."""
+        deadline, seen = await self.prepare(messages, record)
+        request = GenerateRequest(messages=seen.messages, images=seen.images, tools=plan.tools, **settings)
+        return Opened(await self.generate([request], deadline, record), seen.degraded)
 
     async def generate(self, requests: list[GenerateRequest], deadline: Deadline, record: RequestRecord) -> Generation:
         """One decoder call per request (all of the same `n`), read as one answer; `record` gets the

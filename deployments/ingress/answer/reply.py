@@ -1,10 +1,12 @@
-"""What a route sends (`Reply`), and the loops that feed an answer's chunks to an endpoint's framing
-until every choice has finished: `whole` for one body, `streamed` for server-sent events, framed as
-the endpoint's API frames them (`framed`, with a `Framing`; OpenAI's by default): an error after
-the first byte is one error event (the status line has gone out as 200), a client that goes away
-cancels the generation at once, and the API's end marker (OpenAI's ``data: [DONE]``; none for APIs
-whose last event says it) always ends the stream. Once every choice has finished, a generation that
-some choice ended early (`choices.Tally.cut_short`) is cancelled."""
+"""What a route sends (`Reply`), and the one loop that feeds an answer's chunks to an API's formatter
+(which reads each as its semantic events, `events.Answer`) until every choice has finished: `whole`
+for one body, `streamed` for a stream of events, framed as the API frames them (`framed`,
+with a `Framing`; OpenAI's by default): an error after the first byte is the API's error event(s)
+(the status line has gone out as 200; logged with its traceback when it is a bug, `recorded_error`),
+a client that goes away cancels the generation at once, and the API's end marker (OpenAI's
+``data: [DONE]``; none for APIs whose last event says it) always ends the stream. Once every choice
+has finished, a generation that some choice ended early (`choices.Tally.cut_short`) is cancelled.
+`sse` and `named_sse` are the two ways an API writes an event."""
 
 from __future__ import annotations
 
@@ -128,8 +130,13 @@ def error_event(exc: Exception, record: RequestRecord) -> str:
 
 
 def sse(data: dict) -> str:
-    """One server-sent event of `data`."""
+    """One server-sent event of `data` (OpenAI's chat and completions)."""
     return f"data: {json.dumps(data)}\n\n"
+
+
+def named_sse(data: dict[str, Any]) -> str:
+    """One server-sent event named by its data's `type` (the Responses and Anthropic APIs)."""
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
 
 
 OPENAI = Framing(error_event)

@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.events import Answer, Began, Call, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
-from deployments.ingress.vision.pipeline import DecoderInput, Degraded
+from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import (
     ChatCompletion,
@@ -43,11 +43,9 @@ from deployments.protocol.openai.chat import (
     JsonSchemaResponseFormat,
     NamedToolChoice,
     ResponseMessage,
-    ToolCallDelta,
 )
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, TokenLogprob, Usage
-from deployments.protocol.replica import GenerateChunk, GenerateRequest, GrammarSpec
-from deployments.tools.calls import Piece, ToolCallText
+from deployments.protocol.replica import GenerateChunk, GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 
 
@@ -59,20 +57,15 @@ class ChatService:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         core = self._core
         plan = tool_plan(body)
-        deadline = core.deadline()
-        async with deadline.within():
-            seen = await core.vision.prepare(body.messages, record)
-        request = generate_request(body, seen, plan, core.sampling(body))
-        generation = await core.generate([request], deadline, record)
-        degraded = seen.degraded
-        headers = degraded.headers if degraded else {}
-        choices = ChatChoices(body.n, plan, body.logprobs, degraded.notice if degraded else None)
-        frames = _Frames(f"chatcmpl-{record.request_id}", core.model, choices, degraded)
+        opened = await core.open(body.messages, plan, record, **generation_settings(body, plan, core.sampling(body)))
+        choices = ChatChoices(Answer(body.n, plan, opened.notice), body.logprobs)
+        frames = _Frames(f"chatcmpl-{record.request_id}", core.model, choices, opened.degraded)
         if body.stream:
             usage = frames.usage_chunk if body.include_usage else None
-            return Reply(headers, events=streamed(generation, choices.tally, frames.events, record, usage))
-        await whole(generation, choices.tally, choices.feed)
-        return Reply(headers, body=frames.completion())
+            events = streamed(opened.generation, choices.answer.tally, frames.events, record, usage)
+            return Reply(opened.headers, events=events)
+        await whole(opened.generation, choices.answer.tally, choices.feed)
+        return Reply(opened.headers, body=frames.completion())
 
 
 def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
@@ -99,102 +92,76 @@ def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec
     return plan.grammar
 
 
-def generate_request(
-    body: ChatCompletionRequest, seen: DecoderInput, plan: ToolPlan, sampling: dict[str, Any]
-) -> GenerateRequest:
-    """What the decoder gets: the chat (text only, or with image slots and the images for a native
-    VLM), the tools its template renders, and the request's own generation settings (a grammar for
-    `response_format` or a forced tool call)."""
-    return GenerateRequest(
-        messages=seen.messages,
-        images=seen.images,
-        tools=plan.tools,
-        max_tokens=body.completion_limit,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-        grammar=response_grammar(body, plan),
+def generation_settings(body: ChatCompletionRequest, plan: ToolPlan, sampling: dict[str, Any]) -> dict[str, Any]:
+    """The request's own generation settings as the decoder takes them: its length, logprobs, the
+    grammar of `response_format` or of a forced tool call, and its sampling."""
+    return {
+        "max_tokens": body.completion_limit,
+        "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
+        "grammar": response_grammar(body, plan),
         **sampling,
-    )
+    }
 
 
 @dataclass
 class _Choice:
-    index: int
-    split: ToolCallText
     content: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
-    started: bool = False
 
 
 class ChatChoices:
-    """The `n` choices of one answer, fed chunk by chunk: `feed` returns the stream's deltas for a
-    chunk, `choices` the whole choices once every one has finished (`tally`)."""
+    """The `n` choices of one answer in chat's shapes, from its semantic events: `feed` returns the
+    stream's deltas for a chunk, `choices` the whole choices once every one has finished."""
 
-    def __init__(self, n: int, tools: ToolPlan, logprobs: bool, notice: str | None = None) -> None:
-        self._choices = [_Choice(i, ToolCallText(tools)) for i in range(n)]
+    def __init__(self, answer: Answer, logprobs: bool) -> None:
+        self.answer = answer
+        self._choices = [_Choice() for _ in range(answer.tally.choices)]
         self._logprobs = logprobs
-        self._notice = notice
-        self.tally: Tally[ChoiceFinish] = Tally(n)
 
     def feed(self, chunk: GenerateChunk) -> list[ChunkChoice]:
-        choice = self._choices[chunk.index]
-        if self.tally[chunk.index].finish is not None:  # ended early: the rest of its sequence is not the answer's
-            return []
+        """The stream's deltas for a chunk: a delta per run of text or of tool calls, the role's delta
+        first and the finish last."""
         deltas: list[ChunkChoice] = []
-        if not choice.started:
-            choice.started = True
-            deltas.append(ChunkChoice(index=choice.index, delta=Delta(role="assistant", content=self._notice or "")))
-            if self._notice:
-                choice.content.append(self._notice)
-        if chunk.tool_format is not None:
-            choice.split.use(chunk.tool_format)
-        if chunk.logprobs:
-            choice.logprobs += chunk.logprobs
-            choice.unsent_logprobs += chunk.logprobs
-        deltas += self._deltas(choice, choice.split.feed(chunk.text))
-        if choice.split.stopped:
-            finish: ChoiceFinish = "tool_calls"
-            self.tally.end(chunk, finish, cut_short=True)
-        elif chunk.finish_reason is None:
-            return deltas
-        else:
-            deltas += self._deltas(choice, choice.split.finish())
-            complete = choice.split.calls and choice.split.complete
-            finish = "tool_calls" if complete else chunk.finish_reason
-            self.tally.end(chunk, finish)
-        deltas.append(self._delta(choice, Delta(), finish=finish))
-        return deltas
-
-    def _deltas(self, choice: _Choice, pieces: list[Piece]) -> list[ChunkChoice]:
-        """Content and tool-call pieces in order, a delta per run of each kind."""
-        deltas: list[ChunkChoice] = []
-        for is_text, run in itertools.groupby(pieces, key=lambda piece: isinstance(piece, str)):
+        for _, run in itertools.groupby(self.answer.feed(chunk), key=type):
             items = list(run)
-            if is_text:
-                text = "".join(str(item) for item in items)
+            first = items[0]
+            choice = self._choices[first.index]
+            if isinstance(first, Began):
+                choice.content.append(first.notice or "")
+                deltas.append(ChunkChoice(index=first.index, delta=Delta(role="assistant", content=first.notice or "")))
+            elif isinstance(first, Logprobs):
+                tokens = [token for item in items if isinstance(item, Logprobs) for token in item.tokens]
+                choice.logprobs += tokens
+                choice.unsent_logprobs += tokens
+            elif isinstance(first, Text):
+                text = "".join(item.text for item in items if isinstance(item, Text))
                 choice.content.append(text)
-                deltas.append(self._delta(choice, Delta(content=text)))
+                deltas.append(self._delta(first.index, Delta(content=text)))
+            elif isinstance(first, Call):
+                calls = [item.delta for item in items if isinstance(item, Call)]
+                deltas.append(self._delta(first.index, Delta(tool_calls=calls)))
             else:
-                calls = [item for item in items if isinstance(item, ToolCallDelta)]
-                deltas.append(self._delta(choice, Delta(tool_calls=calls)))
+                deltas.append(self._delta(first.index, Delta(), finish=first.finish))
         return deltas
 
-    def _delta(self, choice: _Choice, delta: Delta, finish: ChoiceFinish | None = None) -> ChunkChoice:
+    def _delta(self, index: int, delta: Delta, finish: ChoiceFinish | None = None) -> ChunkChoice:
+        choice = self._choices[index]
         logprobs = None
         if self._logprobs and (choice.unsent_logprobs or finish is not None):
             logprobs, choice.unsent_logprobs = ChoiceLogprobs(content=choice.unsent_logprobs), []
-        return ChunkChoice(index=choice.index, delta=delta, finish_reason=finish, logprobs=logprobs)
+        return ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
 
     def choices(self) -> list[Choice]:
         whole = []
-        for choice in self._choices:
-            finish = self.tally[choice.index].finish
+        for index, choice in enumerate(self._choices):
+            finish = self.answer.tally[index].finish
             assert finish is not None
             content = "".join(choice.content)
-            calls = choice.split.calls or None
+            calls = self.answer.calls(index) or None
             whole.append(
                 Choice(
-                    index=choice.index,
+                    index=index,
                     message=ResponseMessage(content=content or (None if calls else ""), tool_calls=calls),
                     finish_reason=finish,
                     logprobs=ChoiceLogprobs(content=choice.logprobs) if self._logprobs else None,
@@ -218,7 +185,7 @@ class _Frames:
             id=self.cid,
             model=self.model,
             choices=self.choices.choices(),
-            usage=self.choices.tally.usage(),
+            usage=self.choices.answer.tally.usage(),
             system_fingerprint=self.fingerprint,
             vision=self.vision,
         ).model_dump()

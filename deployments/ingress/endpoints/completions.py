@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 
 from deployments.errors import InvalidRequestError
-from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.events import Answer, Ended, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.common import FinishReason, TokenLogprob, Usage
+from deployments.protocol.openai.common import TokenLogprob, Usage
 from deployments.protocol.openai.completions import (
     Completion,
     CompletionChoice,
@@ -43,11 +43,12 @@ class CompletionService:
         ]
         generation = await core.generate(requests, core.deadline(), record)
         echoes = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in range(body.n)]
-        writer = _Writer(f"cmpl-{record.request_id}", core.model, echoes, body.n, body.logprobs is not None)
+        answer = Answer(len(echoes), None, per_prompt=body.n)
+        writer = _Writer(f"cmpl-{record.request_id}", core.model, echoes, answer, body.logprobs is not None)
         if body.stream:
             usage = writer.usage_event if body.include_usage else None
-            return Reply(events=streamed(generation, writer.tally, writer.events, record, usage))
-        await whole(generation, writer.tally, writer.piece)
+            return Reply(events=streamed(generation, answer.tally, writer.events, record, usage))
+        await whole(generation, answer.tally, writer.piece)
         return Reply(body=writer.completion())
 
 
@@ -72,30 +73,33 @@ class _Choice:
 class _Writer:
     """A completion's choices from the answer's chunks: whole, or as server-sent events."""
 
-    def __init__(self, cid: str, model: str, echoes: list[str], n: int, logprobs: bool) -> None:
-        """`echoes`: per choice, the text before its output; `n`: choices per prompt."""
+    def __init__(self, cid: str, model: str, echoes: list[str], answer: Answer, logprobs: bool) -> None:
+        """`echoes`: per choice, the text before its output."""
         self.cid, self.model, self.created = cid, model, int(time.time())
         self._echoes = echoes
         self._logprobs = logprobs
         self._choices = [_Choice() for _ in echoes]
-        self.tally: Tally[FinishReason] = Tally(len(echoes), per_prompt=n)
+        self._answer = answer
 
     def piece(self, chunk: GenerateChunk) -> CompletionChoice:
-        """The choice's text and logprobs in this chunk (the echo before its first text)."""
-        choice = self._choices[chunk.index]
-        text, start = chunk.text, choice.offset  # start: where this chunk's tokens begin in the text
-        if not choice.text and self._echoes[chunk.index]:
-            text = self._echoes[chunk.index] + text
-            start = len(self._echoes[chunk.index])
-        logprobs = _legacy_logprobs(chunk.logprobs or [], start) if self._logprobs else None
+        """The choice's text, logprobs and finish in one chunk's events (the echo before its first
+        text); the answer has no tool plan, so each chunk is one `Text`."""
+        index, events = chunk.index, self._answer.feed(chunk)
+        tokens = [token for event in events if isinstance(event, Logprobs) for token in event.tokens]
+        text = "".join(event.text for event in events if isinstance(event, Text))
+        finish = next((event.finish for event in events if isinstance(event, Ended)), None)
+        choice = self._choices[index]
+        start = choice.offset  # where this chunk's tokens begin in the text
+        if not choice.text and self._echoes[index]:
+            text = self._echoes[index] + text
+            start = len(self._echoes[index])
+        logprobs = _legacy_logprobs(tokens, start) if self._logprobs else None
         choice.text.append(text)
         choice.offset += len(text)
         if logprobs is not None:
             for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 getattr(choice.logprobs, name).extend(getattr(logprobs, name))
-        if chunk.finish_reason is not None:
-            self.tally.end(chunk, chunk.finish_reason)
-        return CompletionChoice(index=chunk.index, text=text, logprobs=logprobs, finish_reason=chunk.finish_reason)
+        return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish)
 
     def completion(self) -> dict:
         choices = [
@@ -103,12 +107,12 @@ class _Writer:
                 index=index,
                 text="".join(choice.text),
                 logprobs=choice.logprobs if self._logprobs else None,
-                finish_reason=self.tally[index].finish,
+                finish_reason=self._answer.tally[index].finish,
             )
             for index, choice in enumerate(self._choices)
         ]
         return Completion(
-            id=self.cid, created=self.created, model=self.model, choices=choices, usage=self.tally.usage()
+            id=self.cid, created=self.created, model=self.model, choices=choices, usage=self._answer.tally.usage()
         ).model_dump()
 
     def events(self, chunk: GenerateChunk) -> list[str]:

@@ -26,11 +26,10 @@ import json
 from typing import Any
 
 from deployments.errors import InvalidRequestError, as_anthropic
-from deployments.ingress.answer.choices import Tally
-from deployments.ingress.answer.core import AnswerCore, Deadline
-from deployments.ingress.answer.reply import Framing, Reply, recorded_error, streamed, whole
-from deployments.ingress.answer.stream import Generation
-from deployments.ingress.vision.pipeline import DecoderInput, Degraded
+from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
+from deployments.ingress.answer.reply import Framing, Reply, named_sse, recorded_error, streamed, whole
+from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.anthropic.chat_form import chat_messages, functions, tool_choice
 from deployments.protocol.anthropic.messages import (
@@ -44,9 +43,8 @@ from deployments.protocol.anthropic.messages import (
     TokenCount,
     ToolUseContent,
 )
-from deployments.protocol.openai.chat import ToolCallDelta
-from deployments.protocol.replica import GenerateChunk, GenerateRequest, TokenizeInput
-from deployments.tools.calls import Piece, ToolCallText
+from deployments.protocol.openai.chat import ChoiceFinish, ToolCallDelta
+from deployments.protocol.replica import GenerateChunk, TokenizeInput
 from deployments.tools.plan import ToolPlan, plan_tools
 
 
@@ -56,47 +54,37 @@ class MessagesService:
 
     async def create(self, body: MessagesRequest, record: RequestRecord) -> Reply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
+        _check_final_turn(body)
+        plan = _plan(body)
         settings: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
-        generation, plan, degraded = await self._generate(
-            body, record, max_tokens=body.max_tokens, stop=body.stop_sequences or [], **settings
+        opened = await self._core.open(
+            chat_messages(body),
+            plan,
+            record,
+            grammar=plan.grammar,
+            max_tokens=body.max_tokens,
+            stop=body.stop_sequences or [],
+            **settings,
         )
-        blocks = MessageBlocks(f"msg_{record.request_id}", self._core.model, plan, degraded)
-        headers = degraded.headers if degraded else {}
+        blocks = MessageBlocks(f"msg_{record.request_id}", self._core.model, plan, opened.degraded)
         if body.stream:
-            return Reply(headers, events=streamed(generation, blocks.tally, blocks.events, record, framing=ANTHROPIC))
-        await whole(generation, blocks.tally, blocks.feed)
-        return Reply(headers, body=blocks.message().model_dump())
+            events = streamed(opened.generation, blocks.tally, blocks.events, record, framing=ANTHROPIC)
+            return Reply(opened.headers, events=events)
+        await whole(opened.generation, blocks.tally, blocks.feed)
+        return Reply(opened.headers, body=blocks.message().model_dump())
 
     async def count_tokens(self, body: MessagesInput, record: RequestRecord) -> TokenCount:
         """The prompt's tokens as the decoder counts them: the request rendered by the model's chat
         template, with its tools and its images as the pipeline gives them (captions under proxy
         vision, the model's own image tokens under native vision), by the decoder's tokenizer (no
         generation, no decoder slot; a prompt longer than the context is counted whole)."""
-        plan, deadline, seen = await self._prepare(body, record)
+        _check_final_turn(body)
+        plan = _plan(body)
+        deadline, seen = await self._core.prepare(chat_messages(body), record)
         counted = await self._core.tokenize(
             TokenizeInput(messages=seen.messages, images=seen.images, tools=plan.tools), deadline
         )
         return TokenCount(input_tokens=counted.count)
-
-    async def _prepare(self, body: MessagesInput, record: RequestRecord) -> tuple[ToolPlan, Deadline, DecoderInput]:
-        """The request's tool plan, its deadline, and its chat in form through the vision pipeline."""
-        _check_final_turn(body)
-        plan = _plan(body)
-        deadline = self._core.deadline()
-        async with deadline.within():
-            seen = await self._core.vision.prepare(chat_messages(body), record)
-        return plan, deadline, seen
-
-    async def _generate(
-        self, body: MessagesInput, record: RequestRecord, **settings: Any
-    ) -> tuple[Generation, ToolPlan, Degraded | None]:
-        """The request in chat form, through the tool plan (its grammar) and the
-        vision pipeline, to the decoder with the generation `settings`."""
-        plan, deadline, seen = await self._prepare(body, record)
-        request = GenerateRequest(
-            messages=seen.messages, images=seen.images, tools=plan.tools, grammar=plan.grammar, **settings
-        )
-        return await self._core.generate([request], deadline, record), plan, seen.degraded
 
 
 def _check_final_turn(body: MessagesInput) -> None:
@@ -122,98 +110,75 @@ def _plan(body: MessagesInput) -> ToolPlan:
     return plan_tools(functions(body), choice, function=function, parallel=parallel)
 
 
-def event(data: dict[str, Any]) -> str:
-    """One server-sent event named by its data's `type`, as Anthropic sends them."""
-    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
-
-
 def _error_event(exc: Exception, record: RequestRecord) -> str:
-    return event(as_anthropic(*recorded_error(exc, record)))
+    return named_sse(as_anthropic(*recorded_error(exc, record)))
 
 
 ANTHROPIC = Framing(_error_event, end=None)
 
 
+_STOP_REASONS: dict[ChoiceFinish, StopReason] = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+
+
 class MessageBlocks:
-    """One answer's content blocks, fed chunk by chunk: `feed` returns the stream's events for a
-    chunk (from `message_start` on the first to `message_stop` on the last), `message` the whole
-    message once it has finished (`tally`)."""
+    """One answer's content blocks in Anthropic's shapes, from its semantic events (`answer`): `feed`
+    returns the stream's events for a chunk (from `message_start` on the first to `message_stop` on
+    the last), `message` the whole message once it has finished."""
 
     def __init__(self, mid: str, model: str, plan: ToolPlan, degraded: Degraded | None) -> None:
         self.mid, self.model = mid, model
-        self.tally: Tally[StopReason] = Tally(1)
-        self._split = ToolCallText(plan, id_prefix="toolu_")
+        self.answer = Answer(1, plan, degraded.notice if degraded else None, call_id_prefix="toolu_")
+        self.tally = self.answer.tally
         self._degraded = degraded
+        self._stop_reason: StopReason | None = None
         self._content: list[TextContent | ToolUseContent] = []
         self._arguments: list[str] = []  # per block: a tool_use block's input as JSON text so far
         self._open = False  # the last block has not been stopped
         self._stop_sequence: str | None = None
-        self._started = False
 
     def events(self, chunk: GenerateChunk) -> list[str]:
-        return [event(data) for data in self.feed(chunk)]
+        return [named_sse(data) for data in self.feed(chunk)]
 
     def feed(self, chunk: GenerateChunk) -> list[dict[str, Any]]:
-        if self.tally[0].finish is not None:  # ended early: the rest of its sequence is not the answer's
-            return []
         out: list[dict[str, Any]] = []
-        if not self._started:
-            self._started = True
-            out += self._start(chunk)
-        if chunk.tool_format is not None:
-            self._split.use(chunk.tool_format)
-        out += self._pieces(self._split.feed(chunk.text))
-        if self._split.stopped:
-            self.tally.end(chunk, "tool_use", cut_short=True)
-        elif chunk.finish_reason is None:
-            return out
-        else:
-            out += self._pieces(self._split.finish())
-            self.tally.end(chunk, self._stop_reason(chunk))
-            self._stop_sequence = chunk.stop_sequence if self.tally[0].finish == "stop_sequence" else None
-        out += self._close()
-        usage = self._usage().model_dump()
-        delta: dict[str, Any] = {"stop_reason": self.tally[0].finish, "stop_sequence": self._stop_sequence}
-        end: list[dict[str, Any]] = [
-            {"type": "message_delta", "delta": delta, "usage": usage},
-            {"type": "message_stop"},
-        ]
-        return out + end
+        for event in self.answer.feed(chunk):
+            if isinstance(event, Began):
+                out += self._start(event)
+            elif isinstance(event, Text):
+                out += self._text(event.text)
+            elif isinstance(event, Call):
+                out += self._call(event.delta)
+            elif isinstance(event, Ended):
+                out += self._end(event)
+        return out
 
-    def _start(self, chunk: GenerateChunk) -> list[dict[str, Any]]:
-        usage = MessageUsage(input_tokens=chunk.prompt_tokens, output_tokens=0)
+    def _start(self, began: Began) -> list[dict[str, Any]]:
+        usage = MessageUsage(input_tokens=began.prompt_tokens, output_tokens=0)
         message = Message(id=self.mid, model=self.model, content=[], stop_reason=None, usage=usage)
         degraded = self._degraded
         message.vision = degraded.report if degraded else None
         out: list[dict[str, Any]] = [{"type": "message_start", "message": message.model_dump()}, {"type": "ping"}]
-        if degraded and degraded.notice:
-            out += self._pieces([degraded.notice])
-        return out
+        return out + self._text(began.notice or "")
 
-    def _stop_reason(self, chunk: GenerateChunk) -> StopReason:
-        if self._split.calls and self._split.complete:
-            return "tool_use"
-        if chunk.finish_reason == "length":
-            return "max_tokens"
-        return "stop_sequence" if chunk.stop_sequence else "end_turn"
+    def _end(self, ended: Ended) -> list[dict[str, Any]]:
+        stop = "stop_sequence" if ended.finish == "stop" and ended.stop_sequence else _STOP_REASONS[ended.finish]
+        self._stop_reason = stop
+        self._stop_sequence = ended.stop_sequence if stop == "stop_sequence" else None
+        usage = self._usage().model_dump()
+        delta: dict[str, Any] = {"stop_reason": stop, "stop_sequence": self._stop_sequence}
+        return [*self._close(), {"type": "message_delta", "delta": delta, "usage": usage}, {"type": "message_stop"}]
 
-    def _pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
-        """Text and tool-call pieces as block events: a new block where the kind changes or a call
-        begins, the deltas of the open one otherwise."""
+    def _text(self, piece: str) -> list[dict[str, Any]]:
+        """Text in the open text block, or a new one."""
+        if not piece:
+            return []
         out: list[dict[str, Any]] = []
-        for piece in pieces:
-            last = self._content[-1] if self._open else None
-            if isinstance(piece, str):
-                if not piece:
-                    continue
-                if not isinstance(last, TextContent):
-                    out += self._begin(TextContent(text=""))
-                text = self._content[-1]
-                assert isinstance(text, TextContent)
-                text.text += piece
-                out.append(self._delta({"type": "text_delta", "text": piece}))
-            else:
-                out += self._call(piece)
+        if not (self._open and isinstance(self._content[-1], TextContent)):
+            out += self._begin(TextContent(text=""))
+        text = self._content[-1]
+        assert isinstance(text, TextContent)
+        text.text += piece
+        out.append(self._delta({"type": "text_delta", "text": piece}))
         return out
 
     def _call(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
@@ -267,7 +232,7 @@ class MessageBlocks:
             id=self.mid,
             model=self.model,
             content=content,
-            stop_reason=self.tally[0].finish,
+            stop_reason=self._stop_reason,
             stop_sequence=self._stop_sequence,
             usage=self._usage(),
             vision=vision,

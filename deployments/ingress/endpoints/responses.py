@@ -20,9 +20,9 @@ import secrets
 from typing import Any
 
 from deployments.errors import InvalidRequestError
-from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.core import AnswerCore
-from deployments.ingress.answer.reply import Framing, Reply, streamed, whole
+from deployments.ingress.answer.events import Answer, Text
+from deployments.ingress.answer.reply import Framing, Reply, named_sse, streamed, whole
 from deployments.ingress.owners import Caller
 from deployments.ingress.responses.compaction import compacted_output, summary_request
 from deployments.ingress.responses.items import (
@@ -39,7 +39,6 @@ from deployments.ingress.responses.output import (
     ResponseOutput,
     response_usage,
     socket_frame,
-    sse_frame,
 )
 from deployments.ingress.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
 from deployments.ingress.vision.pipeline import Degraded
@@ -47,7 +46,7 @@ from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
 from deployments.protocol.openai.compact import CompactedResponse, CompactRequest
 from deployments.protocol.openai.responses import Response, ResponseRequest
-from deployments.protocol.replica import GenerateChunk, GenerateRequest
+from deployments.protocol.replica import GenerateChunk
 
 
 class ResponseService:
@@ -68,34 +67,25 @@ class ResponseService:
         core = self._core
         conversation = await _conversation(store, body.previous_response_id, caller, connection)
         plan = tool_plan(body)
-        deadline = core.deadline()
-        async with deadline.within():
-            seen = await core.vision.prepare(chat_messages(body, _items(conversation)), record)
-        request = GenerateRequest(
-            messages=seen.messages,
-            images=seen.images,
-            tools=plan.tools,
-            max_tokens=body.max_output_tokens,
-            grammar=text_grammar(body, plan),
-            temperature=body.temperature,
-            top_p=body.top_p,
+        settings = {"max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p}
+        opened = await core.open(
+            chat_messages(body, _items(conversation)), plan, record, grammar=text_grammar(body, plan), **settings
         )
-        generation = await core.generate([request], deadline, record)
-        degraded = seen.degraded
-        output = ResponseOutput(plan, degraded.notice if degraded else None)
-        base = echoed(body, f"resp_{secrets.token_hex(12)}", core.model, degraded)
+        answer = Answer(1, plan, opened.notice)
+        output = ResponseOutput(answer)
+        base = echoed(body, f"resp_{secrets.token_hex(12)}", core.model, opened.degraded)
         kept = _Keeper(store if body.store else None, caller, body, conversation, connection)
-        headers = degraded.headers if degraded else {}
         if body.stream:
-            events = ResponseEvents(base, output, socket_frame if connection is not None else sse_frame)
+            events = ResponseEvents(base, output, socket_frame if connection is not None else named_sse)
 
             async def end(usage: Usage) -> str:
                 return events.end(await kept(output.response(base)))
 
             framing = Framing(error=events.error, end=None)
-            return Reply(headers, events=streamed(generation, output.tally, events.feed, record, end, framing))
-        await whole(generation, output.tally, output.feed)
-        return Reply(headers, body=(await kept(output.response(base))).model_dump())
+            frames = streamed(opened.generation, answer.tally, events.feed, record, end, framing)
+            return Reply(opened.headers, events=frames)
+        await whole(opened.generation, answer.tally, output.feed)
+        return Reply(opened.headers, body=(await kept(output.response(base))).model_dump())
 
     async def compact(
         self, body: CompactRequest, record: RequestRecord, store: ResponseStorePort | None, caller: Caller
@@ -108,17 +98,16 @@ class ResponseService:
         generation = await self._core.generate(
             [summary_request(body.instructions, items)], self._core.deadline(), record
         )
-        tally: Tally[str] = Tally(1)
+        answer = Answer(1, None)
         summary: list[str] = []
 
         def feed(chunk: GenerateChunk) -> None:
-            summary.append(chunk.text)
-            if chunk.finish_reason is not None:
-                tally.end(chunk, chunk.finish_reason)
+            summary.extend(event.text for event in answer.feed(chunk) if isinstance(event, Text))
 
-        await whole(generation, tally, feed)
+        await whole(generation, answer.tally, feed)
         output = compacted_output(items, "".join(summary))
-        return CompactedResponse(id=item_id("resp"), output=output, usage=response_usage(tally.usage())).model_dump()
+        usage = response_usage(answer.tally.usage())
+        return CompactedResponse(id=item_id("resp"), output=output, usage=usage).model_dump()
 
 
 async def _conversation(

@@ -1,9 +1,8 @@
-"""A response's output, built from the decoder's chunks (`ResponseOutput`), and its framing as the
-Responses API's semantic events (`ResponseEvents`). A whole response and a streamed one are built
-by the same code, so they say the same thing: the streamed events are the steps of building it.
+"""A response's output, built from the answer's semantic events (`ResponseOutput`), and its framing
+as the Responses API's events (`ResponseEvents`). A whole response and a streamed one are built by
+the same code, so they say the same thing: the streamed events are the steps of building it.
 
-The answer's text is split into content and tool calls by `tools.calls.ToolCallText` (as in chat):
-a run of text is a `message` item with one `output_text` part, each tool call a `function_call`
+A run of text is a `message` item with one `output_text` part, each tool call a `function_call`
 item; text after calls opens a new message. Each event is ``event: <type>`` and ``data: <json>``
 with the stream's `sequence_number`: `response.created` and `response.in_progress`, then per item
 `output_item.added`, its parts' and deltas' events, `output_item.done`, and last
@@ -17,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from deployments.errors import to_openai_error
-from deployments.ingress.answer.choices import Tally
+from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
+from deployments.ingress.answer.reply import named_sse, recorded_error
 from deployments.ingress.responses.items import item_id
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ToolCallDelta
@@ -34,16 +33,9 @@ from deployments.protocol.openai.responses import (
     ResponseUsage,
 )
 from deployments.protocol.replica import GenerateChunk
-from deployments.tools.calls import Piece, ToolCallText
-from deployments.tools.plan import ToolPlan
 
 Finish = Literal["completed", "incomplete"]
 Event = dict[str, Any]
-
-
-def sse_frame(data: Event) -> str:
-    """An event over HTTP: a server-sent event named by its type."""
-    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
 
 
 def socket_frame(data: Event) -> str:
@@ -63,49 +55,31 @@ def response_usage(usage: Usage) -> ResponseUsage:
 
 
 class ResponseOutput:
-    """The output items of one answer, fed chunk by chunk: `feed` returns the events of a chunk (no
-    sequence numbers yet), `items` holds the items so far; `tally` says when and how it ended."""
+    """The output items of one answer, from its semantic events (`answer`): `feed` returns the events
+    of a chunk (no sequence numbers yet), `items` holds the items so far; `finish` says how it ended."""
 
-    def __init__(self, plan: ToolPlan, notice: str | None = None) -> None:
+    def __init__(self, answer: Answer) -> None:
         self.items: list[OutputItem] = []
-        self.tally: Tally[Finish] = Tally(1)
-        self._split = ToolCallText(plan)
-        self._notice = notice
-        self._started = False
+        self.answer = answer
+        self.tally = answer.tally
+        self.finish: Finish | None = None
         self._open: OutputItem | None = None
 
     def feed(self, chunk: GenerateChunk) -> list[Event]:
-        if self.tally[0].finish is not None:  # ended early: the rest of the sequence is not the answer's
-            return []
-        events: list[Event] = []
-        if not self._started:
-            self._started = True
-            if self._notice:
-                events += self._text(self._notice)
-        if chunk.tool_format is not None:
-            self._split.use(chunk.tool_format)
-        events += self._pieces(self._split.feed(chunk.text))
-        if self._split.stopped:  # a repeated call: the answer ends with the calls before it
-            self.tally.end(chunk, "completed", cut_short=True)
-        elif chunk.finish_reason is None:
-            return events
-        else:
-            events += self._pieces(self._split.finish())
-            calls_done = bool(self._split.calls) and self._split.complete
-            self.tally.end(chunk, "incomplete" if chunk.finish_reason == "length" and not calls_done else "completed")
-        if not self.items:  # an empty answer is still a message
-            events += self._text("")
-        return events + self._close()
-
-    @property
-    def finish(self) -> Finish | None:
-        return self.tally[0].finish
-
-    def _pieces(self, pieces: list[Piece]) -> list[Event]:
-        events: list[Event] = []
-        for piece in pieces:
-            events += self._call(piece) if isinstance(piece, ToolCallDelta) else self._text(piece)
-        return events
+        out: list[Event] = []
+        for event in self.answer.feed(chunk):
+            if isinstance(event, Began):
+                out += self._text(event.notice) if event.notice else []
+            elif isinstance(event, Text):
+                out += self._text(event.text)
+            elif isinstance(event, Call):
+                out += self._call(event.delta)
+            elif isinstance(event, Ended):
+                self.finish = "incomplete" if event.finish == "length" else "completed"
+                if not self.items:  # an empty answer is still a message
+                    out += self._text("")
+                out += self._close()
+        return out
 
     def _add(self, item: OutputItem) -> list[Event]:
         events = self._close()
@@ -200,7 +174,7 @@ class ResponseEvents:
     the first chunk's, the final one (`end`) with the whole response; `frame` makes each the text
     its transport sends (a server-sent event, or a WebSocket message)."""
 
-    def __init__(self, base: Response, output: ResponseOutput, frame: Callable[[Event], str] = sse_frame) -> None:
+    def __init__(self, base: Response, output: ResponseOutput, frame: Callable[[Event], str] = named_sse) -> None:
         self._base = base
         self._output = output
         self._frame = frame
@@ -226,9 +200,7 @@ class ResponseEvents:
 
     def error(self, exc: Exception, record: RequestRecord) -> list[str]:
         """An error after the first event: an `error` event, then `response.failed`."""
-        status, body, _ = to_openai_error(exc, record.request_id)
-        error = body["error"]
-        record.error, record.error_status = error["code"] or error["type"], status
+        error = recorded_error(exc, record)[1]["error"]
         failed = self._base.model_copy(
             update={"status": "failed", "error": {"code": error["code"] or error["type"], "message": error["message"]}}
         )
