@@ -19,10 +19,10 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig, TokenIdVocabulary
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
-from deployments.ingress.embedders import EmbeddingCore
+from deployments.ingress.apis.responses.store import ResponseStore
+from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.responses.store import ResponseStore
 from deployments.ingress.served_models import ServedEmbedder, ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline

@@ -10,7 +10,7 @@ from typing import Any
 from ray.serve.exceptions import BackPressureError
 
 from deployments.errors import unwrap
-from deployments.ingress.ports import DecoderHandle
+from deployments.ingress.handles import DecoderHandle
 from deployments.ingress.serve_status import SERVING, deployment_view
 from deployments.ingress.vision.client import Captioner
 from deployments.protocol.replica import ComponentStatus

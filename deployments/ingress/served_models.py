@@ -11,7 +11,7 @@ from typing import Any
 
 from deployments.errors import InvalidRequestError, ModelNotFoundError
 from deployments.ingress.answer.core import AnswerCore
-from deployments.ingress.embedders import EmbeddingCore
+from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.health import HealthService
 from deployments.protocol.openai.common import ModelCard, ModelList
 

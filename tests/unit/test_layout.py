@@ -57,8 +57,9 @@ def test_an_endpoint_is_a_service_over_one_core_and_imports_no_other_endpoint():
     import pkgutil
 
     import deployments.ingress.endpoints as endpoints
+
     from deployments.ingress.answer.core import AnswerCore
-    from deployments.ingress.embedders import EmbeddingCore
+    from deployments.ingress.embedding.core import EmbeddingCore
 
     cores = {AnswerCore.__name__, EmbeddingCore.__name__}
     names = [info.name for info in pkgutil.iter_modules(endpoints.__path__)]

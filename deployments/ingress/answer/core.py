@@ -17,7 +17,7 @@ from typing import Any
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
 from deployments.ingress.answer.stream import DecoderStream, Generation
-from deployments.ingress.ports import DecoderHandle
+from deployments.ingress.handles import DecoderHandle
 from deployments.ingress.vision.pipeline import DecoderInput, Degraded, VisionPipeline
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChatMessage

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployments.ingress.answer.choices import Tally
+from deployments.ingress.answer.tally import Tally
 from deployments.protocol.openai.chat import ChoiceFinish, ToolCallDelta
 from deployments.protocol.openai.common import TokenLogprob, ToolCall
 from deployments.protocol.replica import GenerateChunk

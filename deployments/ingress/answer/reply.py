@@ -5,7 +5,7 @@ with a `Framing`; OpenAI's by default): an error after the first byte is the API
 (the status line has gone out as 200; logged with its traceback when it is a bug, `recorded_error`),
 a client that goes away cancels the generation at once, and the API's end marker (OpenAI's
 ``data: [DONE]``; none for APIs whose last event says it) always ends the stream. Once every choice
-has finished, a generation that some choice ended early (`choices.Tally.cut_short`) is cancelled.
+has finished, a generation that some choice ended early (`tally.Tally.cut_short`) is cancelled.
 `sse` and `named_sse` are the two ways an API writes an event."""
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
 from deployments.errors import to_openai_error
-from deployments.ingress.answer.choices import Tally
 from deployments.ingress.answer.stream import Generation
+from deployments.ingress.answer.tally import Tally
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import Usage
 from deployments.protocol.replica import GenerateChunk
@@ -46,6 +48,12 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     body: dict | None = None
     events: AsyncIterator[str] | None = None
+
+    def response(self) -> Response:
+        """The HTTP response that sends it."""
+        if self.events is not None:
+            return StreamingResponse(self.events, media_type="text/event-stream", headers=self.headers)
+        return JSONResponse(self.body, headers=self.headers)
 
 
 async def whole(generation: Generation, tally: Tally[Any], feed: Callable[[GenerateChunk], object]) -> None:

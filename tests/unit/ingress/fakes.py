@@ -1,6 +1,6 @@
 """Fakes of what the ingress's request logic calls through Serve: the decoder's handle (its
 streaming `generate`, its `status`, `tokenize` and `detokenize`) and the captioner client. No Ray
-is started. They satisfy the Protocols `deployments.ingress.ports.DecoderHandle` and
+is started. They satisfy the Protocols `deployments.ingress.handles.DecoderHandle` and
 `deployments.ingress.vision.client.Captioner`; `answer_core` builds a served model's answer core
 over them, as the Ingress does over the real ones."""
 

@@ -17,13 +17,13 @@ import pytest
 from deployments.config import ProxyVisionConfig, ServerConfig
 from deployments.errors import OverloadedError
 from deployments.ingress.api import build_api
-from deployments.ingress.endpoints.messages import MessageBlocks, MessagesService
+from deployments.ingress.apis.messages.protocol import MessagesInput, MessagesRequest
+from deployments.ingress.apis.messages.service import MessageBlocks, MessagesService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.pipeline import DEGRADED_HEADER
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.anthropic.messages import MessagesInput, MessagesRequest
 from deployments.protocol.openai.common import ModelCard
 from deployments.protocol.replica import GenerateChunk
 from deployments.tools.plan import ToolPlan

@@ -17,10 +17,10 @@ from starlette.testclient import TestClient
 
 from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.owners import Caller, Owners
-from deployments.ingress.responses.store import BoundedResponses
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
 from tests.unit.fake_metrics import FakeMetrics

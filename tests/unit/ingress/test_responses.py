@@ -14,14 +14,14 @@ import pytest
 
 from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.responses.items import chat_messages
+from deployments.ingress.apis.responses.protocol import ResponseRequest
+from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.owners import Caller
-from deployments.ingress.responses.items import chat_messages
-from deployments.ingress.responses.store import BoundedResponses
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
-from deployments.protocol.openai.responses import ResponseRequest
 from tests.conftest import data_url, png_bytes
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core

@@ -14,13 +14,13 @@ from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.responses.compaction import transcript
+from deployments.ingress.apis.responses.protocol import ResponseCreateEvent
+from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.responses.compaction import transcript
-from deployments.ingress.responses.store import BoundedResponses
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
-from deployments.protocol.openai.responses import ResponseCreateEvent
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
@@ -257,7 +257,7 @@ def test_compact_continues_a_stored_response_and_needs_a_model_and_something_to_
 
 
 def test_a_transcript_names_tools_and_images():
-    from deployments.protocol.openai.responses import ResponseRequest
+    from deployments.ingress.apis.responses.protocol import ResponseRequest
 
     items = ResponseRequest.model_validate(
         {
@@ -287,7 +287,7 @@ def test_a_connection_ends_after_its_lifetime_with_an_error_and_a_normal_close()
     from starlette.websockets import WebSocketDisconnect
 
     from deployments.ingress.answer.reply import Reply
-    from deployments.ingress.responses.socket import ResponseSocket
+    from deployments.ingress.apis.responses.socket import ResponseSocket
 
     async def unused(*args: Any) -> Reply:
         raise AssertionError("no turn is sent")

@@ -18,11 +18,8 @@ from typing import Any, Literal
 
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import named_sse, recorded_error
-from deployments.ingress.responses.items import item_id
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import ToolCallDelta
-from deployments.protocol.openai.common import Usage
-from deployments.protocol.openai.responses import (
+from deployments.ingress.apis.responses.items import item_id
+from deployments.ingress.apis.responses.protocol import (
     IncompleteDetails,
     InputTokensDetails,
     OutputFunctionCall,
@@ -32,6 +29,9 @@ from deployments.protocol.openai.responses import (
     Response,
     ResponseUsage,
 )
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ToolCallDelta
+from deployments.protocol.openai.common import Usage
 from deployments.protocol.replica import GenerateChunk
 
 Finish = Literal["completed", "incomplete"]

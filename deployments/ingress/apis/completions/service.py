@@ -16,14 +16,14 @@ from deployments.errors import InvalidRequestError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Ended, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.common import TokenLogprob, Usage
-from deployments.protocol.openai.completions import (
+from deployments.ingress.apis.completions.protocol import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
 )
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.common import TokenLogprob, Usage
 from deployments.protocol.replica import GenerateChunk, GenerateRequest
 
 

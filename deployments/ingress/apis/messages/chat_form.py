@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from deployments.protocol.anthropic.messages import (
+from deployments.ingress.apis.messages.protocol import (
     AnyChoice,
     AssistantTurn,
     ImageBlock,

@@ -23,9 +23,13 @@ from deployments.errors import InvalidRequestError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, streamed, whole
-from deployments.ingress.owners import Caller
-from deployments.ingress.responses.compaction import compacted_output, summary_request
-from deployments.ingress.responses.items import (
+from deployments.ingress.apis.responses.compaction import (
+    CompactedResponse,
+    CompactRequest,
+    compacted_output,
+    summary_request,
+)
+from deployments.ingress.apis.responses.items import (
     Item,
     as_input,
     chat_messages,
@@ -34,18 +38,13 @@ from deployments.ingress.responses.items import (
     text_grammar,
     tool_plan,
 )
-from deployments.ingress.responses.output import (
-    ResponseEvents,
-    ResponseOutput,
-    response_usage,
-    socket_frame,
-)
-from deployments.ingress.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
+from deployments.ingress.apis.responses.output import ResponseEvents, ResponseOutput, response_usage, socket_frame
+from deployments.ingress.apis.responses.protocol import Response, ResponseRequest
+from deployments.ingress.apis.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
+from deployments.ingress.owners import Caller
 from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
-from deployments.protocol.openai.compact import CompactedResponse, CompactRequest
-from deployments.protocol.openai.responses import Response, ResponseRequest
 from deployments.protocol.replica import GenerateChunk
 
 

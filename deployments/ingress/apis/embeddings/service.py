@@ -9,9 +9,9 @@ import sys
 from array import array
 from typing import Any
 
-from deployments.ingress.embedders import EmbeddingCore
+from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
+from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.embeddings import EmbeddingRequest
 
 
 def as_floats(vector: bytes) -> list[float]:

@@ -7,20 +7,29 @@ own words and its summary of the rest, with no hidden state on the server.
 
 A transcript in one user turn, rather than the chat itself followed by an instruction, is what a
 small model summarizes well: it reads the conversation as text to summarize, not as a dialogue to
-go on with."""
+go on with.
+
+The endpoint's wire is here too: the request (`CompactRequest`, a conversation as /v1/responses
+takes it) and the `response.compaction` object (`CompactedResponse`)."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Annotated, Any, Literal
 
-from deployments.ingress.responses.items import SUMMARY_INTRO, Item, item_id, stored_item
-from deployments.protocol.openai.responses import (
+from pydantic import BaseModel, Field
+
+from deployments.ingress.apis.responses.items import SUMMARY_INTRO, Item, item_id, stored_item
+from deployments.ingress.apis.responses.protocol import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputImage,
+    InputItem,
     MessageItem,
+    ResponseUsage,
 )
+from deployments.protocol.openai.common import RequestModel
 from deployments.protocol.replica import GenerateRequest, TextMessage
 
 SUMMARY_MAX_TOKENS = 256
@@ -75,3 +84,38 @@ def compacted_output(items: list[Item], summary: str) -> list[dict[str, Any]]:
         if isinstance(item, MessageItem) and item.role == "user"
     ]
     return [*kept, {"type": "compaction", "id": item_id("cmp"), "encrypted_content": summary.strip()}]
+
+
+class CompactRequest(RequestModel):
+    model: str = Field(min_length=1)
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    # Harmless: accepted and ignored.
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+
+    @property
+    def items(self) -> list[Any]:
+        """The input as items (a string is one user message; none: no new items)."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input or [])
+
+
+class CompactionOutput(BaseModel):
+    """The summary item: its `encrypted_content` is the summary's plain text (not encrypted)."""
+
+    id: str
+    type: Literal["compaction"] = "compaction"
+    encrypted_content: str
+    created_by: str | None = None
+
+
+class CompactedResponse(BaseModel):
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    output: list[dict[str, Any]] = Field(description="The user messages, then the one compaction item.")
+    usage: ResponseUsage

@@ -28,14 +28,11 @@ from typing import Any
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Began, Call, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
-from deployments.ingress.vision.pipeline import Degraded
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import (
+from deployments.ingress.apis.chat.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
-    ChoiceFinish,
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
@@ -44,6 +41,9 @@ from deployments.protocol.openai.chat import (
     NamedToolChoice,
     ResponseMessage,
 )
+from deployments.ingress.vision.pipeline import Degraded
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChoiceFinish
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, TokenLogprob, Usage
 from deployments.protocol.replica import GenerateChunk, GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools

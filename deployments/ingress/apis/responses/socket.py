@@ -33,9 +33,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from deployments.errors import InvalidRequestError, PayloadTooLargeError
 from deployments.ingress.answer.reply import Reply, recorded_error
-from deployments.ingress.responses.store import ConnectionCache
+from deployments.ingress.apis.responses.protocol import ResponseCreateEvent, ResponseRequest
+from deployments.ingress.apis.responses.store import ConnectionCache
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.responses import ResponseCreateEvent, ResponseRequest
 
 LIFETIME_S = 3600.0
 

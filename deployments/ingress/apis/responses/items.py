@@ -25,17 +25,7 @@ import secrets
 from typing import Any
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol.openai.chat import (
-    AssistantMessage,
-    ChatMessage,
-    FunctionCallParam,
-    SystemMessage,
-    ToolCallParam,
-    ToolMessage,
-    UserMessage,
-)
-from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
-from deployments.protocol.openai.responses import (
+from deployments.ingress.apis.responses.protocol import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -46,6 +36,16 @@ from deployments.protocol.openai.responses import (
     TextFormatJsonObject,
     TextFormatJsonSchema,
 )
+from deployments.protocol.openai.chat import (
+    AssistantMessage,
+    ChatMessage,
+    FunctionCallParam,
+    SystemMessage,
+    ToolCallParam,
+    ToolMessage,
+    UserMessage,
+)
+from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
 from deployments.protocol.replica import GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 

@@ -11,8 +11,8 @@ from typing import cast
 
 from deployments.config import TokenIdVocabulary
 from deployments.errors import InvalidRequestError, RequestTimeoutError, unwrap
-from deployments.ingress import cl100k
-from deployments.ingress.ports import EmbedderHandle
+from deployments.ingress.embedding import cl100k
+from deployments.ingress.handles import EmbedderHandle
 from deployments.protocol.replica import ComponentStatus, EmbedRequest, EmbedResult
 
 STATUS_TIMEOUT_S = 5.0

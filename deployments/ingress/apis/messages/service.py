@@ -29,10 +29,8 @@ from deployments.errors import InvalidRequestError, as_anthropic
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, recorded_error, streamed, whole
-from deployments.ingress.vision.pipeline import Degraded
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.anthropic.chat_form import chat_messages, functions, tool_choice
-from deployments.protocol.anthropic.messages import (
+from deployments.ingress.apis.messages.chat_form import chat_messages, functions, tool_choice
+from deployments.ingress.apis.messages.protocol import (
     AssistantTurn,
     Message,
     MessagesInput,
@@ -43,6 +41,8 @@ from deployments.protocol.anthropic.messages import (
     TokenCount,
     ToolUseContent,
 )
+from deployments.ingress.vision.pipeline import Degraded
+from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChoiceFinish, ToolCallDelta
 from deployments.protocol.replica import GenerateChunk, TokenizeInput
 from deployments.tools.plan import ToolPlan, plan_tools

@@ -1,7 +1,7 @@
-"""What the ingress's request logic (`answer.core.AnswerCore`, `HealthService`) calls on the decoder
-(and `embedders.EmbeddingCore` on an embedding model):
-Serve's `DeploymentHandle` to it satisfies `DecoderHandle`, and so does the unit tests' fake
-(tests/unit/ingress/fakes.py). The captioner's side is `vision.client.Captioner`."""
+"""The deployment handles the ingress calls, as Protocols: what its request logic
+(`answer.core.AnswerCore`, `HealthService`) calls on the decoder (and `embedding.core.EmbeddingCore`
+on an embedding model). Serve's `DeploymentHandle` to it satisfies `DecoderHandle`, and so does the
+unit tests' fake (tests/unit/ingress/fakes.py). The captioner's side is `vision.client.Captioner`."""
 
 from __future__ import annotations
 

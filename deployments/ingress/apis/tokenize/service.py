@@ -8,13 +8,13 @@ each image's line without its caption, and `uncaptioned_images`)."""
 from __future__ import annotations
 
 from deployments.ingress.answer.core import AnswerCore
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.tokenize import (
+from deployments.ingress.apis.tokenize.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
+from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.replica import TokenizeInput
 from deployments.tools.plan import plan_tools
 

@@ -1,0 +1,1 @@
+"""OpenAI's chat completions: /v1/chat/completions."""

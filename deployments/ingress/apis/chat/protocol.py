@@ -1,0 +1,170 @@
+"""OpenAI's chat completions (/v1/chat/completions): the request (the chat form's messages and tools,
+response formats; harmless fields such as `user`, `metadata`, `store` are accepted), the
+`chat.completion` answer and its stream's `chat.completion.chunk`."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from deployments.protocol.openai.chat import ChatMessage, ChoiceFinish, Tool, ToolCallDelta
+from deployments.protocol.openai.common import (
+    RequestModel,
+    SamplingFields,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+    VisionFields,
+    absent,
+)
+
+
+class NamedFunction(RequestModel):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(RequestModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(RequestModel):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(RequestModel):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(RequestModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")]
+
+
+# OpenAI fields this server does not implement: a 400 that names the field, never silently ignored.
+UNSUPPORTED_CHAT_FIELDS = (
+    "audio",
+    "functions",
+    "function_call",
+    "prediction",
+    "web_search_options",
+    "reasoning_effort",
+    "verbosity",
+    "moderation",
+)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    modalities: list[Literal["text"]] | None = None
+    # Declared (null only) so that the 400 names them and the OpenAPI spec says so (UNSUPPORTED_CHAT_FIELDS).
+    audio: None = None
+    functions: None = None
+    function_call: None = None
+    prediction: None = None
+    web_search_options: None = None
+    reasoning_effort: None = None
+    verbosity: None = None
+    moderation: None = None
+
+    @field_validator(*UNSUPPORTED_CHAT_FIELDS, mode="before")
+    @classmethod
+    def _unsupported(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("not supported by this server")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, value: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools")
+        if value is not None and value != "none" and not tools:
+            raise ValueError("needs tools")
+        if isinstance(value, NamedToolChoice) and value.function.name not in {t.function.name for t in tools or []}:
+            raise ValueError(f"names the function {value.function.name!r}, which is not in tools")
+        return value
+
+    @property
+    def completion_limit(self) -> int | None:
+        """`max_completion_tokens` wins over the deprecated `max_tokens`."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: None = None
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=absent)
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: ChoiceFinish
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(VisionFields):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: ChoiceFinish | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(VisionFields):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None

@@ -1,0 +1,21 @@
+"""/v1/chat/completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
+from deployments.ingress.apis.chat.service import ChatService
+from deployments.ingress.routing import recorded, streamed
+from deployments.ingress.served_models import ServedModels
+
+
+def attach(api: FastAPI, served: ServedModels) -> None:
+    """Add the routes to `api`."""
+
+    @api.post("/v1/chat/completions", responses=streamed("A chat.completion, or chunks when stream is true"))
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        record = recorded(request, body.model)
+        return (await ChatService(served.get(body.model).core).create(body, record)).response()

@@ -1,0 +1,21 @@
+"""/v1/completions, the legacy text completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from deployments.ingress.apis.completions.protocol import CompletionRequest
+from deployments.ingress.apis.completions.service import CompletionService
+from deployments.ingress.routing import recorded, streamed
+from deployments.ingress.served_models import ServedModels
+
+
+def attach(api: FastAPI, served: ServedModels) -> None:
+    """Add the routes to `api`."""
+
+    @api.post("/v1/completions", responses=streamed("A text_completion, or chunks when stream is true"))
+    async def legacy_completions(body: CompletionRequest, request: Request) -> Any:
+        record = recorded(request, body.model)
+        return (await CompletionService(served.get(body.model).core).create(body, record)).response()

@@ -1,0 +1,22 @@
+"""/v1/embeddings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from deployments.ingress.apis.embeddings.protocol import EmbeddingList, EmbeddingRequest
+from deployments.ingress.apis.embeddings.service import EmbeddingService
+from deployments.ingress.routing import ERRORS, recorded
+from deployments.ingress.served_models import ServedModels
+
+
+def attach(api: FastAPI, served: ServedModels) -> None:
+    """Add the routes to `api`."""
+
+    @api.post("/v1/embeddings", responses={200: {"model": EmbeddingList}, **ERRORS})
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+        record = recorded(request, body.model)
+        return JSONResponse(await EmbeddingService(served.embedder(body.model).core).create(body, record))

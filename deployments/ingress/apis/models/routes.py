@@ -1,0 +1,27 @@
+"""/v1/models, /v1/models/{model} and /health: what is served, and whether it can answer."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from deployments.ingress.routing import NOT_FOUND
+from deployments.ingress.served_models import ServedModels
+from deployments.protocol.openai.common import ModelCard, ModelList
+
+
+def attach(api: FastAPI, served: ServedModels) -> None:
+    """Add the routes to `api`."""
+
+    @api.get("/v1/models", responses={401: NOT_FOUND[401]})
+    async def models() -> ModelList:
+        return served.cards
+
+    @api.get("/v1/models/{model:path}", responses=NOT_FOUND)
+    async def model_card(model: str) -> ModelCard:
+        return served.card(model)
+
+    @api.get("/health", responses={503: {"description": "No decoder is ready; the body says why"}})
+    async def health() -> JSONResponse:
+        body, code = await served.health()
+        return JSONResponse(body, status_code=code)

@@ -1,0 +1,85 @@
+"""/v1/responses (HTTP and WebSocket), its stored responses, and /v1/responses/compact."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi.responses import JSONResponse
+
+from deployments.ingress.answer.reply import Reply
+from deployments.ingress.apis.responses.compaction import CompactedResponse, CompactRequest
+from deployments.ingress.apis.responses.protocol import InputItemList, ResponseRequest
+from deployments.ingress.apis.responses.service import ResponseService
+from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
+from deployments.ingress.apis.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
+from deployments.ingress.routing import ERRORS, NOT_FOUND, caller, recorded, request_id, streamed
+from deployments.ingress.served_models import ServedModels
+from deployments.monitoring.access_log import RequestRecord, turn_log_of
+
+
+def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> InputItemList:
+    """A page of a stored response's input items: `order` by position (desc: newest first), after
+    the item `after` names."""
+    ordered = items[::-1] if order == "desc" else list(items)
+    ids = [item["id"] for item in ordered]
+    start = ids.index(after) + 1 if after in ids else 0
+    page = ordered[start : start + limit]
+    return InputItemList(
+        data=page,
+        first_id=page[0]["id"] if page else None,
+        last_id=page[-1]["id"] if page else None,
+        has_more=start + limit < len(ordered),
+    )
+
+
+def attach(api: FastAPI, served: ServedModels, store: ResponseStorePort | None, max_message_bytes: int) -> None:
+    """`store`: the responses kept (None: none are); `max_message_bytes`: a WebSocket message's cap."""
+
+    @api.post("/v1/responses", responses=streamed("A response, or its events when stream is true"))
+    async def create_response(body: ResponseRequest, request: Request) -> Any:
+        record = recorded(request, body.model)
+        service = ResponseService(served.get(body.model).core)
+        return (await service.create(body, record, store, caller(request, record.request_id))).response()
+
+    @api.websocket("/v1/responses")
+    async def response_socket(websocket: WebSocket) -> None:
+        """The WebSocket mode: `response.create` turns on one connection (`socket`)."""
+
+        async def turn(body: ResponseRequest, record: RequestRecord, connection: ConnectionCache) -> Reply:
+            service = ResponseService(served.get(body.model).core)
+            return await service.create(body, record, store, caller(websocket, record.request_id), connection)
+
+        rid = request_id(websocket.scope)
+        await ResponseSocket(
+            websocket,
+            turn,
+            max_message_bytes=max_message_bytes,
+            request_id=connection_id() if rid == "unknown" else rid,
+            log=turn_log_of(websocket.state),
+        ).run()
+
+    @api.post("/v1/responses/compact", responses={200: {"model": CompactedResponse}, **ERRORS})
+    async def compact_response(body: CompactRequest, request: Request) -> Any:
+        record = recorded(request, body.model)
+        service = ResponseService(served.get(body.model).core)
+        return JSONResponse(await service.compact(body, record, store, caller(request, record.request_id)))
+
+    @api.get("/v1/responses/{response_id}", responses=NOT_FOUND)
+    async def get_response(response_id: str, request: Request) -> Any:
+        return JSONResponse((await stored_entry(store, response_id, caller(request)))["response"])
+
+    @api.delete("/v1/responses/{response_id}", responses=NOT_FOUND)
+    async def delete_response(response_id: str, request: Request) -> Any:
+        await delete_entry(store, response_id, caller(request))
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    @api.get("/v1/responses/{response_id}/input_items", responses=NOT_FOUND)
+    async def response_input_items(
+        response_id: str,
+        request: Request,
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+    ) -> InputItemList:
+        return input_items((await stored_entry(store, response_id, caller(request)))["input"], limit, order, after)
