@@ -27,12 +27,13 @@ from deployments.config.models import (
     ModelConfig,
     ModelsFile,
 )
-from deployments.config.params import EngineParams
+from deployments.config.params import EVERY_ENGINE, EngineParams
 from deployments.config.serving import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ServerConfig
 from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig, VisionMode
 
 __all__ = [
     "AUTO",
+    "EVERY_ENGINE",
     "LLAMA_CPP",
     "TOOL_CALL_FORMATS",
     "TRANSFORMERS",

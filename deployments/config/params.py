@@ -1,4 +1,9 @@
-"""An engine's settings (``params:`` of a models.yaml entry, and the builder's overrides)."""
+"""An engine's settings (``params:`` of a models.yaml entry, and the builder's overrides).
+
+Those that every engine reads are `EVERY_ENGINE` (a request's defaults, its room, the batch's size);
+each other setting belongs to the engines that read it, which their specs in the engine registry
+(`engines/registry.py`, `EngineSpec.settings`) name: an entry that sets one that its engine does not
+read is refused when the service is built, with the engine and the setting named."""
 
 from __future__ import annotations
 
@@ -17,13 +22,13 @@ class EngineParams(StrictModel):
 
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
-        description="Weights dtype (transformers only: llama.cpp runs the GGUF file's own types and ignores it, "
-        "with a warning). auto: bfloat16 on a GPU that supports it, else float32.",
+        description="Weights dtype (transformers only: llama.cpp runs the GGUF file's own types and refuses it). "
+        "auto: bfloat16 on a GPU that supports it, else float32.",
     )
     quantization: Literal["none", "bnb-4bit", "bnb-8bit", "int4-cpu"] = Field(
         "none",
         description="On-the-fly quantization after loading (transformers only: llama.cpp runs the GGUF file as "
-        "it is and ignores it, with a warning). bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
+        "it is and refuses it). bnb-4bit, bnb-8bit: bitsandbytes, CUDA only. "
         "int4-cpu: weight-only int4 in groups of 32 with bfloat16 activations (torch's CPU kernel), "
         "every linear layer but the output embedding, whose top logits are recomputed in float32; keeps a "
         "GGUF Q4 file's weights at 4 bits. On a GPU replica it does nothing (logged): use bnb-4bit there.",
@@ -35,7 +40,7 @@ class EngineParams(StrictModel):
     )
     batching: Literal["continuous", "sequential"] = Field(
         "continuous",
-        description="transformers only (llama.cpp always batches continuously, and ignores it). continuous: one "
+        description="transformers only (llama.cpp always batches continuously, and refuses it). continuous: one "
         "paged-attention batch per replica that requests join and leave at every step, each with its own "
         "sampling, seed and penalties. sequential: one generate() per request; slower.",
     )
@@ -54,7 +59,7 @@ class EngineParams(StrictModel):
         "beside it, because llama.cpp's CPU attention computes q8_0 cells one way in every batch shape "
         "(docs/reliability.md, Greedy answers and the batch). f16: llama.cpp's own default, whose attention "
         "picks a split or tiled kernel by the batch's shape, so a greedy answer can change with the load. "
-        "transformers: ignored (its KV cache has the model's dtype).",
+        "transformers: refused (its KV cache has the model's dtype).",
     )
     prefill_chunk_size: int | None = Field(
         None,
@@ -97,7 +102,7 @@ class EngineParams(StrictModel):
         "and system prompt are computed once; usage.prompt_tokens_details.cached_tokens says how many were "
         "reused. A prefix computed in another batch shape can change the last bits of the logits, so a request "
         "with a seed is always computed whole: the same seed and request give the same answer whatever ran "
-        "before or beside it. transformers: no prefix cache (ignored).",
+        "before or beside it. transformers: no prefix cache (refused).",
     )
     cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
         None,
@@ -164,3 +169,24 @@ class EngineParams(StrictModel):
         if self.quantization == "int4-cpu" and self.dtype not in {"auto", "bfloat16"}:
             raise ValueError(f"quantization int4-cpu computes in bfloat16; dtype {self.dtype} cannot be used with it")
         return self
+
+
+EVERY_ENGINE = frozenset(
+    {
+        "max_num_seqs",
+        "mem",
+        "prefill_chunk_size",
+        "cpu_threads",
+        "max_model_len",
+        "context_overflow",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "max_tokens",
+        "stream_interval_ms",
+    }
+)
+"""The settings of `EngineParams` that every engine reads; the others are engine-specific."""

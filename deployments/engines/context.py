@@ -20,8 +20,8 @@ the ingress wrote into its text) is counted, kept or dropped as a whole, never c
 
 Usage, for any engine (the text engines, `engine: fake`, a native VLM's engine with its own count)::
 
-    fitted = fit_context(request.messages, count, Limits(max_model_len, request.max_tokens,
-                         params.max_tokens), params.context_overflow)
+    fitted = fit_context(request.messages, count, defaults.limits(max_model_len, request, params),
+                         params.context_overflow)
     # prompt fitted.messages; fitted.max_tokens; report fitted.dropped_prompt_tokens in usage
 
 `count` is called at most ``2 + ceil(log2(turns - 1))`` times: once for the whole chat (the only

@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import logging
 
-from deployments.config import EngineParams, ModelConfig
+from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine, EmbedEngine, TextEngine
-from deployments.engines.registry import EngineSpec, engine_spec
+from deployments.engines.registry import EngineSpec, check_settings, engine_spec
 from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")
 
 
 def _spec(model: ModelConfig) -> tuple[ModelConfig, EngineSpec]:
-    """The entry resolved as on CPU, and its engine's spec; the settings it ignores are logged."""
-    model = model.resolved(on_cpu=True)
-    spec = engine_spec(model.engine)
-    defaults = EngineParams()
-    if ignored := [f for f in spec.ignored_params if getattr(model.params, f) != getattr(defaults, f)]:
-        logger.warning("model %s: engine %s ignores these params: %s", model.name, spec.name, ignored)
-    return model, spec
+    """The entry resolved as on CPU, and its engine's spec; a setting it does not read is refused
+    (`registry.check_settings`, which the builder asks first)."""
+    entry, model = model, model.resolved(on_cpu=True)
+    try:
+        check_settings(entry, model.engine)
+    except ConfigError as exc:
+        raise ConfigError(f"model {model.name!r}: {exc}") from None
+    return model, engine_spec(model.engine)
 
 
 def create_text_engine(model: ModelConfig) -> TextEngine:

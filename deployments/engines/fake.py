@@ -38,7 +38,8 @@ from PIL import Image
 
 from deployments.config import ModelConfig, ToolCallFormat
 from deployments.engines.base import CaptionEngine, EngineOutput, TextEngine
-from deployments.engines.context import Limits, fit_context
+from deployments.engines.context import fit_context
+from deployments.engines.defaults import limits as request_limits
 from deployments.engines.tokens import check_token_ids
 from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob
@@ -184,7 +185,7 @@ class FakeTextEngine(TextEngine):
         tokens truncation dropped."""
         if self.params.max_model_len is None:
             return request, request.max_tokens or self.params.max_tokens, 0
-        limits = Limits(self.params.max_model_len, request.max_tokens, self.params.max_tokens)
+        limits = request_limits(self.params.max_model_len, request, self.params)
         if request.prompt is not None:
             return request, limits.completion(_words(echoed_prompt(request)), "prompt"), 0
 

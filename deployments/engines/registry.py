@@ -1,7 +1,8 @@
 """What the rest of the service knows about each engine, in one place: an `EngineSpec` per engine
 that models.yaml names (`ENGINES`), and `engine_spec`, which also answers for ``module:Class``.
 
-A spec says which settings of ``params:`` the engine ignores, how a decoder running it is placed on
+A spec owns the engine's settings: which of ``params:`` it reads beyond those every engine reads
+(`settings`; an entry that sets another is refused, `check_settings`), how a decoder running it is placed on
 CPU (how many replicas share the cores, and whether an unset `cpu_threads` means every core), what
 its replicas' processes need in their environment, and how it builds its text and caption engines.
 The builder (`deployments/options/`) and `factory` ask the spec; neither compares engine names.
@@ -15,16 +16,19 @@ xllamacpp). ``auto`` is no engine: the builder resolves it from the replica's pl
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from deployments.config import LLAMA_CPP, TRANSFORMERS, ModelConfig
+from deployments.config import EVERY_ENGINE, LLAMA_CPP, TRANSFORMERS, EngineParams, ModelConfig
 from deployments.engines.base import CaptionEngine, EmbedEngine, TextEngine
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.errors import ConfigError
 
 E = TypeVar("E", TextEngine, CaptionEngine)
+
+logger = logging.getLogger("ray.serve")
 
 CPU_DECODERS = 2  # decoder replicas on a CPU-only machine with 2+ cores (decoder_cpu_replicas: auto), by default
 
@@ -48,9 +52,9 @@ class EngineSpec:
     """Builds the decoder engine for a model entry (imports the engine's library only when called)."""
     caption_engine: Callable[[ModelConfig], CaptionEngine]
     """Builds the captioner engine for a model entry."""
-    ignored_params: tuple[str, ...] = ()
-    """Fields of ``params:`` (`EngineParams`) that mean nothing to it: set to other than their
-    defaults, they are logged as ignored when the engine is built."""
+    settings: frozenset[str] | None = frozenset()
+    """The fields of ``params:`` (`EngineParams`) it reads beyond `EVERY_ENGINE`'s; an entry that sets
+    another is refused (`check_settings`). None: it reads what it likes (your own engine)."""
     cpu_replicas: int = CPU_DECODERS
     """Decoder replicas on CPU under `decoder_cpu_replicas: auto` (before the cores cap them)."""
     threads_are_cores: bool = False
@@ -121,6 +125,21 @@ ENGINES: dict[str, EngineSpec] = {
             TRANSFORMERS,
             _transformers_text,
             _transformers_caption,
+            settings=frozenset(
+                {
+                    "dtype",
+                    "quantization",
+                    "device_ids",
+                    "batching",
+                    "cuda_graphs",
+                    "compile_level",
+                    "graph_q_padding",
+                    "graph_kv_padding",
+                    "mem_budget_mb",
+                    "processor_cache_mb",
+                    "batch_wait_ms",
+                }
+            ),
             replica_env=TORCH_ENV,
             embed_engine=_transformers_embed,
         ),
@@ -131,15 +150,16 @@ ENGINES: dict[str, EngineSpec] = {
             LLAMA_CPP,
             _llama_cpp_text,
             _llama_cpp_caption,
-            ignored_params=("dtype", "quantization", "batching", "device_ids"),
+            settings=frozenset({"kv_cache_dtype", "enable_prefix_caching"}),
             cpu_replicas=1,
             threads_are_cores=True,
             replica_env=OPENMP_ENV,
             embed_engine=_llama_cpp_embed,
         ),
-        # Deterministic, shipped for tests and demos (its settings: the entry's `fake:` section);
-        # computes nothing, so its processes need nothing.
-        EngineSpec("fake", FakeTextEngine, FakeCaptionEngine),
+        # Deterministic, shipped for tests and demos (its own settings: the entry's `fake:` section;
+        # it takes any of ``params:``, so that a test sets what it needs); computes nothing, so its
+        # processes need nothing.
+        EngineSpec("fake", FakeTextEngine, FakeCaptionEngine, settings=frozenset(EngineParams.model_fields)),
     )
 }
 
@@ -168,7 +188,36 @@ def engine_spec(name: str) -> EngineSpec:
         name,
         lambda model: _custom_engine(model, TextEngine)(model),  # type: ignore[type-abstract]
         lambda model: _custom_engine(model, CaptionEngine)(model),  # type: ignore[type-abstract]
+        settings=None,
     )
+
+
+AUTO_CHOICES = (TRANSFORMERS, LLAMA_CPP)
+"""The engines that ``engine: auto`` resolves to, by the replica's placement (`ModelConfig.resolved`)."""
+
+
+def check_settings(entry: ModelConfig, engine: str) -> None:
+    """`ConfigError` when `entry` sets a setting of ``params:`` that its engine does not read, naming
+    the engine, the setting and the engines that read it. `engine`: the one it runs on (``auto``
+    resolved); an entry on ``auto`` may set what either engine that auto picks reads, and what the
+    one it got does not read is logged as set aside."""
+    spec = engine_spec(engine)
+    if spec.settings is None:
+        return
+    given = entry.params.model_fields_set - EVERY_ENGINE
+    if entry.engine == "auto":
+        allowed = frozenset().union(*(ENGINES[name].settings or () for name in AUTO_CHOICES))
+        if aside := sorted(given & allowed - spec.settings):
+            logger.info("model %s: engine auto runs on %s here, which sets aside %s", entry.name, spec.name, aside)
+    else:
+        allowed = spec.settings
+    if unread := sorted(given - allowed):
+        said = "; ".join(f"params.{name} (read by: {', '.join(_readers(name)) or 'no engine'})" for name in unread)
+        raise ConfigError(f"engine {entry.engine} does not read {said}: remove it, or choose an engine that reads it")
+
+
+def _readers(setting: str) -> list[str]:
+    return [spec.name for spec in ENGINES.values() if spec.name != "fake" and setting in (spec.settings or ())]
 
 
 def engine_replica_env() -> dict[str, str]:

@@ -9,7 +9,8 @@ from typing import Any
 import ray
 
 from deployments.config import AppArgs, DeploymentConfig, GpuShare, ModelConfig
-from deployments.engines.registry import engine_spec
+from deployments.engines.registry import check_settings, engine_spec
+from deployments.errors import ConfigError
 from deployments.options.scaling import (
     CAPTIONER_ONGOING,
     CAPTIONER_TARGET,
@@ -83,7 +84,7 @@ def decoder_layout(
             "it needs at least one replica (only a captioner may scale to zero)",
         )
     share = model_gpus(model, app_args.decoder_gpus)
-    model = model.resolved(on_cpu=not share)
+    model = resolved(app_args, model, on_cpu=not share)
     if share:
         autoscaling = scaling(
             app_args, model, max_replicas=GPU_DECODERS, target=model.params.max_num_seqs, role="GPU decoder"
@@ -135,7 +136,7 @@ def decoder_options(
 def placed_captioner(app_args: AppArgs, model: ModelConfig) -> ModelConfig:
     """The captioner's model config with its `engine: auto` resolved from its GPU share (as
     `decoder_layout` does for a decoder): llama.cpp for a GGUF captioner without one."""
-    return model.resolved(on_cpu=not model_gpus(model, app_args.captioner_gpus))
+    return resolved(app_args, model, on_cpu=not model_gpus(model, app_args.captioner_gpus))
 
 
 def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, A
     with the decoder instead of keeping a core from it; its threads are `params.cpu_threads`) unless
     its `deployment.autoscaling` says otherwise. A replica takes up to `EMBEDDER_ONGOING` requests."""
     share = model_gpus(model, app_args.embedder_gpus)
-    model = model.resolved(on_cpu=not share)
+    model = resolved(app_args, model, on_cpu=not share)
     count: dict[str, Any] = {"num_replicas": 1}
     if share or model.deployment.autoscaling is not None:
         top = GPU_EMBEDDERS if share else 1
@@ -182,3 +183,14 @@ def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, A
         "ray_actor_options": {"num_cpus": 1 if share else 0, "num_gpus": share},
     }
     return options, model
+
+
+def resolved(app_args: AppArgs, model: ModelConfig, *, on_cpu: bool) -> ModelConfig:
+    """The entry with `engine: auto` resolved from its placement (`on_cpu`: no GPU share), refused
+    when it sets a setting that its engine does not read (`registry.check_settings`)."""
+    engine = model.resolved(on_cpu=on_cpu).engine
+    try:
+        check_settings(model, engine)
+    except ConfigError as exc:
+        raise refuse(app_args, model, str(exc)) from None
+    return model.resolved(on_cpu=on_cpu)

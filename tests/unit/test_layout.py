@@ -48,28 +48,31 @@ def test_the_package_map_names_every_package_and_top_level_module_and_nothing_el
 
 
 def test_an_endpoint_is_a_service_over_one_core_and_imports_no_other_endpoint():
-    """A new endpoint costs a protocol module, a service module in ingress/endpoints/ and a route: each
+    """A new API costs a folder under ingress/apis/ (routes, protocol, service) and one mount: each
     service is built from one served model's core alone (a chat model's `AnswerCore`, an embedding
     model's `EmbeddingCore`), and shares code with the others only through the cores (never by
-    importing another endpoint)."""
+    importing another API)."""
     import importlib
     import inspect
     import pkgutil
 
-    import deployments.ingress.endpoints as endpoints
-
+    import deployments.ingress.apis as apis
     from deployments.ingress.answer.core import AnswerCore
     from deployments.ingress.embedding.core import EmbeddingCore
 
     cores = {AnswerCore.__name__, EmbeddingCore.__name__}
-    names = [info.name for info in pkgutil.iter_modules(endpoints.__path__)]
-    assert {"chat", "completions", "embeddings"} <= set(names)
+    names = [info.name for info in pkgutil.iter_modules(apis.__path__) if info.ispkg]
+    assert {"chat", "completions", "embeddings", "messages", "responses", "tokenize"} <= set(names)
     for name in names:
-        module = importlib.import_module(f"{endpoints.__name__}.{name}")
+        modules = {info.name for info in pkgutil.iter_modules([f"{apis.__path__[0]}/{name}"])}
+        assert "routes" in modules, name
+        sources = [inspect.getsource(importlib.import_module(f"{apis.__name__}.{name}.{m}")) for m in modules]
+        assert not [o for o in names if o != name and any(f"apis.{o}." in source for source in sources)], name
+        if "service" not in modules:  # /v1/models and /health: routes over the served models alone
+            continue
+        module = importlib.import_module(f"{apis.__name__}.{name}.service")
         services = [c for n, c in vars(module).items() if n.endswith("Service") and c.__module__ == module.__name__]
         assert len(services) == 1, name
         parameters = list(inspect.signature(services[0]).parameters.values())
         assert len(parameters) == 1 and parameters[0].name == "core" and parameters[0].annotation in cores, name
         assert parameters[0].annotation in vars(module)
-        source = inspect.getsource(module)
-        assert not [other for other in names if f"endpoints.{other} import" in source], name

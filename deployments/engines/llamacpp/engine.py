@@ -51,7 +51,8 @@ from typing import Any, Literal
 from deployments.config import EngineParams, ModelConfig, cpu_cores
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.bridge import ThreadStream
-from deployments.engines.context import Limits, fit_rendered
+from deployments.engines.context import fit_rendered
+from deployments.engines.defaults import limits as request_limits
 from deployments.engines.llamacpp.admission import Budget
 from deployments.engines.llamacpp.files import gguf_path
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
@@ -315,7 +316,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         if request.images:
             raise InvalidRequestError("This model's llama.cpp engine takes no images.", param="messages")
         body = completion_body(request, self.params, self.vocab_size, self.max_model_len)
-        limits = Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
+        limits = request_limits(self.max_model_len, request, self.params)
         if request.prompt is not None:
             ids = self.prompt_ids(request.prompt)
             return Prepared(len(ids), {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deployments.config import EngineParams
+from deployments.engines.defaults import setting
 from deployments.engines.grammar import grammar_schema, whitespace
 from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob
@@ -36,21 +37,16 @@ from deployments.protocol.replica import GenerateRequest, GrammarSpec
 SEED_MODULUS = 0xFFFFFFFF  # llama.cpp's seeds are uint32; this value itself means "random"
 
 
-def _setting(request: GenerateRequest, params: EngineParams, name: str) -> Any:
-    value = getattr(request, name)
-    return value if value is not None else getattr(params, name)
-
-
 def sampling_fields(request: GenerateRequest, params: EngineParams, window: int) -> dict[str, Any]:
     """The request's sampling settings (the model's defaults where it left them unset); `window`:
     the penalties' window, in tokens (the context: a whole sequence)."""
-    frequency = float(_setting(request, params, "frequency_penalty"))
-    presence = float(_setting(request, params, "presence_penalty"))
+    frequency = float(setting(request, params, "frequency_penalty"))
+    presence = float(setting(request, params, "presence_penalty"))
     fields: dict[str, Any] = {
-        "temperature": float(_setting(request, params, "temperature")),
-        "top_p": float(_setting(request, params, "top_p")),
-        "top_k": int(_setting(request, params, "top_k")),
-        "min_p": float(_setting(request, params, "min_p")),
+        "temperature": float(setting(request, params, "temperature")),
+        "top_p": float(setting(request, params, "top_p")),
+        "top_k": int(setting(request, params, "top_k")),
+        "min_p": float(setting(request, params, "min_p")),
         "typical_p": 1.0,
         "repeat_penalty": 1.0,
         "xtc_probability": 0.0,

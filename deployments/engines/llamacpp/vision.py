@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config import ImageInputConfig, ModelConfig
-from deployments.engines.context import Limits, fit_rendered
+from deployments.engines.context import fit_rendered
+from deployments.engines.defaults import limits as request_limits
 from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared
 from deployments.engines.llamacpp.files import mmproj_path
 from deployments.engines.llamacpp.gguf_meta import read_metadata
@@ -160,7 +161,7 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
                 converted[k] = llama_image(request.images[k].data)
             return converted[k]
 
-        limits = Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
+        limits = request_limits(self.max_model_len, request, self.params)
         prompt, fitted = fit_rendered(
             request.messages,
             lambda chat: self.media_prompt(chat, request.images, request.tools, image),

@@ -19,6 +19,7 @@ import torch
 from deployments.config import ModelConfig
 from deployments.engines.base import Engine, EngineOutput, TextEngine
 from deployments.engines.context import Limits
+from deployments.engines.defaults import limits, setting
 from deployments.engines.tokens import check_token_ids
 from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
@@ -100,9 +101,8 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         return {**self.params.model_dump(), **super().describe(), "max_model_len": self.max_model_len}
 
     def setting(self, request: GenerateRequest, name: str) -> Any:
-        """The request's value of a sampling field, or the model's default when the request left it unset."""
-        value = getattr(request, name)
-        return value if value is not None else getattr(self.params, name)
+        """The request's value of a sampling field, or the model's default (`defaults.setting`)."""
+        return setting(request, self.params, name)
 
     def sampling(self, request: GenerateRequest) -> Sampling:
         return Sampling(*(self.setting(request, name) for name in ("temperature", "top_p", "top_k", "min_p")))
@@ -113,7 +113,7 @@ class TransformersDecoder(TransformersEngine, TextEngine):
 
     def limits(self, request: GenerateRequest) -> Limits:
         """The request's room in this model's context (`context.Limits`)."""
-        return Limits(self.max_model_len, request.max_tokens, self.params.max_tokens)
+        return limits(self.max_model_len, request, self.params)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         stream = await self.start(request)
