@@ -52,7 +52,9 @@ class Engine(ABC):  # noqa: B024 - every hook has a default
 
 
 class TextEngine(Engine):
-    """Generates text for a chat. Sampling fields of the request are already resolved."""
+    """Generates text for a chat. A sampling field the request leaves unset (None) is the model's
+    default, and `max_tokens` unset is the model's default cut to the context left: `defaults`
+    resolves both, for every engine."""
 
     tool_format: ToolCallFormat = "hermes"
     """How the model writes tool calls (`capabilities.tool_call_format` resolved): the decoder tells

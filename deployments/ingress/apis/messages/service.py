@@ -56,7 +56,6 @@ class MessagesService:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         _check_final_turn(body)
         plan = _plan(body)
-        settings: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
         opened = await self._core.open(
             chat_messages(body),
             plan,
@@ -64,7 +63,9 @@ class MessagesService:
             grammar=plan.grammar,
             max_tokens=body.max_tokens,
             stop=body.stop_sequences or [],
-            **settings,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
         )
         blocks = MessageBlocks(f"msg_{record.request_id}", self._core.model, plan, opened.degraded)
         if body.stream:
