@@ -33,11 +33,17 @@ class EngineParams(StrictModel):
         description="GPU indices among those Ray assigned to the replica (transformers only). Empty: all "
         "assigned GPUs (the model is sharded over them when there are several); CPU when there are none.",
     )
-    batching: Literal["continuous", "sequential"] = Field(
-        "continuous",
+    batching: Literal["auto", "continuous", "static", "sequential"] = Field(
+        "auto",
         description="transformers only (llama.cpp always batches continuously, and ignores it). continuous: one "
-        "paged-attention batch per replica that requests join and leave at every step, each with its own "
-        "sampling, seed and penalties. sequential: one generate() per request; slower.",
+        "paged-attention batch per replica (transformers' manager) that requests join and leave at every step, each "
+        "with its own sampling, seed and penalties. static: our own decoder for Llama, Qwen2, Qwen3 and Mistral "
+        "shapes: a static KV cache of max_num_seqs slots (a request holds one; mem, when set, divides among them), "
+        "prompts prefilled in chunks, decode steps padded to batch buckets (1, 2, 4, ... max_num_seqs) and each "
+        "bucket captured in a CUDA graph at start on a GPU (torch.compile first with compile_level > 0), the same "
+        "steps eagerly on a CPU; the same per-request sampling. sequential: one generate() per request; slower. "
+        "auto: static on one CUDA GPU for a model of those shapes (not with bnb quantization), else continuous. "
+        "Not yet measured on a GPU (docs/benchmarks.md).",
     )
     mem: int | None = Field(
         None,
