@@ -104,6 +104,7 @@ class StaticDecoder:
         self.eager_steps = 0  # decode steps on a GPU that found no graph for their bucket
         self.capture_s = 0.0
         self.graph_mb = 0.0
+        self.last_shape = (0, 0)  # the last decode step's (batch, window) buckets
         if capture:
             self.capture_all()
 
@@ -151,6 +152,7 @@ class StaticDecoder:
         """One decode step for `rows` (at most `slots`, each in its own slot): their next tokens."""
         batch = bucket(self.batches, len(rows))
         window = self._fill(rows, batch)
+        self.last_shape = (batch, window)
         self.inputs.copy_(self.host, non_blocking=True)
         graph = self.graphs.get((batch, window))
         if graph is not None:
