@@ -1,0 +1,108 @@
+"""The static-slot engine through the engine ABC (`TextEngine.generate`), as the decoder replica
+drives it: stop strings close the stream, max_tokens ends it, a closed stream frees its slot, more
+requests than slots wait for one; and `batching: auto` keeps continuous batching on a CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import aclosing
+
+import pytest
+
+from deployments.config import EngineParams, ModelConfig
+from deployments.engines import create_text_engine
+from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
+from deployments.engines.transformers.static.engine import StaticTextEngine
+from deployments.protocol.replica import GenerateRequest, TextMessage
+from deployments.replicas.stopping import StopMatcher
+
+
+def ask(text: str, **kw) -> GenerateRequest:
+    return GenerateRequest(messages=[TextMessage(role="user", content=text)], **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llm_dir):
+    params = EngineParams(batching="static", max_num_seqs=2)
+    built = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=params))
+    assert isinstance(built, StaticTextEngine)
+    yield built
+    built.close()
+
+
+async def idle(engine: StaticTextEngine) -> dict:
+    deadline = time.monotonic() + 30
+    while (stats := engine.stats())["running"] + stats["waiting"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return engine.stats()
+
+
+async def text_of(engine, request) -> tuple[str, list]:
+    pieces = [p async for p in engine.generate(request)]
+    return "".join(p.text for p in pieces), pieces
+
+
+def test_auto_keeps_continuous_batching_on_a_cpu(tiny_llm_dir):
+    built = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=EngineParams()))
+    try:
+        assert EngineParams().batching == "auto"
+        assert isinstance(built, ContinuousBatchingTextEngine)
+    finally:
+        built.close()
+
+
+async def test_max_tokens_ends_the_stream_with_length(engine):
+    text, pieces = await text_of(engine, ask("count", temperature=0, max_tokens=7))
+    assert text and pieces[-1].finish_reason == "length" and pieces[-1].completion_tokens == 7
+    assert [p.finish_reason for p in pieces[:-1]] == [None] * (len(pieces) - 1)
+    assert (await idle(engine))["running"] == 0
+
+
+async def test_a_stop_string_closes_the_stream_and_frees_the_slot(engine):
+    """As the decoder replica does: the text is cut at a stop string taken from the greedy answer,
+    and the stream is closed there; the slot is free at once for the next requests."""
+    full, _ = await text_of(engine, ask("tell a story", temperature=0, max_tokens=30))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    matcher = StopMatcher([stop])
+    kept = ""
+    async with aclosing(engine.generate(ask("tell a story", temperature=0, max_tokens=300))) as pieces:
+        async for piece in pieces:
+            kept += matcher.feed(piece.text)
+            if matcher.stopped:
+                break
+    assert matcher.stopped and kept == full[: full.index(stop)]
+    assert (await idle(engine))["running"] == 0
+    again, _ = await text_of(engine, ask("tell a story", temperature=0, max_tokens=30))
+    assert again == full
+
+
+async def test_more_requests_than_slots_wait_and_all_answer_as_alone(engine):
+    prompts = [f"item {i} is " * (i + 1) for i in range(5)]
+    alone = [(await text_of(engine, ask(p, temperature=0, max_tokens=9)))[0] for p in prompts]
+    together = await asyncio.gather(*(text_of(engine, ask(p, temperature=0, max_tokens=9)) for p in prompts))
+    assert [t for t, _ in together] == alone
+    assert await idle(engine) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+
+
+async def test_cancelled_streams_free_their_slots(engine):
+    """Both slots taken by streams closed after their first piece, and a third waiting: all come
+    free, and the engine still answers."""
+
+    async def first_piece(prompt: str) -> None:
+        async with aclosing(engine.generate(ask(prompt, temperature=0, max_tokens=400))) as pieces:
+            async for _ in pieces:
+                return
+
+    await asyncio.gather(*(first_piece(f"go on {i}") for i in range(3)))
+    assert await idle(engine) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+    assert engine.failure() is None
+    text, _ = await text_of(engine, ask("still there?", temperature=0, max_tokens=4))
+    assert text
+
+
+def test_the_effective_config_names_the_buckets_and_graphs(engine):
+    info = engine.describe()
+    assert info["batching"] == "static" and info["attention"] == "static slots"
+    assert info["batch_buckets"] == [1, 2] and info["graphs"] == 0 and info["capture_s"] == 0.0
+    assert info["kv_cache_mb"] > 0 and info["slot_len"] == engine.max_model_len
