@@ -106,6 +106,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
+            "batching": "continuous",  # also when `auto` chose it
             "kv_cache_mb": self.num_blocks * PAGE_SIZE * self.kv_bytes_per_token // 2**20,
             "kv_cache_tokens": self.num_blocks * PAGE_SIZE,
             "batch_tokens": self.batch_tokens,

@@ -116,6 +116,7 @@ class StaticTextEngine(TransformersTextEngine):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
+            "batching": "static",  # also when `auto` chose it
             "attention": "static slots",
             **self.decoder.describe(),
             "sampler": self.sampler.describe(),
