@@ -106,3 +106,24 @@ def test_the_effective_config_names_the_buckets_and_graphs(engine):
     assert info["batching"] == "static" and info["attention"] == "static slots"
     assert info["batch_buckets"] == [1, 2] and info["graphs"] == 0 and info["capture_s"] == 0.0
     assert info["kv_cache_mb"] > 0 and info["slot_len"] == engine.max_model_len
+
+
+@pytest.mark.parametrize("keep_markers", [False, True])
+def test_windowed_detokenization_gives_the_whole_sequences_text(tiny_llm_dir, keep_markers):
+    """Fed one token at a time, the windowed text's pieces join to the text of the whole sequence
+    decoded at once (multi-byte characters split across tokens held back, leading spaces kept),
+    as `IncrementalText`'s do, with and without kept special tokens."""
+    from transformers import AutoTokenizer
+
+    from deployments.engines.transformers.stream import IncrementalText, WindowedText
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llm_dir)
+    text = "Hello  wörld — 東京 is 🌧️ today.\n  Indented <|im_end|> after, ünïcödé ✓ and 😀😀 end"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    keep = frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>")}) if keep_markers else frozenset()
+    windowed, whole = WindowedText(tokenizer, keep), IncrementalText(tokenizer, keep)
+    pieces = [windowed.feed([i]) for i in ids] + [windowed.flush()]
+    reference = [whole.feed([i]) for i in ids] + [whole.flush()]
+    assert "".join(pieces) == "".join(reference)
+    assert all("\ufffd" not in p for p in pieces)
+    assert len([p for p in pieces if p]) > len(ids) // 2  # streamed, not all at the end
