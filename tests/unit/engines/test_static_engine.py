@@ -127,3 +127,29 @@ def test_windowed_detokenization_gives_the_whole_sequences_text(tiny_llm_dir, ke
     assert "".join(pieces) == "".join(reference)
     assert all("\ufffd" not in p for p in pieces)
     assert len([p for p in pieces if p]) > len(ids) // 2  # streamed, not all at the end
+
+
+class RecordingTokenizer:
+    """A tokenizer that records how many ids each decode was given."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.lengths = tokenizer, []
+
+    def decode(self, ids, **kw):
+        self.lengths.append(len(ids))
+        return self.tokenizer.decode(ids, **kw)
+
+
+def test_windowed_detokenization_decodes_a_short_window_per_token(tiny_llm_dir):
+    """Each token costs decodes of a few ids, however long the answer (the whole-sequence decode
+    grows with it: quadratic work over an answer)."""
+    from transformers import AutoTokenizer
+
+    from deployments.engines.transformers.stream import WindowedText
+
+    tokenizer = RecordingTokenizer(AutoTokenizer.from_pretrained(tiny_llm_dir))
+    ids = tokenizer.tokenizer(" and then the story went on" * 30, add_special_tokens=False).input_ids
+    windowed = WindowedText(tokenizer)
+    for i in ids:
+        windowed.feed([i])
+    assert len(ids) > 150 and max(tokenizer.lengths) <= 4
