@@ -92,3 +92,30 @@ def test_captured_seeded_rows_are_reproducible_beside_others(decoder):
     alone = run("s1", [])
     beside = run("s2", [("g", SamplingParams(temperature=0.0)), ("u", SamplingParams(temperature=1.5))])
     assert alone == beside
+
+
+async def test_auto_runs_the_static_engine_on_a_gpu_with_the_managers_greedy_answers(tiny_llm_dir):
+    """`batching: auto` on a CUDA GPU is the static decoder, every bucket captured at start; through the
+    engine ABC its greedy answers (float32) are the continuous manager's."""
+    from deployments.config import ModelConfig
+    from deployments.engines import create_text_engine
+    from deployments.engines.transformers.static.engine import StaticTextEngine
+    from tests.gpu.test_gpu import _answers, _chats
+
+    answers = {}
+    for batching in ("auto", "continuous"):
+        params = {"dtype": "float32", "max_num_seqs": 4, "batching": batching, "max_model_len": 256}
+        engine = create_text_engine(
+            ModelConfig(name="t", engine="transformers", local_path=str(tiny_llm_dir), params=params)
+        )
+        try:
+            if batching == "auto":
+                assert isinstance(engine, StaticTextEngine)
+                info = engine.describe()
+                assert info["graphs"] == engine.decoder.captures > 0 and info["capture_s"] > 0
+            answers[batching] = await _answers(engine, _chats(temperature=0))
+            if batching == "auto":
+                assert engine.decoder.eager_steps == 0
+        finally:
+            engine.close()
+    assert answers["auto"] == answers["continuous"] and all(answers["auto"])

@@ -311,7 +311,7 @@ def cuda_default(model: ModelConfig) -> bool:
 
     try:
         config = AutoConfig.from_pretrained(model.source, **pretrained_kwargs(model))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         logger.warning("model %s: config unreadable (%s); continuous batching", model.name, exc)
         return False
     return config.get_text_config().model_type in ARCHITECTURES
