@@ -38,11 +38,17 @@ class EngineParams(StrictModel):
         description="GPU indices among those Ray assigned to the replica (transformers only). Empty: all "
         "assigned GPUs (the model is sharded over them when there are several); CPU when there are none.",
     )
-    batching: Literal["continuous", "sequential"] = Field(
-        "continuous",
+    batching: Literal["auto", "continuous", "static", "sequential"] = Field(
+        "auto",
         description="transformers only (llama.cpp always batches continuously, and refuses it). continuous: one "
-        "paged-attention batch per replica that requests join and leave at every step, each with its own "
-        "sampling, seed and penalties. sequential: one generate() per request; slower.",
+        "paged-attention batch per replica (transformers' manager) that requests join and leave at every step, each "
+        "with its own sampling, seed and penalties. static: our own decoder for Llama, Qwen2, Qwen3 and Mistral "
+        "shapes: a static KV cache of max_num_seqs slots (a request holds one; mem, when set, divides among them), "
+        "prompts prefilled in chunks, decode steps padded to batch buckets (1, 2, 4, ... max_num_seqs) and each "
+        "bucket captured in a CUDA graph at start on a GPU (torch.compile first with compile_level > 0), the same "
+        "steps eagerly on a CPU; the same per-request sampling. sequential: one generate() per request; slower. "
+        "auto: static on one CUDA GPU for a model of those shapes (not with bnb quantization), else continuous. "
+        "Not yet measured on a GPU (docs/benchmarks.md).",
     )
     mem: int | None = Field(
         None,
@@ -73,7 +79,9 @@ class EngineParams(StrictModel):
         description="transformers continuous batching on a GPU: replay each step from a CUDA graph captured at "
         "padded batch shapes (the sampler then runs as fixed tensor ops). auto: on when attention needs no mask "
         "(flash-attention kernels, used when installed), off with sdpa, whose padded steps attend over the padded "
-        "KV length (measured slower on an H200: docs/benchmarks.md). No effect on a CPU or on llama.cpp.",
+        "KV length (measured slower on an H200: docs/benchmarks.md); the padding intervals are passed only with on "
+        "or compile_level > 0, since transformers reads any padding as a request for graphs. No effect on a CPU, on "
+        "llama.cpp or on batching: static (which captures its own decode steps on a GPU).",
     )
     compile_level: int = Field(
         0,
@@ -85,15 +93,15 @@ class EngineParams(StrictModel):
     graph_q_padding: int = Field(
         64,
         gt=0,
-        description="With cuda_graphs or compile_level: a step's query tokens are padded to a multiple of this, so "
-        "that few shapes need a graph (the library's default).",
+        description="With cuda_graphs: on or compile_level > 0 (else none): a step's query tokens are padded to a "
+        "multiple of this, so that few shapes need a graph (the library's default).",
     )
     graph_kv_padding: int = Field(
         256,
         gt=0,
-        description="With cuda_graphs or compile_level: the KV tokens a step reads are padded to a multiple of this "
-        "(one page). The library's default, 16,384, makes every step read and mask that many; a smaller value "
-        "means more graphs, each over less padding. Not yet measured on a GPU.",
+        description="With cuda_graphs: on or compile_level > 0 (else none): the KV tokens a step reads are padded "
+        "to a multiple of this (one page). The library's default, 16,384, makes every step read and mask that many; "
+        "a smaller value means more graphs, each over less padding. Not yet measured on a GPU.",
     )
     enable_prefix_caching: bool = Field(
         True,

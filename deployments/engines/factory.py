@@ -33,8 +33,8 @@ def _spec(model: ModelConfig) -> tuple[ModelConfig, EngineSpec]:
 
 def create_text_engine(model: ModelConfig) -> TextEngine:
     """The decoder engine named by `model.engine` (`EngineSpec.text_engine`): e.g. under `vision_mode:
-    native` the engine's VLM engine; for transformers otherwise, continuous batching unless
-    `params.batching` is `sequential`."""
+    native` the engine's VLM engine; for transformers otherwise `params.batching`'s engine (`auto`:
+    the static-slot decoder on one CUDA GPU, continuous batching elsewhere)."""
     model, spec = _spec(model)
     return spec.text_engine(model)
 

@@ -68,16 +68,26 @@ class EngineSpec:
 
 
 def _transformers_text(model: ModelConfig) -> TextEngine:
-    """Under `vision_mode: native` the VLM engine; else continuous batching unless `params.batching`
-    is `sequential`."""
+    """Under `vision_mode: native` the VLM engine; else `params.batching`'s engine: `auto` is the
+    static-slot decoder on one CUDA GPU for a model of its shapes, continuous batching otherwise
+    (on a CPU always)."""
     if model.capabilities.vision_mode == "native":
         from deployments.engines.transformers.native import NativeVisionEngine
 
         return NativeVisionEngine(model)
-    if model.params.batching == "sequential":
+    batching = model.params.batching
+    if batching == "auto":
+        from deployments.engines.transformers.static.engine import cuda_default
+
+        batching = "static" if cuda_default(model) else "continuous"
+    if batching == "sequential":
         from deployments.engines.transformers.sequential import SequentialTextEngine
 
         return SequentialTextEngine(model)
+    if batching == "static":
+        from deployments.engines.transformers.static.engine import StaticTextEngine
+
+        return StaticTextEngine(model)
     from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
 
     return ContinuousBatchingTextEngine(model)

@@ -44,7 +44,7 @@ async def test_text_engine_on_gpu(smollm2_here):
 
 
 def _tiny(tiny_llm_dir, **params) -> ModelConfig:
-    params = {"dtype": "float32", "max_num_seqs": 4, **params}
+    params = {"dtype": "float32", "max_num_seqs": 4, "batching": "continuous", **params}  # the manager's graphs
     return ModelConfig(name="t", engine="transformers", local_path=str(tiny_llm_dir), params=params)
 
 

@@ -25,7 +25,7 @@ from deployments.engines.transformers.constraints import GrammarCompiler, TokenT
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
-from deployments.engines.transformers.stream import TokenStream, stream_outputs
+from deployments.engines.transformers.stream import IncrementalText, TokenStream, stream_outputs
 from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 from deployments.roles import Role
 
@@ -77,6 +77,8 @@ class TransformersEngine(Engine):
 class TransformersDecoder(TransformersEngine, TextEngine):
     """A transformers engine that generates text for a `GenerateRequest`."""
 
+    TEXT: ClassVar[type[IncrementalText]] = IncrementalText  # how `generate` detokenizes
+
     def __init__(self, role: Role, model: ModelConfig, **load: Any) -> None:
         super().__init__(role, model, **load)
         text = self.model.config.get_text_config()
@@ -118,7 +120,8 @@ class TransformersDecoder(TransformersEngine, TextEngine):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         stream = await self.start(request)
         keep = self.tool_marker_ids if request.tools else frozenset()
-        async with contextlib.aclosing(stream_outputs(stream, self.tokenizer, self.token_texts, keep)) as outputs:
+        pieces = stream_outputs(stream, self.tokenizer, self.token_texts, keep, self.TEXT)
+        async with contextlib.aclosing(pieces) as outputs:
             async for output in outputs:
                 yield output
 

@@ -189,6 +189,14 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
 
     def prepare_tensor_args(self, requests_in_batch: list[Any], arg_storage: torch.Tensor) -> torch.Tensor:
         ids = [r.state.request_id for r in requests_in_batch if r.has_new_token]
+        padded = min(self.max_rows, arg_storage.size(1)) if self.static else len(ids)
+        return self.prepare_rows(ids, arg_storage, padded)
+
+    def prepare_rows(self, ids: Sequence[str], arg_storage: torch.Tensor, padded: int) -> torch.Tensor:
+        """The step's rows (one per request id, in order): their parameters written to `arg_storage`
+        (`len(Arg)` int32 rows, one column per logits row; `padded` columns, the padding rows plain
+        greedy on the zero slot), their grammar masks to the device. Then `__call__` or
+        `choose` samples the step, and `after_step` follows once its tokens are on the host."""
         with self._lock:
             rows = [self._sequences.get(i, _DEFAULT) for i in ids]
         flags = Row(0)
@@ -203,11 +211,9 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
             penalized=any(s.params.needs_slot for s in rows),
             biased=any(s.constraints is not None and s.constraints.bias_ids is not None for s in rows),
         )
-        if self.static:  # the padding rows a captured step computes too: plain greedy, on the zero slot
-            rows_written = rows + [_DEFAULT] * (min(self.max_rows, arg_storage.size(1)) - len(rows))
+        rows_written = rows + [_DEFAULT] * (padded - len(rows))  # padding rows: plain greedy, on the zero slot
+        if rows_written:
             self._write_args(arg_storage, rows_written)
-        elif rows:
-            self._write_args(arg_storage, rows)
         if flags & Row.GRAMMAR:
             self._write_masks(rows)
         return arg_storage
@@ -262,8 +268,29 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         n = min(scores.size(0), self.max_rows) if self.static else len(step.rows)
         return self.sample(scores, logits_processor_args[:, :n], step)
 
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The last step's tokens, one per row (a device buffer whose address never changes)."""
+        return self._tokens
+
+    def choose(self, scores: torch.Tensor, args: torch.Tensor) -> torch.Tensor:
+        """The prepared step's tokens for the first `args.size(1)` rows of `scores` (also left in
+        `tokens`): tensor ops only, so that a captured step holds the sampler too."""
+        step = self._step
+        if not self.static and step.trivial:
+            tokens = scores[: args.size(1)].argmax(dim=-1)
+            self._tokens[: tokens.size(0)].copy_(tokens)
+            return tokens
+        return self._choose(scores, args, step)
+
     def sample(self, scores: torch.Tensor, args: torch.Tensor, step: _Step) -> torch.Tensor:
         """The step's tokens as a one-hot per row (the first `args.size(1)` rows of `scores`)."""
+        tokens = self._choose(scores, args, step)
+        chosen = torch.full_like(scores, float("-inf"))
+        chosen[: tokens.size(0)].scatter_(1, tokens.unsqueeze(1), 0.0)
+        return chosen
+
+    def _choose(self, scores: torch.Tensor, args: torch.Tensor, step: _Step) -> torch.Tensor:
         static = self.static
         n = args.size(1)
         logits = scores[:n]
@@ -292,9 +319,7 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
             self._counts.index_put_((slot, tokens), torch.ones_like(tokens, dtype=torch.float32), accumulate=True)
         if static or step.flags & Row.LOGPROBS:
             self._top_values[:n, self._top].copy_(raw.gather(1, tokens.unsqueeze(1)).squeeze(1))
-        chosen = torch.full_like(scores, float("-inf"))
-        chosen[:n].scatter_(1, tokens.unsqueeze(1), 0.0)
-        return chosen
+        return tokens
 
     def _draw(self, logits: torch.Tensor, args: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
         """Temperature, top-k, top-p and min-p (in the library's order and arithmetic: top-k keeps every

@@ -37,16 +37,39 @@ class IncrementalText:
         """Everything not yet emitted, incomplete characters included (the sequence has ended)."""
         return self._delta(final=True)
 
-    def _delta(self, *, final: bool) -> str:
+    def _decode(self, ids: list[int]) -> str:
         if self._keep:
-            ids = [i for i in self.ids if i not in self._skip]
-            text = str(self._tokenizer.decode(ids, skip_special_tokens=False))
-        else:
-            text = str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+            return str(self._tokenizer.decode([i for i in ids if i not in self._skip], skip_special_tokens=False))
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _delta(self, *, final: bool) -> str:
+        text = self._decode(self.ids)
         if not final and text.endswith("\ufffd"):  # a multi-byte character is still incomplete
             return ""
         delta, self._emitted = text[len(self._emitted) :], text
         return delta
+
+
+class WindowedText(IncrementalText):
+    """`IncrementalText` that decodes a window, not the whole sequence, at each token (as TGI and
+    vLLM do): the text of the tokens since the previous emission's start, minus the text of those
+    already emitted, so a token costs two short decodes however long the answer grows. The window
+    starts one emission back, so that a token whose text depends on the one before it (a leading
+    space, a multi-byte character split across tokens) decodes as in the whole sequence."""
+
+    def __init__(self, tokenizer: Any, keep: frozenset[int] = frozenset()) -> None:
+        super().__init__(tokenizer, keep)
+        self._prefix = self._read = 0  # the window's start; the end of the tokens already emitted
+
+    def _delta(self, *, final: bool) -> str:
+        emitted = self._decode(self.ids[self._prefix : self._read])
+        text = self._decode(self.ids[self._prefix :])
+        if final:
+            return text[len(emitted) :]
+        if len(text) > len(emitted) and not text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return text[len(emitted) :]
+        return ""
 
 
 @dataclass
@@ -62,12 +85,16 @@ class TokenStream:
 
 
 async def stream_outputs(
-    stream: TokenStream, tokenizer: Any, token_texts: TokenTexts, keep: frozenset[int] = frozenset()
+    stream: TokenStream,
+    tokenizer: Any,
+    token_texts: TokenTexts,
+    keep: frozenset[int] = frozenset(),
+    text_class: type[IncrementalText] = IncrementalText,
 ) -> AsyncGenerator[EngineOutput, None]:
     """`EngineOutput` pieces for `stream`; the last piece has `finish_reason` (``length`` at its
-    `max_tokens`, else ``stop``); `keep`: special tokens kept in the text. Closing this generator
-    closes `stream.tokens` at once."""
-    text = IncrementalText(tokenizer, keep)
+    `max_tokens`, else ``stop``); `keep`: special tokens kept in the text; `text_class`: how the
+    text is detokenized. Closing this generator closes `stream.tokens` at once."""
+    text = text_class(tokenizer, keep)
     logprobs = LogprobStream(stream.constraints, token_texts)
     async with contextlib.aclosing(stream.tokens):  # type: ignore[type-var]
         async for ids in stream.tokens:

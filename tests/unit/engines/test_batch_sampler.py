@@ -245,3 +245,25 @@ def test_slots_are_bounded_and_freed():
         sampler.add("b", SamplingParams(frequency=1.0), None)
     sampler.remove("a")
     sampler.add("b", SamplingParams(frequency=1.0), None)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_the_static_decoders_path_gives_the_reference_tokens(static):
+    """The static decoder's use: `prepare_rows` padded to a bucket of more columns than requests,
+    `choose` over that many logits rows (its tokens left in `tokens`): the row-by-row reference's
+    tokens, the padding rows changing nothing."""
+    sampler = make_sampler(static=static)
+    args = torch.zeros(len(Arg), ROWS, dtype=torch.int32)
+    refs = {}
+    for i, params in enumerate(PARAMS[:5]):
+        sampler.add(f"r{i}", params, constraints(bias={3: 4.0} if i == 2 else None))
+        refs[f"r{i}"] = Reference(params, {3: 4.0} if i == 2 else {})
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        logits = torch.randn(ROWS, VOCAB, generator=gen) * 3
+        sampler.prepare_rows(list(refs), args, ROWS)  # five requests padded to a bucket of eight
+        tokens = sampler.choose(logits, args)
+        sampler.after_step()
+        expected = [ref.token(logits[j]) for j, ref in enumerate(refs.values())]
+        assert tokens[:5].tolist() == expected
+        assert sampler.tokens[:5].tolist() == expected

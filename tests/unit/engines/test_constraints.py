@@ -50,7 +50,8 @@ def token_id(tokenizer, entry) -> int:
 
 
 @pytest.fixture(
-    scope="module", params=["continuous", "sequential", pytest.param("continuous+int4-cpu", marks=NEEDS_INT4)]
+    scope="module",
+    params=["continuous", "static", "sequential", pytest.param("continuous+int4-cpu", marks=NEEDS_INT4)],
 )
 def tiny_llm(request, tiny_llm_dir) -> TextEngine:
     batching, _, quantization = request.param.partition("+")

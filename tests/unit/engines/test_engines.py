@@ -15,6 +15,7 @@ from deployments.engines import TextEngine, create_caption_engine, create_text_e
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.engines.transformers import int4_cpu
 from deployments.engines.transformers.continuous import ContinuousBatchingTextEngine
+from deployments.engines.transformers.static.engine import StaticTextEngine
 from deployments.errors import ConfigError, ContextLengthError
 from deployments.protocol.replica import GenerateRequest, TextMessage
 
@@ -31,7 +32,8 @@ async def complete(engine: TextEngine, request: GenerateRequest):
 
 
 @pytest.fixture(
-    scope="module", params=["continuous", "sequential", pytest.param("continuous+int4-cpu", marks=NEEDS_INT4)]
+    scope="module",
+    params=["continuous", "static", "sequential", pytest.param("continuous+int4-cpu", marks=NEEDS_INT4)],
 )
 def tiny_llm(request, tiny_llm_dir) -> TextEngine:
     batching, _, quantization = request.param.partition("+")
@@ -42,8 +44,8 @@ def tiny_llm(request, tiny_llm_dir) -> TextEngine:
 
 
 def busy(engine: TextEngine) -> int:
-    """Sequences still generating: batched ones, or sequential generate threads."""
-    if isinstance(engine, ContinuousBatchingTextEngine):
+    """Sequences still generating: batched ones (continuous or static), or sequential generate threads."""
+    if isinstance(engine, ContinuousBatchingTextEngine | StaticTextEngine):
         stats = engine.stats()
         return stats["running"] + stats["waiting"]
     return sum(t.name == "generate" for t in threading.enumerate())
@@ -218,8 +220,8 @@ async def test_a_seeded_answer_does_not_depend_on_the_batch(tiny_llm):
     steps (float32; int4-cpu's drift is measured in docs/tools.md). The sequential engine seeds
     torch's global generator, which concurrent requests share."""
     needs_batch_invariance(tiny_llm)
-    if not isinstance(tiny_llm, ContinuousBatchingTextEngine):
-        pytest.skip("continuous batching only")
+    if not isinstance(tiny_llm, ContinuousBatchingTextEngine | StaticTextEngine):
+        pytest.skip("batched engines only")
     seeded = [ask(f"pick a word {i}", temperature=1.2, top_p=0.95, top_k=50, seed=i, max_tokens=12) for i in (1, 2)]
     alone = [(await complete(tiny_llm, r))[0] for r in seeded]
     others = [
