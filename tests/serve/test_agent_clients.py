@@ -68,7 +68,7 @@ def test_codex_completes_a_turn_with_a_namespaced_call_and_gets_its_result_back(
     output = {"type": "function_call_output", "call_id": call["call_id"], "output": "agent a1 started"}
     # tool_choice none: the fake echoes its prompt (with tools it would call again), so the test reads it.
     turn = {**body, "input": [*body["input"], sent_back, output], "tool_choice": "none", "stream": False}
-    echo = client.responses.create(**turn, max_output_tokens=4096)
+    echo = client.responses.create(**turn, max_output_tokens=20000)
     assert echo.status == "completed"
     assert f"[called multi_agent_v1__spawn_agent({call['arguments']}) as {call['call_id']}]" in echo.output_text
     assert f"tool ({call['call_id']}): agent a1 started" in echo.output_text

@@ -1,6 +1,7 @@
-"""The recorded request bodies of the two agent CLIs (`agent_bodies/`: a Codex CLI request to
-/v1/responses and a Claude Code request to /v1/messages, private parts replaced), for the unit and
-Serve tests that replay them."""
+"""The recorded request bodies of the two agent CLIs (`agent_bodies/`: Codex CLI 0.171.0's first
+request to /v1/responses and Claude Code 2.1.332's to /v1/messages?beta=true, captured from the CLIs
+installed from npm by a local HTTP server on 2026-11-27, ids, paths and times replaced), for the unit
+and Serve tests that replay them."""
 
 from __future__ import annotations
 

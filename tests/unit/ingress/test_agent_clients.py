@@ -77,15 +77,18 @@ async def test_codex_first_request_streams_with_its_namespace_offered_and_web_se
     assert tool_names(sent) == [
         "exec_command",
         "write_stdin",
-        "update_plan",
-        "apply_patch",
+        "request_user_input",
         "view_image",
-        "multi_agent_v1__spawn_agent",
-        "multi_agent_v1__send_input",
-        "multi_agent_v1__wait",
         "multi_agent_v1__close_agent",
+        "multi_agent_v1__resume_agent",
+        "multi_agent_v1__send_input",
+        "multi_agent_v1__spawn_agent",
+        "multi_agent_v1__wait_agent",
+        "get_goal",
+        "create_goal",
+        "update_goal",
     ]
-    assert [m.role for m in sent.messages] == ["system", "system", "user", "user", "user"]  # developer: system
+    assert [m.role for m in sent.messages] == ["system", "system", "user", "user"]  # developer: system
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("access "))
     assert "set_aside=web_search" in line
 
@@ -129,7 +132,7 @@ async def test_claude_code_first_request_streams_without_thinking_blocks():
     call = claude_code_call(recorded("claude_code_messages"))
     async with client.beta.messages.with_streaming_response.create(**call) as raw:
         assert raw.http_request.url.params["beta"] == "true"
-        assert "mid-conversation-system-2026-04-07" in raw.http_request.headers["anthropic-beta"]
+        assert "context-management-2025-06-27" in raw.http_request.headers["anthropic-beta"]
         events = [event async for event in await raw.parse()]
     types = [e.type for e in events]
     assert types[0] == "message_start" and types[-1] == "message_stop"
@@ -138,10 +141,10 @@ async def test_claude_code_first_request_streams_without_thinking_blocks():
     stop = next(e for e in events if e.type == "message_delta")
     assert stop.delta.stop_reason == "end_turn"
     sent = decoder.requests[0]
-    assert [m.role for m in sent.messages] == ["system", "user", "user"]
-    system = sent.messages[0].content
-    assert system.startswith("x-anthropic-billing-header") and system.endswith("Today's date is 2026-11-27.")
-    assert "Bash" in tool_names(sent) and len(tool_names(sent)) == 10
+    assert [m.role for m in sent.messages] == ["system", "user"]  # the system turn (the last message) folded
+    turn = call["messages"][1]["content"][0]["text"]
+    assert sent.messages[0].content.startswith("x-anthropic-billing-header") and sent.messages[0].content.endswith(turn)
+    assert "Bash" in tool_names(sent) and len(tool_names(sent)) == 21
 
 
 class SmallContext(FakeDecoder):
@@ -167,7 +170,7 @@ async def test_claude_codes_max_tokens_is_clamped_to_what_the_context_leaves():
     call = {**claude_code_call(recorded("claude_code_messages")), "stream": False, "timeout": 30}
     message = await claude(decoder).beta.messages.create(**call)
     assert message.content[0].text == "Hi." and message.stop_reason == "end_turn"
-    assert [r.max_tokens for r in decoder.requests] == [32000, 40]
+    assert [r.max_tokens for r in decoder.requests] == [32000, 40]  # the second: what 100 - 60 leaves
 
 
 async def test_a_prompt_too_long_is_each_apis_own_context_error():
