@@ -21,6 +21,8 @@ import pytest
 from deployments.config import ServerConfig
 from deployments.errors import ContextLengthError
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.responses.items import Namespaces, flat_name, tool_plan
+from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
@@ -185,3 +187,19 @@ async def test_a_prompt_too_long_is_each_apis_own_context_error():
         await client.responses.create(**codex_call(recorded("codex_responses")["body"], client.responses.create))
     assert responses.value.code == "context_length_exceeded"
     assert responses.value.body["type"] == "invalid_request_error"
+
+
+def test_a_long_or_dotted_namespace_still_gives_the_model_a_function_name_and_comes_back_whole():
+    long = "mcp__a_very_long_server_name_for_the_tools_of_a_team__"
+    tools = [{"type": "function", "name": "list_pull_request_review_comments", "parameters": {"type": "object"}}]
+    body = ResponseRequest.model_validate(
+        {
+            "model": "m",
+            "input": "hi",
+            "tools": [{"type": "namespace", "name": n, "tools": tools} for n in (long, "a.b")],
+        }
+    )
+    names = [tool["function"]["name"] for tool in tool_plan(body).tools or []]
+    assert all(len(name) <= 64 for name in names) and names[1] == "a_b__list_pull_request_review_comments"
+    assert Namespaces(body).split(names[0]) == (long, "list_pull_request_review_comments")
+    assert flat_name(long, "list_pull_request_review_comments") == names[0]

@@ -25,7 +25,9 @@ plan and the grammar.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import secrets
 from typing import Any
 
@@ -62,8 +64,10 @@ SUMMARY_INTRO = "Summary of our conversation so far:"
 
 
 def flat_name(namespace: str, name: str) -> str:
-    """A namespaced function's name as the model sees it."""
-    return f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}"
+    """A namespaced function's name as the model sees it: a function name (64 characters at most, of
+    letters, digits, ``_`` and ``-``; a longer one keeps its first 55 and a digest of the whole)."""
+    flat = re.sub(r"[^a-zA-Z0-9_-]", "_", f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}")
+    return flat if len(flat) <= 64 else f"{flat[:55]}_{hashlib.sha256(flat.encode()).hexdigest()[:8]}"
 
 
 class Namespaces:

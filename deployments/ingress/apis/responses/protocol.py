@@ -114,7 +114,7 @@ class NamespaceTool(RequestModel):
     function is offered to the model, and a call of one names it and its `namespace` apart."""
 
     type: Literal["namespace"]
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     tools: list[FunctionTool] = Field(max_length=128)
 
