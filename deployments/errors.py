@@ -26,12 +26,15 @@ Hierarchy::
 Ray handle, Serve's back-pressure and dead-replica errors, or a bug) into ``(status, body,
 headers)``. Bugs become a generic 500 whose message names the request id; the details go to the
 logs only. `as_anthropic` renders the same mapping's body in Anthropic's shape (for /v1/messages):
-its error type by the status, the same message.
+its error type by the status, the same message, except a prompt longer than the context, which says
+it as Anthropic does ("prompt is too long: N tokens > M maximum", the words Claude Code reads to
+offer compaction).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -83,6 +86,22 @@ class VisionDisabledError(InvalidRequestError):
 
 class ContextLengthError(InvalidRequestError):
     code = "context_length_exceeded"
+
+    @property
+    def sizes(self) -> tuple[int, int] | None:
+        """`(prompt tokens, the model's context)` as the message gives them (it is all that crosses a
+        Ray handle), None when it does not."""
+        return context_sizes(self.message)
+
+
+# What `engines.context.Limits.completion` says: "This model's context is M tokens; the prompt has N".
+_CONTEXT_SIZES = re.compile(r"context is (\d+) tokens; the prompt has (\d+)")
+
+
+def context_sizes(message: str) -> tuple[int, int] | None:
+    """`(prompt tokens, context)` of a context-length error's message, None when it names neither."""
+    found = _CONTEXT_SIZES.search(message)
+    return (int(found[2]), int(found[1])) if found else None
 
 
 class PreviousResponseNotFound(InvalidRequestError):
@@ -267,7 +286,8 @@ def as_anthropic(status: int, body: dict) -> dict:
     """An OpenAI error body (`to_openai_error`'s, the guard's) in Anthropic's shape:
     ``{"type": "error", "error": {"type", "message"}}``, the type Anthropic gives the status."""
     fallback = "api_error" if status >= 500 else "invalid_request_error"
-    return {
-        "type": "error",
-        "error": {"type": ANTHROPIC_TYPES.get(status, fallback), "message": body["error"]["message"]},
-    }
+    message = body["error"]["message"]
+    sizes = context_sizes(message) if body["error"].get("code") == ContextLengthError.code else None
+    if sizes is not None and sizes[0] >= sizes[1]:  # Anthropic's words, which its clients match
+        message = f"prompt is too long: {sizes[0]} tokens > {sizes[1]} maximum"
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, fallback), "message": message}}

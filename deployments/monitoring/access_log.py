@@ -71,6 +71,7 @@ class RequestRecord:
     cache_hits: int = 0
     cache_misses: int = 0
     degraded: str | None = None
+    set_aside: str | None = None  # the request's tools that were not offered to the model (hosted tools), by type
 
     def first_token(self) -> None:
         if self.ttft_s is None:
@@ -91,6 +92,7 @@ class RequestRecord:
             "images": self.images.count,
             "cache_hits": self.cache_hits,
             "degraded": self.degraded,
+            "set_aside": self.set_aside,
             "error": self.error,
         }
 

@@ -169,11 +169,11 @@ def test_errors_in_anthropics_shape(client):
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model="echo", max_tokens=0, messages=ASK)
     assert bad.value.status_code == 400 and bad.value.body["error"]["type"] == "invalid_request_error"
-    with pytest.raises(anthropic.BadRequestError) as thinking:
+    with pytest.raises(anthropic.BadRequestError) as servers:
         client.messages.create(
-            model="echo", max_tokens=8, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+            model="echo", max_tokens=8, messages=ASK, extra_body={"mcp_servers": [{"type": "url", "url": "http://x"}]}
         )
-    assert "thinking" in thinking.value.body["error"]["message"]
+    assert "mcp_servers" in servers.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as unknown:
         client.messages.create(model="nope", max_tokens=8, messages=ASK)
     assert unknown.value.body["error"]["type"] == "not_found_error"

@@ -169,8 +169,10 @@ def test_errors_name_what_is_wrong(client):
         client.responses.create(model="gpt-9", input="hi")
     assert unknown.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as hosted:
-        client.responses.create(model=ECHO, input="hi", tools=[{"type": "web_search"}])
-    assert hosted.value.param == "tools" and "hosted tools" in hosted.value.message
+        client.responses.create(
+            model=ECHO, input="hi", tools=[{"type": "web_search"}], tool_choice={"type": "web_search"}
+        )
+    assert hosted.value.param == "tool_choice" and "cannot run" in hosted.value.message
     bad = httpx.post(
         f"{BASE_URL}/v1/responses",
         json={"model": ECHO, "input": [{"type": "message", "role": "tool"}]},

@@ -247,7 +247,13 @@ async def test_a_degraded_answer_says_so_as_a_chat_does():
     ("body", "status", "kind", "words"),
     [
         ({k: v for k, v in BODY.items() if k != "max_tokens"}, 400, "invalid_request_error", "max_tokens"),
-        ({**BODY, "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "invalid_request_error", "thinking"),
+        (
+            {**BODY, "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
+            400,
+            "invalid_request_error",
+            "mcp",
+        ),
+        ({**BODY, "thinking": {"type": "sometimes"}}, 400, "invalid_request_error", "thinking.type"),
         ({**BODY, "model": "nope"}, 404, "not_found_error", "nope"),
         (
             {**BODY, "messages": [*BODY["messages"], {"role": "assistant", "content": "The"}]},

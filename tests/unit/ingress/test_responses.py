@@ -239,12 +239,11 @@ async def test_the_store_is_bounded_by_count_and_age():
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools", "hosted tools"),
-        ({"tool_choice": {"type": "file_search"}}, "tool_choice", "hosted tools"),
+        ({"tools": [{"type": "file_search"}], "tool_choice": {"type": "file_search"}}, "tool_choice", "cannot run"),
         ({"background": True}, "background", "background"),
-        ({"reasoning": {"effort": "high"}}, "reasoning", "do not reason"),
-        ({"reasoning": {"summary": "auto"}}, "reasoning", "do not reason"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "not supported"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", ""),
+        ({"include": ["message.output_text.logprobs"]}, "include", "not supported"),
+        ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"truncation": "auto"}, "truncation", "disabled"),
         ({"conversation": "conv_1"}, "conversation", "not supported"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", ""),

@@ -2,12 +2,14 @@
 tool plan, the decoder's chat template), so that /v1/messages keeps chat's promises by using chat's
 path rather than a copy of it:
 
-- `system` (a string or text blocks) is a system message;
+- `system` (a string or text blocks) is a system message, and the text of each `system` turn among
+  the messages (Claude Code's) is added to it, in order: chat templates take one system message,
+  first;
 - a user turn's `tool_result` blocks are `tool` messages, in order, each answering its `tool_use_id`
   (an error result's text starts with ``Error:``); the images of tool results, and the turn's own
   text and images, follow as one user message (the images where the pipeline sees them);
 - an assistant turn's text is its content and its `tool_use` blocks its tool calls (the input as
-  JSON text);
+  JSON text); its thinking blocks (an earlier model's) are dropped;
 - `tools` are function definitions (`input_schema` the parameters), `tool_choice` the plan's choice.
 """
 
@@ -23,8 +25,10 @@ from deployments.ingress.apis.messages.protocol import (
     MessagesInput,
     NamedChoice,
     NoneChoice,
+    SystemTurn,
     TextBlock,
     ToolResultBlock,
+    ToolUseBlock,
     UserTurn,
 )
 from deployments.protocol.openai.chat import (
@@ -45,10 +49,14 @@ def chat_messages(body: MessagesInput) -> list[ChatMessage]:
     """The request's system prompt and turns as chat messages."""
     chat: list[ChatMessage] = []
     system = body.system if isinstance(body.system, str) else " ".join(block.text for block in body.system or [])
-    if system:
+    turns = [message.text for message in body.messages if isinstance(message, SystemTurn)]
+    if system := "\n\n".join(text for text in [system, *turns] if text):
         chat.append(SystemMessage(role="system", content=system))
     for message in body.messages:
-        chat += _assistant(message) if isinstance(message, AssistantTurn) else _user(message)
+        if isinstance(message, AssistantTurn):
+            chat += _assistant(message)
+        elif isinstance(message, UserTurn):
+            chat += _user(message)
     return chat
 
 
@@ -91,7 +99,7 @@ def _assistant(message: AssistantTurn) -> list[ChatMessage]:
     for block in message.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
-        else:
+        elif isinstance(block, ToolUseBlock):
             arguments = json.dumps(block.input)
             calls.append(ToolCallParam(id=block.id, function=FunctionCallParam(name=block.name, arguments=arguments)))
     return [AssistantMessage(role="assistant", content="".join(texts) or None, tool_calls=calls or None)]

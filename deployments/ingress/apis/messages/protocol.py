@@ -1,9 +1,14 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens): the request (a `system`
 prompt, user and assistant turns of content blocks: text, images by base64 or URL, `tool_use` and
-`tool_result`; custom tools with their `input_schema`, `tool_choice`), the `message` answer and
-the error body. Unknown fields are refused (a 400 naming them), and so are the fields this server
-does not honour (`thinking`, server tools, MCP servers); `cache_control` marks and `metadata` are
-accepted and ignored: the prefix cache needs no marks."""
+`tool_result`; `system` turns among them, as Claude Code sends; custom tools with their
+`input_schema`, `tool_choice`), the `message` answer and the error body.
+
+Unknown fields are refused (a 400 naming them), and so are the fields this server does not honour
+(server tools, MCP servers, containers). Set aside, accepted without effect: `cache_control` marks
+and `metadata` (the prefix cache needs no marks), `thinking` (the models do not reason: no thinking
+blocks come back, and an earlier answer's thinking blocks sent back are dropped),
+`context_management` (its edits clear thinking or old tool results, of which the prompt then keeps
+all), `output_config.effort`."""
 
 from __future__ import annotations
 
@@ -54,6 +59,21 @@ class ToolUseBlock(RequestModel):
     cache_control: CacheControl | None = None
 
 
+class ThinkingBlock(RequestModel):
+    """An earlier answer's thinking, sent back: dropped (this server's models write none)."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+    cache_control: CacheControl | None = None
+
+
+class RedactedThinkingBlock(RequestModel):
+    type: Literal["redacted_thinking"]
+    data: str
+    cache_control: CacheControl | None = None
+
+
 ResultPart = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
 
 
@@ -66,7 +86,9 @@ class ToolResultBlock(RequestModel):
 
 
 UserBlock = Annotated[TextBlock | ImageBlock | ToolResultBlock, Field(discriminator="type")]
-AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[
+    TextBlock | ToolUseBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+]
 
 
 class UserTurn(RequestModel):
@@ -79,7 +101,19 @@ class AssistantTurn(RequestModel):
     content: str | Annotated[list[AssistantBlock], Field(min_length=1)]
 
 
-InputMessage = Annotated[UserTurn | AssistantTurn, Field(discriminator="role")]
+class SystemTurn(RequestModel):
+    """A system message among the turns (Claude Code's mid-conversation system messages): its text is
+    added to the system prompt, in order."""
+
+    role: Literal["system"]
+    content: str | Annotated[list[TextBlock], Field(min_length=1)]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(block.text for block in self.content)
+
+
+InputMessage = Annotated[UserTurn | AssistantTurn | SystemTurn, Field(discriminator="role")]
 
 
 class CustomTool(RequestModel):
@@ -90,6 +124,25 @@ class CustomTool(RequestModel):
     description: str | None = None
     input_schema: dict[str, Any]
     cache_control: CacheControl | None = None
+    # Accepted, set aside: every tool is offered at once, its input streamed as it is written.
+    defer_loading: bool | None = None
+    eager_input_streaming: bool | None = None
+    strict: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+
+
+class ThinkingConfig(RequestModel):
+    """`thinking`: accepted, set aside (the models do not reason; no thinking blocks come back)."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = Field(None, ge=0)
+    display: str | None = None
+
+
+class OutputConfig(RequestModel):
+    """`output_config`: its `effort` accepted and set aside (the model's answer is as long as it is)."""
+
+    effort: Literal["low", "medium", "high", "max"] | None = None
 
 
 class AutoChoice(RequestModel):
@@ -115,7 +168,7 @@ class NoneChoice(RequestModel):
 ToolChoice = Annotated[AutoChoice | AnyChoice | NamedChoice | NoneChoice, Field(discriminator="type")]
 
 # Anthropic fields this server does not honour: a 400 that names the field, never silently ignored.
-UNSUPPORTED_MESSAGES_FIELDS = ("thinking", "mcp_servers", "container", "context_management")
+UNSUPPORTED_MESSAGES_FIELDS = ("mcp_servers", "container")
 
 
 class MessagesInput(RequestModel):
@@ -136,11 +189,13 @@ class MessagesInput(RequestModel):
     # Harmless: accepted and ignored.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+    # Set aside: accepted, without effect on models that do not reason (see the module's docstring).
+    thinking: ThinkingConfig | None = None
+    context_management: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
     # Declared (null only) so that the 400 names them and the OpenAPI spec says so.
-    thinking: None = None
     mcp_servers: None = None
     container: None = None
-    context_management: None = None
 
     @field_validator(*UNSUPPORTED_MESSAGES_FIELDS, mode="before")
     @classmethod

@@ -15,6 +15,12 @@ yet), one `ping`, per block `content_block_start`, its deltas and `content_block
 error after the first byte is one `error` event. Usage follows Anthropic's: `input_tokens` are the
 prompt tokens not read from the prefix cache, `cache_read_input_tokens` those that were.
 
+`max_tokens` is what the answer may use at most: when it is more than the model's context leaves
+after the prompt (Claude Code asks for 32,000), the answer gets what is left (the stop reason says
+``max_tokens`` if it is reached) rather than a 400. A prompt that does not fit at all is Anthropic's
+`invalid_request_error` "prompt is too long: N tokens > M maximum" (`errors.as_anthropic`), the
+words Claude Code reads to offer compaction.
+
 A request answered without some of its images says so as a chat does: the `X-Vision-Degraded`
 header, the `vision` field (on the message, or on `message_start`'s), and the configured notice as
 the first text block.
@@ -25,8 +31,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deployments.errors import InvalidRequestError, as_anthropic
-from deployments.ingress.answer.core import AnswerCore
+from deployments.errors import ContextLengthError, InvalidRequestError, as_anthropic, unwrap
+from deployments.ingress.answer.core import AnswerCore, Opened
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, recorded_error, streamed, whole
 from deployments.ingress.apis.messages.chat_form import chat_messages, functions, tool_choice
@@ -37,6 +43,7 @@ from deployments.ingress.apis.messages.protocol import (
     MessagesRequest,
     MessageUsage,
     StopReason,
+    SystemTurn,
     TextContent,
     TokenCount,
     ToolUseContent,
@@ -56,23 +63,27 @@ class MessagesService:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         _check_final_turn(body)
         plan = _plan(body)
-        opened = await self._core.open(
-            chat_messages(body),
-            plan,
-            record,
-            grammar=plan.grammar,
-            max_tokens=body.max_tokens,
-            stop=body.stop_sequences or [],
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-        )
+        settings: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
+        settings |= {"grammar": plan.grammar, "stop": body.stop_sequences or []}
+        opened = await self._open(body, plan, record, settings)
         blocks = MessageBlocks(f"msg_{record.request_id}", self._core.model, plan, opened.degraded)
         if body.stream:
             events = streamed(opened.generation, blocks.tally, blocks.events, record, framing=ANTHROPIC)
             return Reply(opened.headers, events=events)
         await whole(opened.generation, blocks.tally, blocks.feed)
         return Reply(opened.headers, body=blocks.message().model_dump())
+
+    async def _open(self, body: MessagesRequest, plan: ToolPlan, record: RequestRecord, settings: dict) -> Opened:
+        """The answer begun with `max_tokens`, or with what the context leaves when that is less."""
+        try:
+            return await self._core.open(chat_messages(body), plan, record, max_tokens=body.max_tokens, **settings)
+        except Exception as exc:
+            error = unwrap(exc)
+            sizes = error.sizes if isinstance(error, ContextLengthError) else None
+            if sizes is None or sizes[0] >= sizes[1]:  # not the completion's room: the prompt itself
+                raise
+            left = sizes[1] - sizes[0]
+            return await self._core.open(chat_messages(body), plan, record, max_tokens=left, **settings)
 
     async def count_tokens(self, body: MessagesInput, record: RequestRecord) -> TokenCount:
         """The prompt's tokens as the decoder counts them: the request rendered by the model's chat
@@ -89,7 +100,12 @@ class MessagesService:
 
 
 def _check_final_turn(body: MessagesInput) -> None:
-    if isinstance(body.messages[-1], AssistantTurn):
+    turns = [message for message in body.messages if not isinstance(message, SystemTurn)]
+    if not turns:
+        raise InvalidRequestError(
+            "messages: needs a user turn (system turns alone are no conversation).", param="messages"
+        )
+    if isinstance(turns[-1], AssistantTurn):
         raise InvalidRequestError(
             "messages: a final assistant turn (a prefill for the answer to continue) is not supported; "
             "end with a user turn.",

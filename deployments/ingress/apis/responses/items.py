@@ -14,13 +14,20 @@ plan and the grammar.
   gives the summary of the conversation before it.
 - A `function_call_output` answers a `function_call` earlier in the conversation (`call_id`);
   one that answers none is a 400, as OpenAI's.
+- A `namespace` tool's functions are offered to the model under one flat name each,
+  ``<namespace>__<name>`` (``<namespace><name>`` when the namespace ends in ``_``, as Codex's MCP
+  namespaces ``mcp__server__`` do); a call of one is a `function_call` with the function's own
+  `name` and its `namespace` (the shape Codex's `ResponseItem::FunctionCall` reads), and such a
+  call sent back as input is the flat name again (`Namespaces`).
 - Every item is stored as it came (`stored_item`), with an id, and an answer's output items become
   input items again (`as_input`) for a later response that continues it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import secrets
 from typing import Any
 
@@ -29,9 +36,11 @@ from deployments.ingress.apis.responses.protocol import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    FunctionTool,
     InputImage,
     MessageItem,
     NamedFunctionChoice,
+    NamespaceTool,
     ResponseRequest,
     TextFormatJsonObject,
     TextFormatJsonSchema,
@@ -52,6 +61,28 @@ from deployments.tools.plan import ToolPlan, plan_tools
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | CompactionItem
 
 SUMMARY_INTRO = "Summary of our conversation so far:"
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """A namespaced function's name as the model sees it: a function name (64 characters at most, of
+    letters, digits, ``_`` and ``-``; a longer one keeps its first 55 and a digest of the whole)."""
+    flat = re.sub(r"[^a-zA-Z0-9_-]", "_", f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}")
+    return flat if len(flat) <= 64 else f"{flat[:55]}_{hashlib.sha256(flat.encode()).hexdigest()[:8]}"
+
+
+class Namespaces:
+    """The request's `namespace` tools: each function's flat name (as the model sees it) and back."""
+
+    def __init__(self, body: ResponseRequest) -> None:
+        self.functions: dict[str, tuple[str, str]] = {}  # flat name -> (namespace, name)
+        for tool in body.tools or []:
+            if isinstance(tool, NamespaceTool):
+                for function in tool.tools:
+                    self.functions[flat_name(tool.name, function.name)] = (tool.name, function.name)
+
+    def split(self, name: str) -> tuple[str | None, str]:
+        """A called function's `(namespace, name)`; a plain function has no namespace."""
+        return self.functions.get(name, (None, name))
 
 
 def item_id(prefix: str) -> str:
@@ -126,7 +157,8 @@ def _message(item: MessageItem) -> tuple[ChatMessage, list[ImagePart]]:
 
 
 def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
-    call = ToolCallParam(id=item.call_id, function=FunctionCallParam(name=item.name, arguments=item.arguments))
+    name = flat_name(item.namespace, item.name) if item.namespace else item.name
+    call = ToolCallParam(id=item.call_id, function=FunctionCallParam(name=name, arguments=item.arguments))
     last = messages[-1] if messages else None
     if isinstance(last, AssistantMessage):  # the calls of the text before them, or more calls of one turn
         last.tool_calls = [*(last.tool_calls or []), call]
@@ -150,12 +182,15 @@ def _images_turn(images: list[ImagePart], tools: bool) -> UserMessage:
 
 
 def tool_plan(body: ResponseRequest) -> ToolPlan:
-    """The plan of the request's `tools`, `tool_choice` and `parallel_tool_calls`."""
+    """The plan of the request's `tools` (function tools, and each function of a namespace under its
+    flat name; hosted tools set aside), `tool_choice` and `parallel_tool_calls`."""
     choice = body.tool_choice
-    functions = [
-        FunctionDefinition.model_validate(tool.model_dump(exclude={"type"}, exclude_none=True))
-        for tool in body.tools or []
-    ]
+    functions: list[FunctionDefinition] = []
+    for tool in body.tools or []:
+        if isinstance(tool, FunctionTool):
+            functions.append(_function(tool))
+        elif isinstance(tool, NamespaceTool):
+            functions += [_function(f, flat_name(tool.name, f.name)) for f in tool.tools]
     formatted = body.text is not None and body.text.format.type != "text"
     return plan_tools(
         functions,
@@ -164,6 +199,11 @@ def tool_plan(body: ResponseRequest) -> ToolPlan:
         parallel=body.parallel_tool_calls,
         constrained_by="text.format" if formatted else None,
     )
+
+
+def _function(tool: FunctionTool, name: str | None = None) -> FunctionDefinition:
+    definition = FunctionDefinition.model_validate(tool.model_dump(exclude={"type"}, exclude_none=True))
+    return definition if name is None else definition.model_copy(update={"name": name})
 
 
 def text_grammar(body: ResponseRequest, plan: ToolPlan) -> GrammarSpec | None:
@@ -194,4 +234,4 @@ def as_input(output: dict[str, Any]) -> dict[str, Any]:
     if output["type"] == "message":
         content = [{"type": "output_text", "text": part["text"]} for part in output["content"]]
         return {"type": "message", "role": "assistant", "content": content, "id": output["id"]}
-    return {key: output[key] for key in ("type", "call_id", "name", "arguments", "id")}
+    return {key: output[key] for key in ("type", "call_id", "name", "namespace", "arguments", "id") if key in output}

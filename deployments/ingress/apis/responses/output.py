@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import named_sse, recorded_error
-from deployments.ingress.apis.responses.items import item_id
+from deployments.ingress.apis.responses.items import Namespaces, item_id
 from deployments.ingress.apis.responses.protocol import (
     IncompleteDetails,
     InputTokensDetails,
@@ -58,8 +58,10 @@ class ResponseOutput:
     """The output items of one answer, from its semantic events (`answer`): `feed` returns the events
     of a chunk (no sequence numbers yet), `items` holds the items so far; `finish` says how it ended."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, namespaces: Namespaces | None = None) -> None:
+        """`namespaces`: the request's namespace tools, whose calls name the function and its namespace."""
         self.items: list[OutputItem] = []
+        self._namespaces = namespaces
         self.answer = answer
         self.tally = answer.tally
         self.finish: Finish | None = None
@@ -110,8 +112,10 @@ class ResponseOutput:
         events: list[Event] = []
         item = self._open
         if delta.id is not None or not isinstance(item, OutputFunctionCall):
+            name = delta.function.name or ""
+            namespace, name = self._namespaces.split(name) if self._namespaces else (None, name)
             item = OutputFunctionCall(
-                id=item_id("fc"), call_id=delta.id or item_id("call"), name=delta.function.name or ""
+                id=item_id("fc"), call_id=delta.id or item_id("call"), name=name, namespace=namespace
             )
             events += self._add(item)
         if delta.function.arguments:

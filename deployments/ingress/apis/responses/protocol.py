@@ -1,7 +1,12 @@
 """OpenAI's Responses API (/v1/responses): the request (input as a string or items: messages,
-function calls and their outputs; flat function tools; `text.format`), the `response` object with
-its output items and usage, and the stored input items' list. Hosted tools, background runs,
-reasoning settings and the other fields this server does not honour are 400s that name them."""
+function calls and their outputs; flat function tools and `namespace` groups of them; `text.format`),
+the `response` object with its output items and usage, and the stored input items' list.
+
+Hosted tools (web search and the like, which only OpenAI's servers run) are set aside: not offered
+to the model, named in the reply's `X-Tools-Set-Aside` header and the access log; a `tool_choice`
+that forces one is a 400. `reasoning` and `include: ["reasoning.encrypted_content"]` are accepted on
+models that do not reason (no reasoning items). Background runs and the other fields this server
+does not honour are 400s that name them."""
 
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ class FunctionCallItem(RequestModel):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
+    namespace: str | None = Field(None, description="The `namespace` tool whose function this is (Codex's groups).")
     arguments: str = Field(description="JSON text, as the model produced it.")
     id: str | None = None
     status: str | None = None
@@ -103,6 +109,38 @@ class FunctionTool(RequestModel):
     strict: bool | None = None
 
 
+class NamespaceTool(RequestModel):
+    """A group of function tools under one name (the Codex CLI's MCP servers and agent tools): each
+    function is offered to the model, and a call of one names it and its `namespace` apart."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    tools: list[FunctionTool] = Field(max_length=128)
+
+
+class HostedTool(BaseModel):
+    """A tool that OpenAI's servers run (`web_search`, `file_search`, `code_interpreter`, `mcp`,
+    `image_generation`, `local_shell`, `custom`, ...): kept as it came, set aside (not offered)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def _tool_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("function", "namespace") else "hosted"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_type),
+]
+
+
 class NamedFunctionChoice(RequestModel):
     type: Literal["function"]
     name: str = Field(min_length=1)
@@ -133,16 +171,31 @@ TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSch
 
 
 class ReasoningParam(RequestModel):
-    """Only an effort of none (or nothing): the served models do not reason."""
+    """Accepted and set aside: the served models do not reason, so no reasoning items come back."""
 
-    effort: Literal["none"] | None = None
-    summary: None = None
-    generate_summary: None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed", "none"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed", "none"] | None = None
 
 
 class TextConfig(RequestModel):
     format: TextFormat = Field(default_factory=lambda: TextFormatText(type="text"))
-    verbosity: Literal["medium"] | None = Field(None, description="Only the default (medium, or null).")
+    verbosity: Literal["low", "medium", "high"] | None = Field(
+        None, description="Accepted and set aside: the length is the model's (and max_output_tokens')."
+    )
+
+
+# `include` values that ask for data of items this server never produces (reasoning, hosted tools'
+# calls): accepted, with nothing to include.
+INCLUDABLE = (
+    "reasoning.encrypted_content",
+    "web_search_call.action.sources",
+    "web_search_call.results",
+    "file_search_call.results",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+)
 
 
 # Fields of OpenAI's request that this server does not honour: a 400 that names the field when set.
@@ -157,8 +210,9 @@ UNSUPPORTED_RESPONSE_FIELDS = (
 )
 
 _HOSTED = (
-    "only function tools are supported; hosted tools (web search, file search, code interpreter, computer use, "
-    "MCP, image generation, shell, custom) are not"
+    "forces a tool that this server cannot run: only function tools (and namespaces of them) are run here; "
+    "hosted tools (web search, file search, code interpreter, computer use, MCP, image generation, shell, "
+    "custom) are set aside"
 )
 
 
@@ -166,7 +220,7 @@ class ResponseRequest(RequestModel):
     model: str = Field(min_length=1)
     input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
@@ -180,9 +234,13 @@ class ResponseRequest(RequestModel):
     previous_response_id: str | None = None
     background: Literal[False] | None = Field(None, description="Only false: background runs are not supported.")
     include: list[str] | None = Field(
-        None, description="Only empty: no extra output data is available.", json_schema_extra={"maxItems": 0}
+        None,
+        description="Only data of items this server never produces (reasoning.encrypted_content, hosted tools' "
+        "calls): accepted, nothing to include.",
     )
-    reasoning: ReasoningParam | None = Field(None, description="Only null or an effort of none: no reasoning models.")
+    reasoning: ReasoningParam | None = Field(
+        None, description="Accepted and set aside: the models do not reason (no reasoning items)."
+    )
     truncation: Literal["disabled"] | None = Field(
         None, description="Only disabled: the model's `context_overflow` setting decides what a long input gets."
     )
@@ -192,6 +250,7 @@ class ResponseRequest(RequestModel):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
+    client_metadata: dict[str, Any] | None = Field(None, description="The client's own notes: accepted, ignored.")
     # Declared (null only) so that the 400 names them (UNSUPPORTED_RESPONSE_FIELDS).
     conversation: None = None
     prompt: None = None
@@ -208,14 +267,6 @@ class ResponseRequest(RequestModel):
             raise ValueError("not supported by this server")
         return value
 
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _function_tools_only(cls, value: Any) -> Any:
-        for tool in value if isinstance(value, list) else []:  # any other type: the list's own 400
-            if isinstance(tool, dict) and tool.get("type") != "function":
-                raise ValueError(f"a tool of type {tool.get('type')!r}: {_HOSTED}")
-        return value
-
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _function_choice_only(cls, value: Any) -> Any:
@@ -226,10 +277,11 @@ class ResponseRequest(RequestModel):
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice_names_a_tool(cls, value: Any, info: ValidationInfo) -> Any:
-        tools = info.data.get("tools")
+        tools = [tool for tool in info.data.get("tools") or [] if not isinstance(tool, HostedTool)]
         if (value == "required" or isinstance(value, NamedFunctionChoice)) and not tools:
-            raise ValueError("needs tools")
-        if isinstance(value, NamedFunctionChoice) and value.name not in {t.name for t in tools or []}:
+            raise ValueError("needs tools (function tools: hosted tools are set aside)")
+        names = {tool.name for tool in tools if isinstance(tool, FunctionTool)}
+        if isinstance(value, NamedFunctionChoice) and value.name not in names:
             raise ValueError(f"names the function {value.name!r}, which is not in tools")
         return value
 
@@ -243,16 +295,9 @@ class ResponseRequest(RequestModel):
 
     @field_validator("include", mode="before")
     @classmethod
-    def _no_include(cls, value: Any) -> Any:
-        if isinstance(value, list) and value:
-            raise ValueError(f"{', '.join(map(str, value))}: not supported by this server (no extra output data)")
-        return value
-
-    @field_validator("reasoning", mode="before")
-    @classmethod
-    def _no_reasoning(cls, value: Any) -> Any:
-        if isinstance(value, dict) and any(v not in (None, "none") for v in value.values()):
-            raise ValueError("not supported by this server: its models do not reason (send null or effort none)")
+    def _includable(cls, value: Any) -> Any:
+        if unknown := [str(v) for v in value if v not in INCLUDABLE] if isinstance(value, list) else []:
+            raise ValueError(f"{', '.join(unknown)}: not supported by this server (no such output data)")
         return value
 
     @field_validator("stream_options")
@@ -261,6 +306,12 @@ class ResponseRequest(RequestModel):
         if value is not None and not info.data.get("stream"):
             raise ValueError("only allowed when stream is true")
         return value
+
+    @property
+    def set_aside(self) -> list[str]:
+        """The types of the hosted tools that are set aside (not offered to the model), in order, once each."""
+        kinds = [tool.type for tool in self.tools or [] if isinstance(tool, HostedTool)]
+        return list(dict.fromkeys(kinds))
 
     @property
     def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | CompactionItem]:
@@ -314,6 +365,7 @@ class OutputFunctionCall(BaseModel):
     type: Literal["function_call"] = "function_call"
     call_id: str
     name: str
+    namespace: str | None = Field(None, exclude_if=absent, description="The `namespace` tool the function is in.")
     arguments: str = ""
     status: ItemStatus = "in_progress"
 

@@ -9,6 +9,10 @@ client can continue it at once; a failed response is not kept.
 A request answered without some of its images says so as chat does: the `vision` field and
 `system_fingerprint` on the response, the `X-Vision-Degraded` header, the notice before the text.
 
+Hosted tools (`web_search` and the like) are set aside: not offered to the model, named in the
+reply's `X-Tools-Set-Aside` header (and in a WebSocket turn's access-log line, as in every
+request's: `set_aside`).
+
 A turn of the WebSocket mode (`responses.socket`) is a streamed create on its `ConnectionCache`: its
 events are WebSocket messages, it continues the connection's last response first, and its own
 response is remembered there, `store` or not. `compact` is /v1/responses/compact: the summary that
@@ -31,6 +35,7 @@ from deployments.ingress.apis.responses.compaction import (
 )
 from deployments.ingress.apis.responses.items import (
     Item,
+    Namespaces,
     as_input,
     chat_messages,
     item_id,
@@ -46,6 +51,9 @@ from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
 from deployments.protocol.replica import GenerateChunk
+
+# The reply's header that names the hosted tools set aside (not offered to the model), by type.
+SET_ASIDE_HEADER = "X-Tools-Set-Aside"
 
 
 class ResponseService:
@@ -65,13 +73,16 @@ class ResponseService:
         kept as theirs); `connection`: the WebSocket connection's cache, for a turn of that mode."""
         core = self._core
         conversation = await _conversation(store, body.previous_response_id, caller, connection)
+        set_aside = body.set_aside
+        record.set_aside = ",".join(set_aside) or None
         plan = tool_plan(body)
         settings = {"max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p}
         opened = await core.open(
             chat_messages(body, _items(conversation)), plan, record, grammar=text_grammar(body, plan), **settings
         )
         answer = Answer(1, plan, opened.notice)
-        output = ResponseOutput(answer)
+        output = ResponseOutput(answer, Namespaces(body))
+        headers = {**opened.headers, **({SET_ASIDE_HEADER: ", ".join(set_aside)} if set_aside else {})}
         base = echoed(body, f"resp_{secrets.token_hex(12)}", core.model, opened.degraded)
         kept = _Keeper(store if body.store else None, caller, body, conversation, connection)
         if body.stream:
@@ -82,9 +93,9 @@ class ResponseService:
 
             framing = Framing(error=events.error, end=None)
             frames = streamed(opened.generation, answer.tally, events.feed, record, end, framing)
-            return Reply(opened.headers, events=frames)
+            return Reply(headers, events=frames)
         await whole(opened.generation, answer.tally, output.feed)
-        return Reply(opened.headers, body=(await kept(output.response(base))).model_dump())
+        return Reply(headers, body=(await kept(output.response(base))).model_dump())
 
     async def compact(
         self, body: CompactRequest, record: RequestRecord, store: ResponseStorePort | None, caller: Caller
