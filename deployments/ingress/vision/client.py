@@ -156,6 +156,9 @@ class CaptionerClient:
                     raise _ServeSaysDown(view.words)
         finally:
             if not call.done():
+                # Serve's response ends a cancelled call's task with RequestCancelledError, not as
+                # cancelled: retrieve it, or every call given up logs "Task exception was never retrieved".
+                call.add_done_callback(lambda task: task.cancelled() or task.exception())
                 call.cancel()
                 response.cancel()
 
