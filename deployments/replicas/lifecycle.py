@@ -95,7 +95,10 @@ class EngineSlot(Generic[E]):
     def _failed(self, exc: Exception) -> None:
         self.state, self.attempts = "failed", self.attempts + 1
         self.reason = self.error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]  # one line
-        self.expected_failure = self._expected(exc)
+        try:
+            self.expected_failure = self._expected(exc)
+        except Exception:  # telling must never stop the retries: unknown means a real failure, traceback and all
+            self.expected_failure = False
         self._next_retry = time.monotonic() + self._retry_in
         self.next_retry_at = datetime.now(UTC) + timedelta(seconds=self._retry_in)
         line = "%s %r cannot load (attempt %d): %s; next attempt in %.0f s, at %s"
