@@ -5,11 +5,15 @@ second: where the Ray dashboard is, and the command that prints the token it ask
     mmserve ready: http://127.0.0.1:8000 | model: smollm2-135m-instruct | vision: degraded (...)
     mmserve dashboard: http://127.0.0.1:8265/#/serve | token: .venv/bin/ray get-auth-token
 
-vision: ok, off, degraded (why), or loading (...) while the captioner's replica starts; then it goes
-on watching, for at most `VISION_WAIT_S`, and prints one more line once the captioner has loaded or
-failed:
+vision: ok, off, degraded or loading (while the captioner's replica starts), then in brackets the
+captioner's status as /health has it (`vision_state`): its state, the model it is loading, the
+attempt and when the next one runs, and the cause, once. Then it goes on watching, for at most
+`VISION_WAIT_S`, and prints one more line once the captioner has loaded or failed:
 
     mmserve vision: ok
+    mmserve vision: degraded (llava-interleave-qwen-0.5b failed, attempt 1, next at 2026-11-27T13:45:07Z: OSError: ...)
+
+`--vision-only` prints just that state, as `vision: ...` (scripts/status.sh's line).
 
 scripts/run.sh starts it beside `serve run` with `--pid` (it gives up when that process is gone).
 Until then /health gives no answer, Ray's plain-text 404 (routes not deployed yet) or a JSON 503
@@ -33,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = "http://127.0.0.1:8265"  # where `serve run` (and `ray start --head`) put Ray's dashboard
 TOKEN_COMMAND = ".venv/bin/ray get-auth-token"  # Ray's CLI of this checkout: `ray` is not on PATH
 VISION_WAIT_S = 300.0  # a captioner still loading after this is left to /health
+CAUSE_CHARS = 160  # the cause's share of the line; /health has it whole
 
 
 def base_url(config: Path) -> str:
@@ -75,14 +80,24 @@ def ready_line(url: str, health: dict[str, Any]) -> str:
 
 
 def vision_state(health: dict[str, Any]) -> str:
+    """The captioner's status in /health's body on one line: ``off``, ``ok``, or ``loading`` /
+    ``degraded`` with the captioner's own state, model, attempt, next attempt and cause (cut to
+    `CAUSE_CHARS`): the ready line's, the watch's and scripts/status.sh's words."""
     captioner = health["components"].get("captioner")
     if captioner is None:
         return "off"
     if captioner["ready"]:
         return "ok"
-    reason = " ".join(str(captioner.get("reason")).split())  # one line, however the loader wrote it
-    state = "loading" if (captioner.get("details") or {}).get("state") == "loading" else "degraded"
-    return f"{state} ({reason if len(reason) <= 160 else reason[:157] + '...'})"
+    details = captioner.get("details") or {}
+    state = details.get("state") or "unavailable"
+    facts = [f"{captioner.get('model') or 'captioner'} {state}"]
+    if details.get("attempts"):
+        facts.append(f"attempt {details['attempts']}")
+    if details.get("next_retry_at"):
+        facts.append(f"next at {details['next_retry_at']}")
+    cause = " ".join(str(captioner.get("reason") or "no reason given").split())  # one line, however written
+    cause = cause if len(cause) <= CAUSE_CHARS else cause[: CAUSE_CHARS - 3] + "..."
+    return f"{'loading' if state == 'loading' else 'degraded'} ({', '.join(facts)}: {cause})"
 
 
 def watch_vision(url: str, pid: int | None) -> None:
@@ -112,8 +127,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--pid", type=int, help="give up when this process (serve run) has exited")
+    parser.add_argument("--vision-only", action="store_true", help="print the vision state once, then exit")
     args = parser.parse_args()
     url = base_url(args.config)
+    if args.vision_only:
+        url = os.environ.get("MMSERVE_URL") or url  # scripts/status.sh's
+        status, health = get_json(f"{url}/health")
+        ok = isinstance(health, dict) and "components" in health
+        print(f"vision: {vision_state(health) if ok else f'? (no /health answer from {url})'}", flush=True)
+        return 0 if ok else 1
     while args.pid is None or alive(args.pid):
         status, health = get_json(f"{url}/health")
         if status == 200 and isinstance(health, dict) and "components" in health:

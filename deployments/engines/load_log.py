@@ -115,7 +115,9 @@ class LoadLog:
         self.log(f"step={name} {seconds:.1f} s ({note})")
 
     def failed(self, what: str, started: float, exc: BaseException) -> None:
-        self.log(f"{what} failed after {time.monotonic() - started:.1f} s ({type(exc).__name__})", logging.WARNING)
+        """Where a load stopped, at INFO: the failure itself, with its cause and next attempt, is the
+        replica's one line (`replicas.lifecycle.EngineSlot`)."""
+        self.log(f"{what} failed after {time.monotonic() - started:.1f} s ({type(exc).__name__})")
 
     def finished(self, memory: str = "") -> None:
         """The closing line: total time and the process's RSS (`memory`: more to say after it)."""

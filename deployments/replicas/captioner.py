@@ -2,10 +2,18 @@
 
 It runs as its own Serve application so that its failure never takes the main application down.
 A load failure (OOM, missing weights, no hub) does not raise from the constructor: the replica
-reports "unavailable" and why through `status` and retries loading in the background, while its
-health check fails with the loader's words, so that `serve status` and the Ray dashboard show the
-deployment UNHEALTHY and why, and Serve replaces the replica at most once per `unhealthy_restart_s`
-until one loads (`serve_health`).
+reports "unavailable" and why through `status` (state, model, cause, next attempt) and retries
+loading in the background.
+
+Weights that cannot be reached (`weights_unreachable`: no hub offline, a missing or empty
+directory) are the expected offline case: one WARNING line per attempt, no traceback, and the
+health check passes, so that Serve neither logs a traceback per check nor replaces the replica (each
+replacement a new process importing torch): the replica's own retries load the weights once they
+appear. Serve then shows the replica RUNNING (its process is up and answers); whether it can caption
+is what `status`, /health and the ready line say: never ready until it has loaded. Any other load
+error (a real crash) logs its traceback and fails the health check with the loader's words, so that
+`serve status` and the Ray dashboard show the deployment UNHEALTHY and why, and Serve replaces the
+replica at most once per `unhealthy_restart_s` until one loads (`serve_health`).
 
 Images from concurrent requests are captioned together (`Batcher`): up to `max_batch_size` of
 them go through the model in one forward pass; those that arrive while a batch runs form the next,
@@ -17,7 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+from huggingface_hub import try_to_load_from_cache
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -40,6 +51,22 @@ def failure_kind(exc: Exception) -> str:
     if isinstance(exc, CaptionerUnavailable):
         return "unavailable"
     return "oom" if "OutOfMemory" in type(exc).__name__ else "error"
+
+
+def weights_unreachable(model: ModelConfig) -> Callable[[Exception], bool]:
+    """Whether a load error of `model` means its weights cannot be reached (the expected offline
+    case), not that they are broken: a local directory that is missing or holds no file at all, or
+    a hub model whose config is not in the hub cache failing with an OSError (transformers' "couldn't
+    connect to 'https://huggingface.co' ... couldn't find them in the cached files"). A corrupt file,
+    an unknown architecture or an out-of-memory error is not expected."""
+
+    def expected(exc: Exception) -> bool:
+        if model.local_path:
+            local = Path(model.source)
+            return not local.is_dir() or not any(local.iterdir())
+        return isinstance(exc, OSError) and not isinstance(try_to_load_from_cache(model.source, "config.json"), str)
+
+    return expected
 
 
 @serve.deployment  # its options are the builder's (deployments/options/)
@@ -67,6 +94,7 @@ class VisionCaptioner:
                 unavailable=CaptionerUnavailable,
                 lifecycle=lifecycle,
                 sample=self._sample,
+                expected=weights_unreachable(model),
             )
             self._slot.load()
             self._slot.start()
@@ -106,10 +134,11 @@ class VisionCaptioner:
         self.metrics.set("engine_loaded", float(self._slot.state == "ready"))
 
     async def check_health(self) -> None:
-        """Raises `CaptionerUnavailable` with the loader's error while the model cannot load; passes
-        while it loads, once it has loaded, and without a captioner configured. At the replica's
-        start it may first keep retrying the load, or pass anyway (`serve_health.startup_hold_s`)."""
-        if self._slot is None or self._slot.error is None:
+        """Raises `CaptionerUnavailable` with the loader's error while the model cannot load for an
+        unexpected reason; passes while it loads, once it has loaded, while its weights cannot be
+        reached (the replica retries; `status` says why), and without a captioner configured. At the
+        replica's start it may first keep retrying the load, or pass anyway (`serve_health.startup_hold_s`)."""
+        if self._slot is None or self._slot.error is None or self._slot.expected_failure:
             self._started = True
             return
         if not self._started:

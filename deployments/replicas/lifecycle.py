@@ -3,6 +3,10 @@
 A replica keeps serving while its engine is missing: callers get the slot's `unavailable` error
 with the reason (OOM, missing weights, ...), a background thread retries loading with backoff,
 and an idle engine is unloaded after `idle_unload_s` and reloaded by the next request.
+
+Each failed load is one log line with its cause and when the next attempt runs. A failure the
+slot's `expected` says is expected (weights not reachable: no hub offline, an empty directory) is
+a WARNING without a traceback; any other is an ERROR with its traceback (a real crash).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import psutil
@@ -40,10 +45,16 @@ class EngineSlot(Generic[E]):
         unavailable: type[UnavailableError],
         lifecycle: Lifecycle,
         sample: Callable[[], None] | None = None,
+        expected: Callable[[Exception], bool] = lambda exc: False,
     ) -> None:
-        """`sample`: called on every tick of the background thread (the replica's gauges)."""
+        """`sample`: called on every tick of the background thread (the replica's gauges); `expected`:
+        whether a load error is an expected condition (logged without its traceback)."""
         self.role, self.name = role, name
         self._sample = sample
+        self._expected = expected
+        self.expected_failure = False  # the last load failed for an expected reason (`expected`)
+        self.attempts = 0  # failed loads in a row
+        self.next_retry_at: datetime | None = None  # wall-clock time of the next load attempt, after a failure
         self._factory = factory
         self._unavailable = unavailable
         self._idle_unload_s = lifecycle.idle_unload_s
@@ -70,21 +81,33 @@ class EngineSlot(Generic[E]):
             try:
                 engine = self._factory()
             except Exception as exc:
-                self.state = "failed"
-                self.reason = self.error = f"{type(exc).__name__}: {exc}"[:500]
-                self._next_retry = time.monotonic() + self._retry_in
-                logger.error(
-                    "%s %r failed to load: %s (next retry in %.0fs)", self.role, self.name, self.reason, self._retry_in
-                )
-                self._retry_in = min(self._retry_in * 2, RETRY_MAX_S)
+                self._failed(exc)
                 return False
             self.engine, self.state, self.reason, self.error = engine, "ready", None, None
+            self.attempts, self.next_retry_at, self.expected_failure = 0, None, False
             self._retry_in = self._retry_first_s
             self._last_used = time.monotonic()
             described = engine.describe()
             self.engine_name = described.get("engine")
             logger.info(describe_line(self.name, self.role, described))
             return True
+
+    def _failed(self, exc: Exception) -> None:
+        self.state, self.attempts = "failed", self.attempts + 1
+        self.reason = self.error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]  # one line
+        try:
+            self.expected_failure = self._expected(exc)
+        except Exception:  # telling must never stop the retries: unknown means a real failure, traceback and all
+            self.expected_failure = False
+        self._next_retry = time.monotonic() + self._retry_in
+        self.next_retry_at = datetime.now(UTC) + timedelta(seconds=self._retry_in)
+        line = "%s %r cannot load (attempt %d): %s; next attempt in %.0f s, at %s"
+        args = (self.role, self.name, self.attempts, self.reason, self._retry_in, utc_text(self.next_retry_at))
+        if self.expected_failure:
+            logger.warning(line, *args)
+        else:
+            logger.error(line, *args, exc_info=exc)
+        self._retry_in = min(self._retry_in * 2, RETRY_MAX_S)
 
     def start(self, tick_s: float = 1.0) -> None:
         """Start the background thread that retries failed loads and unloads idle engines."""
@@ -142,6 +165,9 @@ class EngineSlot(Generic[E]):
             details["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
         if self.engine_name is not None:
             details["engine"] = self.engine_name
+        if self.state == "failed" and self.next_retry_at is not None:
+            details["attempts"] = self.attempts
+            details["next_retry_at"] = utc_text(self.next_retry_at)
         if self.engine is not None:
             if self.engine.device is not None:
                 details["device"] = self.engine.device
@@ -152,6 +178,11 @@ class EngineSlot(Generic[E]):
             reason=self.reason if self.state not in ("ready", "unloaded") else None,
             details=details,
         )
+
+
+def utc_text(moment: datetime) -> str:
+    """A time as the logs, /health and the ready line write it: ISO 8601 in UTC, to the second."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe_line(name: str, role: str, info: dict[str, Any]) -> str:

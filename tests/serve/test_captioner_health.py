@@ -1,9 +1,11 @@
-"""The captioner's state where users monitor it. While its model cannot load (its weights are
-missing), Serve's own status shows the vision deployment UNHEALTHY with the loader's error; that is
-what `serve status` prints and the Ray dashboard's Serve page draws, both from the controller's
-`serve.status()`. The main application stays RUNNING and answers text, image requests degrade, and
-Serve replaces the failing replica at most once per `unhealthy_restart_s`. Once the weights appear,
-a replica loads them and Serve shows the deployment HEALTHY again, with no one's help."""
+"""The captioner's state where users monitor it. While its model cannot load for a real reason
+(its weights are broken: here a config.json that is not JSON; weights that are only missing are the
+quiet offline case, `tests/unit/replicas/test_captioner.py`), Serve's own status shows the vision
+deployment UNHEALTHY with the loader's error; that is what `serve status` prints and the Ray
+dashboard's Serve page draws, both from the controller's `serve.status()`. The main application
+stays RUNNING and answers text, image requests degrade, and Serve replaces the failing replica at
+most once per `unhealthy_restart_s`. Once good weights appear, a replica loads them and Serve shows
+the deployment HEALTHY again, with no one's help."""
 
 import itertools
 import re
@@ -24,7 +26,9 @@ RESTART_S = 8  # unhealthy_restart_s (the shipped 60 makes this module slow)
 
 @pytest.fixture(scope="module")
 def weights_dir(serve_cluster, tmp_path_factory):
-    return tmp_path_factory.mktemp("captioner-health-weights")  # exists, but holds no model yet
+    weights = tmp_path_factory.mktemp("captioner-health-weights")  # exists, but holds no model yet
+    (weights / "config.json").write_text("{not json")  # a broken model, not merely absent ones
+    return weights
 
 
 @pytest.fixture(scope="module")

@@ -156,6 +156,9 @@ class CaptionerClient:
                     raise _ServeSaysDown(view.words)
         finally:
             if not call.done():
+                # Serve's response ends a cancelled call's task with RequestCancelledError, not as
+                # cancelled: retrieve it, or every call given up logs "Task exception was never retrieved".
+                call.add_done_callback(lambda task: task.cancelled() or task.exception())
                 call.cancel()
                 response.cancel()
 
@@ -172,7 +175,8 @@ class CaptionerClient:
         error, from a status or a caption call) when they do not already hold it: while Serve
         replaces a failing replica, its words are generic ("A replica's health check failed")."""
         known = self._last_reason
-        return state if not known or known in state else f"{known} ({state})"
+        cause = (known or "").partition(" is not loaded (")[2].removesuffix(")") or known  # the loader's own words
+        return state if not known or not cause or cause in state else f"{known} ({state})"
 
     async def status(self) -> ComponentStatus:
         view = await self._serve_view()
@@ -187,11 +191,13 @@ class CaptionerClient:
                 state, reason = "failed", self._with_known_cause(reason)
             else:
                 state = "loading"  # a first start, a redeploy or a scale-up: nothing has failed
-            return ComponentStatus(ready=False, reason=reason, details={"state": state, "replicas": view.replicas})
+            details = {"state": state, "replicas": view.replicas}
+            return ComponentStatus(ready=False, model=self._name, reason=reason, details=details)
         try:
             status = await asyncio.wait_for(self._handle().status.remote(), STATUS_TIMEOUT_S)
         except Exception:  # no replica answers (one being replaced): Serve's words, with the last known cause
-            return ComponentStatus(ready=False, reason=self._with_known_cause(await self._app_state()))
+            reason = self._with_known_cause(await self._app_state())
+            return ComponentStatus(ready=False, model=self._name, reason=reason, details={"state": "unavailable"})
         if status.ready:
             self._mark_up()
         elif status.reason:

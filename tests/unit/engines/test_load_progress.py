@@ -174,7 +174,7 @@ def test_a_failed_load_says_where(load_log, hub_cache):
     with pytest.raises(OSError):
         create_text_engine(ModelConfig(name="absent", hf_id="mmserve-test/absent"))
     records = load_log()
-    assert [r.levelno for r in records] == [logging.INFO, logging.WARNING]
+    assert [r.levelno for r in records] == [logging.INFO, logging.INFO]  # the failure's own line is the slot's
     assert records[0].getMessage().startswith("loading decoder 'absent': source hub mmserve-test/absent (not in")
     assert re.fullmatch(
         rf"loading decoder 'absent': tokenizer from_pretrained failed after {SECONDS} \(OSError\)",

@@ -2,6 +2,8 @@
 class is constructed directly."""
 
 import asyncio
+import logging
+import re
 import shutil
 import time
 
@@ -12,7 +14,7 @@ from deployments.config import Lifecycle, ModelConfig
 from deployments.errors import CaptionerUnavailable
 from deployments.protocol.replica import CaptionRequest
 from deployments.replicas import captioner as captioner_module
-from deployments.replicas.captioner import VisionCaptioner, failure_kind
+from deployments.replicas.captioner import VisionCaptioner, failure_kind, weights_unreachable
 from deployments.replicas.serve_health import ServeView, startup_hold_s
 from tests.conftest import png_bytes
 from tests.unit.fake_metrics import FakeMetrics
@@ -46,8 +48,11 @@ async def test_failures_are_counted_by_kind():
     assert failure_kind(RuntimeError("bad")) == "error"
 
 
-def failing(tmp_path, **lifecycle) -> VisionCaptioner:
-    """A captioner whose weights are missing (an empty directory): its load fails, and each retry."""
+def failing(tmp_path, *, corrupt: bool = False, **lifecycle) -> VisionCaptioner:
+    """A captioner whose weights are missing (an empty directory: the expected offline case), or
+    with `corrupt`, broken (a config.json that is not JSON: a real failure). Its load fails, and each retry."""
+    if corrupt:
+        (tmp_path / "config.json").write_text("{not json")
     model = ModelConfig(name="cap", local_path=str(tmp_path))
     replica = VisionCaptioner.func_or_class(model, Lifecycle(**lifecycle))  # type: ignore[attr-defined]
     replica.metrics = FakeMetrics()
@@ -70,19 +75,44 @@ def test_startup_hold_follows_what_serve_shows(view, hold):
     assert startup_hold_s(view, 60.0) == hold
 
 
-async def test_health_check_fails_with_the_loaders_words_while_the_model_cannot_load(tmp_path, monkeypatch):
-    replica = failing(tmp_path, unhealthy_restart_s=0.2)
+async def test_unreachable_weights_pass_the_health_check_and_are_said_once_per_attempt(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="ray.serve")
+    replica = failing(tmp_path, load_retry_s=30, unhealthy_restart_s=0.2)
+    try:
+        monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UNHEALTHY", "failed to start"))
+        for _ in range(3):  # no traceback in Serve's log, no replacement: the replica retries by itself
+            await replica.check_health()
+        status = replica.status()
+        assert not status.ready and status.model == "cap", status  # never called ready while it cannot caption
+        assert status.details["state"] == "failed" and status.details["attempts"] == 1, status
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", status.details["next_retry_at"]), status
+        assert str(tmp_path) in status.reason and status.reason.count(str(tmp_path)) == 1, status.reason
+        with pytest.raises(CaptionerUnavailable, match="not loaded"):
+            await replica.caption(CaptionRequest(images=[png_bytes()], prompts=["describe"]))
+    finally:
+        replica.__del__()
+    said = [r for r in caplog.records if "cannot load" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and said[0].exc_info is None, said
+    line = said[0].getMessage()
+    assert "attempt 1" in line and str(tmp_path) in line and f"at {status.details['next_retry_at']}" in line, line
+    assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text
+
+
+async def test_a_real_failure_logs_its_traceback_and_fails_the_health_check(tmp_path, monkeypatch, caplog):
+    replica = failing(tmp_path, corrupt=True, unhealthy_restart_s=0.2)
     try:
         monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UPDATING"))
         await replica.check_health()  # the start of a first deploy: passes, else Serve would give up for good
-        with pytest.raises(CaptionerUnavailable, match=f"captioner 'cap' cannot load: .*{tmp_path}"):
+        with pytest.raises(CaptionerUnavailable, match=r"captioner 'cap' cannot load: .*not a valid JSON"):
             await replica.check_health()  # every later check fails: Serve shows UNHEALTHY and replaces it
     finally:
         replica.__del__()
+    said = [r for r in caplog.records if "cannot load" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR and said[0].exc_info is not None, said
 
 
 async def test_a_replacement_retries_for_unhealthy_restart_s_then_fails_its_start(tmp_path, monkeypatch):
-    replica = failing(tmp_path, unhealthy_restart_s=0.6)
+    replica = failing(tmp_path, corrupt=True, unhealthy_restart_s=0.6)
     try:
         monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UNHEALTHY", "failed to start"))
         started = time.monotonic()
@@ -94,7 +124,7 @@ async def test_a_replacement_retries_for_unhealthy_restart_s_then_fails_its_star
 
 
 async def test_a_replacement_that_loads_while_it_waits_passes(tmp_path, monkeypatch, tiny_vlm_dir):
-    replica = failing(tmp_path, load_retry_s=0.2, unhealthy_restart_s=30)
+    replica = failing(tmp_path, corrupt=True, load_retry_s=0.2, unhealthy_restart_s=30)
     try:
         monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UNHEALTHY", "failed to start"))
         for item in tiny_vlm_dir.iterdir():
@@ -104,6 +134,19 @@ async def test_a_replacement_that_loads_while_it_waits_passes(tmp_path, monkeypa
         await replica.check_health()
     finally:
         replica.__del__()
+
+
+def test_which_load_errors_are_the_expected_offline_case(tmp_path):
+    empty, missing = tmp_path / "empty", tmp_path / "missing"
+    empty.mkdir()
+    error = ValueError("Unrecognized processing class")
+    assert weights_unreachable(ModelConfig(name="cap", local_path=str(empty)))(error)
+    assert weights_unreachable(ModelConfig(name="cap", local_path=str(missing)))(OSError("Repo id must be ..."))
+    (empty / "config.json").write_text("{}")
+    assert not weights_unreachable(ModelConfig(name="cap", local_path=str(empty)))(error)  # there, but broken
+    hub = weights_unreachable(ModelConfig(name="cap", hf_id="org/never-cached-model"))
+    assert hub(OSError("We couldn't connect to 'https://huggingface.co' to load the files"))
+    assert not hub(RuntimeError("CUDA out of memory"))
 
 
 async def test_no_captioner_configured_is_healthy():
