@@ -20,8 +20,6 @@ from deployments.config.loading import ServicePlan, load_models_file, parse_args
 from deployments.config.machine import cpu_cores
 from deployments.config.models import (
     AUTO,
-    LLAMA_CPP,
-    TRANSFORMERS,
     FakeEngineConfig,
     Lifecycle,
     ModelConfig,
@@ -34,9 +32,7 @@ from deployments.config.vision import Capabilities, CaptioningConfig, ImageInput
 __all__ = [
     "AUTO",
     "EVERY_ENGINE",
-    "LLAMA_CPP",
     "TOOL_CALL_FORMATS",
-    "TRANSFORMERS",
     "AppArgs",
     "AutoscalingConfig",
     "Capabilities",

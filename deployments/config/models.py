@@ -18,7 +18,8 @@ from deployments.config.serving import DeploymentConfig, ServerConfig
 from deployments.config.strict import StrictModel
 from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig
 
-AUTO, TRANSFORMERS, LLAMA_CPP = "auto", "transformers", "llama.cpp"  # the engines models.yaml names
+AUTO = "auto"  # the engine picked by the replica's placement (engines/registry.py resolves it)
+FAKE = "fake"  # the shipped deterministic engine, whose settings are the `fake:` section below
 
 
 class FakeToolCall(StrictModel):
@@ -94,7 +95,7 @@ class ModelConfig(StrictModel):
     def _fake_needs_fake_engine(cls, fake: FakeEngineConfig, info: ValidationInfo) -> FakeEngineConfig:
         # Only a `fake:` section that was given is validated; the engine is validated before it.
         engine = info.data.get("engine")
-        if engine is not None and engine != "fake":
+        if engine is not None and engine != FAKE:
             raise ValueError(
                 f"this section applies only to engine: fake, and model {info.data.get('name')!r} has engine "
                 f"{engine!r}: remove it or set engine: fake"
@@ -103,19 +104,11 @@ class ModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.hf_id is None) == (self.local_path is None) and self.engine in (AUTO, TRANSFORMERS, LLAMA_CPP):
+        """Every engine that loads weights (all but the fake one and your own `module:Class`) needs them."""
+        loads = self.engine != FAKE and ":" not in self.engine
+        if (self.hf_id is None) == (self.local_path is None) and loads:
             raise ValueError("set exactly one of hf_id and local_path")
         return self
-
-    def resolved(self, *, on_cpu: bool) -> ModelConfig:
-        """This entry with `engine: auto` resolved (any other engine is kept): llama.cpp when it runs on
-        CPU (`on_cpu`: its replica has no GPU share) and its weight_file is a .gguf, as a decoder (text, or
-        vision_mode native with its mmproj_file) or a captioner; else transformers (which loads GGUF
-        text models only, and the PyPI llama.cpp wheel computes on the CPU only)."""
-        if self.engine != AUTO:
-            return self
-        gguf = (self.weight_file or "").lower().endswith(".gguf")
-        return self.model_copy(update={"engine": LLAMA_CPP if on_cpu and gguf else TRANSFORMERS})
 
     @property
     def source(self) -> str:

@@ -6,7 +6,7 @@ captioner; imported only when chosen), ``fake`` (deterministic, shipped for test
 
 ``auto`` is resolved by the builder from the replica's placement (`deployments/options/`), so a
 replica always gets a named engine. An engine built here directly (tests, scripts) from an entry
-still on ``auto`` is resolved as on CPU (`ModelConfig.resolved`)."""
+still on ``auto`` is resolved as on CPU (`registry.resolved`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import logging
 
 from deployments.config import ModelConfig
 from deployments.engines.base import CaptionEngine, EmbedEngine, TextEngine
-from deployments.engines.registry import EngineSpec, check_settings, engine_spec
+from deployments.engines.registry import EngineSpec, check_settings, engine_spec, resolved
 from deployments.errors import ConfigError
 
 logger = logging.getLogger("ray.serve")
@@ -23,7 +23,7 @@ logger = logging.getLogger("ray.serve")
 def _spec(model: ModelConfig) -> tuple[ModelConfig, EngineSpec]:
     """The entry resolved as on CPU, and its engine's spec; a setting it does not read is refused
     (`registry.check_settings`, which the builder asks first)."""
-    entry, model = model, model.resolved(on_cpu=True)
+    entry, model = model, resolved(model, on_cpu=True)
     try:
         check_settings(entry, model.engine)
     except ConfigError as exc:

@@ -10,7 +10,7 @@ The builder (`deployments/options/`) and `factory` ask the spec; neither compare
 The constructors import their engine's package only when called, so that choosing one engine
 never imports another's library (llama.cpp never imports torch, transformers never imports
 xllamacpp). ``auto`` is no engine: the builder resolves it from the replica's placement
-(`ModelConfig.resolved`) before it asks.
+(`registry.resolved`) before it asks.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from deployments.config import EVERY_ENGINE, LLAMA_CPP, TRANSFORMERS, EngineParams, ModelConfig
+from deployments.config import AUTO, EVERY_ENGINE, EngineParams, ModelConfig
 from deployments.engines.base import CaptionEngine, EmbedEngine, TextEngine
 from deployments.engines.fake import FakeCaptionEngine, FakeTextEngine
 from deployments.errors import ConfigError
 
 E = TypeVar("E", TextEngine, CaptionEngine)
+
+TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"  # what models.yaml's `engine:` names them
 
 logger = logging.getLogger("ray.serve")
 
@@ -193,7 +195,7 @@ def engine_spec(name: str) -> EngineSpec:
     if name in ENGINES:
         return ENGINES[name]
     if name == "auto":
-        raise ValueError("engine auto has no spec: resolve it from the placement first (ModelConfig.resolved)")
+        raise ValueError("engine auto has no spec: resolve it from the placement first (registry.resolved)")
     return EngineSpec(
         name,
         lambda model: _custom_engine(model, TextEngine)(model),  # type: ignore[type-abstract]
@@ -203,7 +205,18 @@ def engine_spec(name: str) -> EngineSpec:
 
 
 AUTO_CHOICES = (TRANSFORMERS, LLAMA_CPP)
-"""The engines that ``engine: auto`` resolves to, by the replica's placement (`ModelConfig.resolved`)."""
+"""The engines that ``engine: auto`` resolves to, by the replica's placement (`resolved`)."""
+
+
+def resolved(model: ModelConfig, *, on_cpu: bool) -> ModelConfig:
+    """The entry with ``engine: auto`` resolved (any other engine is kept): llama.cpp when it runs on
+    CPU (`on_cpu`: its replica has no GPU share) and its weight_file is a .gguf, as a decoder (text, or
+    vision_mode native with its mmproj_file) or a captioner; else transformers (which loads GGUF
+    text models only, and the PyPI llama.cpp wheel computes on the CPU only)."""
+    if model.engine != AUTO:
+        return model
+    gguf = (model.weight_file or "").lower().endswith(".gguf")
+    return model.model_copy(update={"engine": LLAMA_CPP if on_cpu and gguf else TRANSFORMERS})
 
 
 def check_settings(entry: ModelConfig, engine: str) -> None:
@@ -215,7 +228,7 @@ def check_settings(entry: ModelConfig, engine: str) -> None:
     if spec.settings is None:
         return
     given = entry.params.model_fields_set - EVERY_ENGINE
-    if entry.engine == "auto":
+    if entry.engine == AUTO:
         allowed = frozenset().union(*(ENGINES[name].settings or () for name in AUTO_CHOICES))
         if aside := sorted(given & allowed - spec.settings):
             logger.info("model %s: engine auto runs on %s here, which sets aside %s", entry.name, spec.name, aside)

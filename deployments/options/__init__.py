@@ -14,7 +14,7 @@ GPU share from `model_gpus`; on CPU `build_app` gives each its part of the cores
 - PrimaryDecoder: placed by `decoder_layout` (GPU autoscaling, or a set of CPU replicas sharing
   the cores: fixed, or autoscaled when the model's `deployment.autoscaling` is given; how many, and
   their threads, by the engine's spec in `deployments/engines/registry.py`), which also
-  resolves its `engine: auto` from that placement (`ModelConfig.resolved`); it takes up
+  resolves its `engine: auto` from that placement (`registry.resolved`); it takes up
   to twice `max_num_seqs` requests (one batch running, one waiting in the replica) and never fewer
   than `max_num_seqs`.
 - TextEmbedder (one per embedding model, `embedder_options`): on CPU one replica that reserves no Ray

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from deployments.config import AppArgs, DeploymentConfig, GpuShare, ModelConfig
+from deployments.engines import registry
 from deployments.engines.registry import check_settings, engine_spec
 from deployments.errors import ConfigError
 from deployments.options.scaling import (
@@ -53,7 +54,7 @@ def decoder_layout(
     app_args: AppArgs, model: ModelConfig, cores: int, cpus: float = 1.0
 ) -> tuple[dict[str, Any], ModelConfig]:
     """The decoder's placement options, and its placed model config: its engine resolved (`engine:
-    auto`: llama.cpp for a GGUF without a GPU share, `ModelConfig.resolved`) and the threads each
+    auto`: llama.cpp for a GGUF without a GPU share, `registry.resolved`) and the threads each
     replica computes with.
 
     GPU: `decoder_gpus` per replica, autoscaled (by default from one replica up to two when batches
@@ -188,9 +189,9 @@ def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, A
 def resolved(app_args: AppArgs, model: ModelConfig, *, on_cpu: bool) -> ModelConfig:
     """The entry with `engine: auto` resolved from its placement (`on_cpu`: no GPU share), refused
     when it sets a setting that its engine does not read (`registry.check_settings`)."""
-    engine = model.resolved(on_cpu=on_cpu).engine
+    placed = registry.resolved(model, on_cpu=on_cpu)
     try:
-        check_settings(model, engine)
+        check_settings(model, placed.engine)
     except ConfigError as exc:
         raise refuse(app_args, model, str(exc)) from None
-    return model.resolved(on_cpu=on_cpu)
+    return placed
