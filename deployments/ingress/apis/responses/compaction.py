@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from deployments.ingress.apis.responses.items import SUMMARY_INTRO, Item, item_id, stored_item
+from deployments.ingress.apis.responses.objects import ResponseUsage
 from deployments.ingress.apis.responses.protocol import (
     CompactionItem,
     FunctionCallItem,
@@ -27,7 +28,6 @@ from deployments.ingress.apis.responses.protocol import (
     InputImage,
     InputItem,
     MessageItem,
-    ResponseUsage,
 )
 from deployments.protocol.openai.common import RequestModel
 from deployments.protocol.replica import GenerateRequest, TextMessage

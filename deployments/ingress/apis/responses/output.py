@@ -19,7 +19,7 @@ from typing import Any, Literal
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import named_sse, recorded_error
 from deployments.ingress.apis.responses.items import Namespaces, item_id
-from deployments.ingress.apis.responses.protocol import (
+from deployments.ingress.apis.responses.objects import (
     IncompleteDetails,
     InputTokensDetails,
     OutputFunctionCall,

@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse
 
 from deployments.ingress.answer.reply import Reply
 from deployments.ingress.apis.responses.compaction import CompactedResponse, CompactRequest
-from deployments.ingress.apis.responses.protocol import InputItemList, ResponseRequest
+from deployments.ingress.apis.responses.objects import InputItemList
+from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.apis.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry

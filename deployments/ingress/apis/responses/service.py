@@ -43,8 +43,9 @@ from deployments.ingress.apis.responses.items import (
     text_grammar,
     tool_plan,
 )
+from deployments.ingress.apis.responses.objects import Response
 from deployments.ingress.apis.responses.output import ResponseEvents, ResponseOutput, response_usage, socket_frame
-from deployments.ingress.apis.responses.protocol import Response, ResponseRequest
+from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
 from deployments.ingress.owners import Caller
 from deployments.ingress.vision.pipeline import Degraded

@@ -1,0 +1,113 @@
+"""The Responses API's answer (/v1/responses): the `response` object with its output items and usage,
+and the stored input items' list."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from deployments.protocol.openai.common import VisionFields, absent
+
+
+class OutputTextPart(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = Field(default_factory=list)
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessage(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: ItemStatus = "in_progress"
+    content: list[OutputTextPart] = Field(default_factory=list)
+
+
+class OutputFunctionCall(BaseModel):
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    namespace: str | None = Field(None, exclude_if=absent, description="The `namespace` tool the function is in.")
+    arguments: str = ""
+    status: ItemStatus = "in_progress"
+
+
+OutputItem = OutputMessage | OutputFunctionCall
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+class Response(VisionFields):
+    """The `response` object; the fields of the request it echoes keep the request's values, and
+    the sampling fields a request cannot set here say what this server uses (OpenAI's defaults
+    where the request leaves them out, as OpenAI reports them)."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    completed_at: int | None = None
+    status: ResponseStatus = "in_progress"
+    error: dict[str, Any] | None = None
+    incomplete_details: IncompleteDetails | None = None
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    instructions: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    store: bool = True
+    previous_response_id: str | None = None
+    user: str | None = Field(None, exclude_if=absent)
+    truncation: Literal["disabled"] = "disabled"
+    reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
+    background: bool = False
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+class InputItemList(BaseModel):
+    """`GET /v1/responses/{id}/input_items`: the stored input items, newest first by default."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
