@@ -21,6 +21,7 @@ from deployments.engines.base import Engine, EngineOutput, TextEngine
 from deployments.engines.context import Limits
 from deployments.engines.defaults import limits, setting
 from deployments.engines.tokens import check_token_ids
+from deployments.engines.transformers.batch_sampler import SamplingParams
 from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.transformers.progress import LoadProgress
@@ -108,6 +109,14 @@ class TransformersDecoder(TransformersEngine, TextEngine):
 
     def sampling(self, request: GenerateRequest) -> Sampling:
         return Sampling(*(self.setting(request, name) for name in ("temperature", "top_p", "top_k", "min_p")))
+
+    def batch_sampling(self, request: GenerateRequest) -> SamplingParams:
+        """The request's sampling as a batch's sampler takes it (continuous and static batching)."""
+        sampling = self.sampling(request)
+        frequency, presence = self.penalties(request)
+        return SamplingParams(
+            sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, frequency, presence, request.seed
+        )
 
     def penalties(self, request: GenerateRequest) -> tuple[float, float]:
         """`(frequency, presence)` OpenAI penalties of the request, or the model's defaults."""

@@ -36,7 +36,7 @@ from typing import Any
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
 from deployments.config import EngineParams, ModelConfig
-from deployments.engines.transformers.batch_sampler import BatchSampler, SamplingParams
+from deployments.engines.transformers.batch_sampler import BatchSampler
 from deployments.engines.transformers.stream import TokenStream
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import DecoderUnavailable
@@ -141,11 +141,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
 
     async def start(self, request: GenerateRequest) -> TokenStream:
         prepared = await self.prepare(request)
-        sampling = self.sampling(request)
-        frequency, presence = self.penalties(request)
-        params = SamplingParams(
-            sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, frequency, presence, request.seed
-        )
+        params = self.batch_sampling(request)
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
         request_id = f"seq-{next(self._ids)}"

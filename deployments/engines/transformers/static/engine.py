@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from deployments.config import ModelConfig
-from deployments.engines.transformers.batch_sampler import BatchSampler, SamplingParams
+from deployments.engines.transformers.batch_sampler import BatchSampler
 from deployments.engines.transformers.static.decoder import Chunk, DecodeRow, StaticDecoder
 from deployments.engines.transformers.stream import TokenStream, WindowedText
 from deployments.engines.transformers.text import TransformersTextEngine
@@ -144,11 +144,7 @@ class StaticTextEngine(TransformersTextEngine):
 
     async def start(self, request: GenerateRequest) -> TokenStream:
         prepared = await self.prepare(request)
-        sampling = self.sampling(request)
-        frequency, presence = self.penalties(request)
-        params = SamplingParams(
-            sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, frequency, presence, request.seed
-        )
+        params = self.batch_sampling(request)
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
         request_id = f"seq-{next(self._ids)}"
