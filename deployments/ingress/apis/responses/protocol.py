@@ -10,7 +10,7 @@ does not honour are 400s that name them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
@@ -186,7 +186,7 @@ class TextConfig(RequestModel):
 
 # `include` values that ask for data of items this server never produces (reasoning, hosted tools'
 # calls): accepted, with nothing to include.
-INCLUDABLE = (
+Includable = Literal[
     "reasoning.encrypted_content",
     "web_search_call.action.sources",
     "web_search_call.results",
@@ -194,7 +194,8 @@ INCLUDABLE = (
     "code_interpreter_call.outputs",
     "computer_call_output.output.image_url",
     "message.input_image.image_url",
-)
+]
+INCLUDABLE = get_args(Includable)
 
 
 # Fields of OpenAI's request that this server does not honour: a 400 that names the field when set.
@@ -232,7 +233,7 @@ class ResponseRequest(RequestModel):
     store: bool = Field(True, description="Keep the response for `previous_response_id` and GET (as OpenAI's default).")
     previous_response_id: str | None = None
     background: Literal[False] | None = Field(None, description="Only false: background runs are not supported.")
-    include: list[str] | None = Field(
+    include: list[Includable] | None = Field(
         None,
         description="Only data of items this server never produces (reasoning.encrypted_content, hosted tools' "
         "calls): accepted, nothing to include.",
