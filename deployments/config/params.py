@@ -60,12 +60,17 @@ class EngineParams(StrictModel):
     max_num_seqs: int = Field(8, gt=0, description="Sequences decoded concurrently by one replica.")
     kv_cache_dtype: Literal["auto", "f16", "q8_0"] = Field(
         "auto",
-        description="llama.cpp: the KV cells' type. auto: q8_0, about half f16's memory per token; with a stream "
-        "per slot (no `mem` below max_num_seqs x max_model_len) a greedy answer is then the same whatever runs "
-        "beside it, because llama.cpp's CPU attention computes q8_0 cells one way in every batch shape "
-        "(docs/reliability.md, Greedy answers and the batch). f16: llama.cpp's own default, whose attention "
-        "picks a split or tiled kernel by the batch's shape, so a greedy answer can change with the load. "
-        "transformers: refused (its KV cache has the model's dtype).",
+        description="llama.cpp: the KV cells' type. auto: f16 (llama.cpp's own default, and its fastest prompt "
+        "reading on the CPU), or q8_0 with `batch_invariant`. q8_0: about half f16's memory per token, prompts of "
+        "thousands of tokens read 2.7-4x slower (docs/benchmarks.md, Long prompts). transformers: refused (its KV "
+        "cache has the model's dtype).",
+    )
+    batch_invariant: bool = Field(
+        False,
+        description="llama.cpp: a greedy answer is the same whatever runs beside it (docs/reliability.md, Greedy "
+        "answers and the batch): q8_0 KV cells, a stream per slot. It costs prompt-reading speed (2.7-4x at 2,000 "
+        "to 6,600 prompt tokens on 2 cores). Refused with kv_cache_dtype f16 or a `mem` below max_num_seqs x "
+        "max_model_len (a shared pool), which cannot hold it. /health and the effective config say which is on.",
     )
     prefill_chunk_size: int | None = Field(
         None,
@@ -176,6 +181,15 @@ class EngineParams(StrictModel):
     def _int4_dtype(self) -> EngineParams:
         if self.quantization == "int4-cpu" and self.dtype not in {"auto", "bfloat16"}:
             raise ValueError(f"quantization int4-cpu computes in bfloat16; dtype {self.dtype} cannot be used with it")
+        return self
+
+    @model_validator(mode="after")
+    def _invariant_cells(self) -> EngineParams:
+        if self.batch_invariant and self.kv_cache_dtype == "f16":
+            raise ValueError(
+                "batch_invariant needs q8_0 KV cells (llama.cpp's attention takes f16 cells by kernels that depend on "
+                "the batch's shape): set kv_cache_dtype auto or q8_0, or batch_invariant false"
+            )
         return self
 
 

@@ -56,6 +56,10 @@ class TextEngine(Engine):
     default, and `max_tokens` unset is the model's default cut to the context left: `defaults`
     resolves both, for every engine."""
 
+    batch_invariant: bool = False
+    """Whether a greedy answer is the same whatever runs beside it (`params.batch_invariant` holds),
+    for /health and the effective config; False: no such promise."""
+
     tool_format: ToolCallFormat = "hermes"
     """How the model writes tool calls (`capabilities.tool_call_format` resolved): the decoder tells
     the ingress with each request that has tools, and the ingress parses the calls with it."""

@@ -148,6 +148,7 @@ class FakeTextEngine(TextEngine):
         self.params = model.params
         self.settings = model.fake
         self.running = 0
+        self.batch_invariant = self.params.batch_invariant  # its answers never depend on the batch: as set
         self._vocabulary: dict[str, int] = {}  # word -> its id, in the order first met
         configured = model.capabilities.tool_call_format
         self.tool_format = "hermes" if configured == "auto" else configured

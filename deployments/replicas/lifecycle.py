@@ -24,7 +24,7 @@ import psutil
 import ray
 
 from deployments.config import Lifecycle
-from deployments.engines import Engine
+from deployments.engines import Engine, TextEngine
 from deployments.errors import UnavailableError
 from deployments.protocol.replica import ComponentStatus
 
@@ -171,6 +171,8 @@ class EngineSlot(Generic[E]):
         if self.engine is not None:
             if self.engine.device is not None:
                 details["device"] = self.engine.device
+            if isinstance(self.engine, TextEngine):
+                details["batch_invariant"] = self.engine.batch_invariant
             details.update(self.engine.stats())
         return ComponentStatus(
             ready=self.state in ("ready", "unloaded"),

@@ -15,6 +15,8 @@ configuration (docs/benchmarks.md records the runs).
   memory and speed (`greedy.py`);
 - `burst`: long prompts at once through a running service: answered, or how each other one ended
   (`burst.py`);
+- `prompts`: time to first token and decode speed by prompt and output length, per llama.cpp KV
+  layout, through Serve, the engine alone and `llama-server` (`prompts.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they

@@ -9,7 +9,19 @@ import sys
 
 import scripts.bench
 
-SUBCOMMANDS = ("serve", "engines", "native", "ramp", "metrics", "structured", "gpu", "embeddings", "greedy", "burst")
+SUBCOMMANDS = (
+    "serve",
+    "engines",
+    "native",
+    "ramp",
+    "metrics",
+    "structured",
+    "gpu",
+    "embeddings",
+    "greedy",
+    "burst",
+    "prompts",
+)
 
 
 def main(argv: list[str]) -> None:

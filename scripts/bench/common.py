@@ -86,10 +86,16 @@ class Server:
 
 
 def start_ours(
-    models_file: Path, port: int, decoder_replicas: int = 0, quantization: str | None = None, name: str = "ours"
+    models_file: Path,
+    port: int,
+    decoder_replicas: int = 0,
+    quantization: str | None = None,
+    name: str = "ours",
+    vision: bool = True,
 ) -> Server:
     """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: that many decoder
-    replicas on a CPU-only machine, sharing its cores (`decoder_cpu_replicas`; 0: as shipped)."""
+    replicas on a CPU-only machine, sharing its cores (`decoder_cpu_replicas`; 0: as shipped).
+    `vision`: ready only once a captioner is (False: `models_file` serves no vision)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
@@ -110,7 +116,7 @@ def start_ours(
 
     def ready(response: httpx.Response) -> bool:
         components = response.json().get("components", {})
-        return all(c.get("ready") for c in components.values()) and "captioner" in components
+        return all(c.get("ready") for c in components.values()) and ("captioner" in components or not vision)
 
     server.wait_ready(ready)
     return server

@@ -23,15 +23,16 @@ its prompt and completion budget in the pool first, and waits while they do not 
 enters while the prompts still in prefill leave it room in `n_batch` tokens, first come first
 served, so that a burst of long prompts is answered in order instead of all late (`admission`).
 
-Cells are q8_0 unless `kv_cache_dtype: f16`. With a stream per slot and q8_0 cells a greedy answer
-does not depend on what else runs: llama.cpp's CPU flash attention has three kernels, chosen by the
-step's shape (one query row of one stream over 512 cells or more: split over the threads and
-reduced; 64 rows or more of one stream: tiled; else one row at a time), and the first two take f16
+Cells are f16 (llama.cpp's own default: its fastest prompt reading on the CPU) unless
+`kv_cache_dtype: q8_0` or `batch_invariant`. With `batch_invariant` (q8_0 cells, a stream per slot) a
+greedy answer does not depend on what else runs: llama.cpp's CPU flash attention has three kernels,
+chosen by the step's shape (one query row of one stream over 512 cells or more: split over the threads
+and reduced; 64 rows or more of one stream: tiled; else one row at a time), and the first two take f16
 cells only, so with q8_0 every row is computed the same way in any batch; a stream of its own keeps
 a sequence's cells in position order, where a shared pool puts them wherever it has room and the
 attention's running sums see them in another order. The weights' products are computed row by row
-(the GGUF's Q4_1 and Q8_0 kernels), whatever the batch. `greedy_independent_of_load` in the
-effective config says whether this holds (docs/reliability.md).
+(the GGUF's Q4_1 and Q8_0 kernels), whatever the batch. The price is the one-row kernel for every
+prompt: 2.7 to 4 times slower to read a prompt of thousands of tokens on 2 cores (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ def llama_threads(params: EngineParams) -> int:
 
 
 def kv_cache_type(params: EngineParams) -> Literal["f16", "q8_0"]:
-    """The KV cells' type: `kv_cache_dtype`, q8_0 for auto (see the module's docstring)."""
-    return "f16" if params.kv_cache_dtype == "f16" else "q8_0"
+    """The KV cells' type: `kv_cache_dtype`; for auto, q8_0 with `batch_invariant`, else f16 (see the
+    module's docstring)."""
+    if params.kv_cache_dtype == "auto":
+        return "q8_0" if params.batch_invariant else "f16"
+    return params.kv_cache_dtype
 
 
 def kv_layout(params: EngineParams, max_model_len: int, bytes_per_token: int | None) -> tuple[int, bool]:
@@ -130,6 +134,14 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         self.kv_cache_type = kv_cache_type(self.params)
         self.kv_bytes_per_token = shape.kv_bytes_per_token(self.kv_cache_type)
         self.kv_cells, self.kv_unified = kv_layout(self.params, self.max_model_len, self.kv_bytes_per_token)
+        if self.params.batch_invariant and self.kv_unified:
+            raise ConfigError(
+                f"model {model.name!r}: batch_invariant needs a stream of KV cells per slot, and mem: "
+                f"{self.params.mem} MB is below {self.params.max_num_seqs} slots x {self.max_model_len} tokens "
+                f"({size_text(self.params.max_num_seqs * self.max_model_len * (self.kv_bytes_per_token or 0))}): "
+                "raise mem or drop it, lower max_num_seqs or max_model_len, or set batch_invariant false"
+            )
+        self.batch_invariant = self.params.batch_invariant
         self.cpu_threads = llama_threads(self.params)
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
         # cancelled streams that wait for their next token to stop.
@@ -182,15 +194,9 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
             f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
             f"{self.kv_cache_type} cells, {self.cpu_threads} threads; greedy answers "
-            f"{'independent of' if self.greedy_independent_of_load else 'may change with'} the load",
+            f"{'independent of the load (batch_invariant)' if self.batch_invariant else 'may change with the load'}",
         )
         progress.finished()
-
-    @property
-    def greedy_independent_of_load(self) -> bool:
-        """Whether a greedy answer is the same whatever runs beside it: a stream per slot of q8_0 cells
-        (see the module's docstring)."""
-        return not self.kv_unified and self.kv_cache_type != "f16"
 
     def projector_file(self, model: ModelConfig, progress: LoadLog) -> Path | None:
         """The multimodal projector llama.cpp loads beside the model: none for text."""
@@ -214,7 +220,6 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             "kv_cache_mb": kv_mb,
             "kv_unified": self.kv_unified,
             "kv_cache_type": self.kv_cache_type,
-            "greedy_independent_of_load": self.greedy_independent_of_load,
             "cpu_threads": self.cpu_threads,
             "vocab_size": self.vocab_size,
             "tool_call_format": self.tool_format,

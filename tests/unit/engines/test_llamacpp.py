@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from pydantic import ValidationError
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig, load_models_file
 from deployments.engines import create_caption_engine, create_text_engine
@@ -324,7 +325,7 @@ def test_describe_and_settings(engine):
     assert described["engine"] == "llama.cpp" and described["slots"] == 4
     assert described["max_model_len"] == 512 and described["kv_cache_tokens"] == 4 * 512
     assert described["kv_unified"] is False and described["cpu_threads"] == 2
-    assert described["kv_cache_type"] == "q8_0" and described["greedy_independent_of_load"] is True
+    assert described["kv_cache_type"] == "f16" and described["batch_invariant"] is False  # speed by default
     assert described["vocab_size"] == 49152
 
 
@@ -378,7 +379,7 @@ def test_the_load_logs_its_steps_with_time_and_bytes(smollm2, caplog):
         rf"source local GGUF {re.escape(str(smollm2))} \({size}\)",
         rf"step=download \d+\.\d s \(local, {size} on disk\)",
         r"step=load \d+\.\d s \(llama.cpp server in this process: llama GGUF as it is, 2 slots, 1024 KV cells, "
-        r"\d+\.\d MB \(512 per slot\), q8_0 cells, 2 threads; greedy answers independent of the load\)",
+        r"\d+\.\d MB \(512 per slot\), f16 cells, 2 threads; greedy answers may change with the load\)",
         r"done in \d+\.\d s \(rss \d+\.\d [MG]B\)",
     ]
     assert len(lines) == len(patterns), lines
@@ -436,7 +437,7 @@ async def test_a_batch_larger_than_the_shared_pool_waits_instead_of_failing(smol
     200 new tokens each need twice that: two run, the others wait for their cells, and none fails
     (without the reservation llama.cpp failed all four: "Context size has been exceeded")."""
     shape = describe_gguf(smollm2)
-    per_token = shape.kv_bytes_per_token("q8_0")  # the cells' type on auto
+    per_token = shape.kv_bytes_per_token("f16")  # the cells' type on auto
     assert per_token
     mem = 1000 * per_token // 2**20 + 1
     engine = create_text_engine(llamacpp_model(smollm2, mem=mem, max_model_len=600, enable_prefix_caching=False))
@@ -451,8 +452,8 @@ async def test_a_batch_larger_than_the_shared_pool_waits_instead_of_failing(smol
         engine.close()
 
 
-async def test_on_the_offline_default_a_greedy_answer_is_the_same_alone_and_beside_sampled_requests(smollm2):
-    """models.yaml's first entry as it ships: three greedy prompts (a short one; about 100 tokens,
+async def test_with_batch_invariant_a_greedy_answer_is_the_same_alone_and_beside_sampled_requests(smollm2):
+    """models.yaml's first entry as it ships, with `batch_invariant: true` (q8_0 cells, a stream per slot): three greedy prompts (a short one; about 100 tokens,
     which f16 cells prefill with the tiled attention kernel alone; about 560 tokens, whose decode steps
     alone take the split-KV kernel on f16 cells) in three rounds beside seven sampled requests. On the
     shared f16 pool this engine shipped before, 6 of 9 such checks drifted (docs/reliability.md, "Greedy answers
@@ -460,9 +461,12 @@ async def test_on_the_offline_default_a_greedy_answer_is_the_same_alone_and_besi
     from scripts.bench.greedy import GREEDY_PROMPTS, drift, filler
 
     shipped = load_models_file(ROOT / "models.yaml").models[0]
-    model = shipped.model_copy(update={"local_path": str(smollm2.parent), "weight_file": smollm2.name})
+    invariant = shipped.params.model_copy(update={"batch_invariant": True})
+    model = shipped.model_copy(
+        update={"local_path": str(smollm2.parent), "weight_file": smollm2.name, "params": invariant}
+    )
     engine = create_text_engine(model)
-    assert isinstance(engine, LlamaCppTextEngine) and engine.describe()["greedy_independent_of_load"]
+    assert isinstance(engine, LlamaCppTextEngine) and engine.batch_invariant and engine.kv_cache_type == "q8_0"
     try:
         greedy = (GREEDY_PROMPTS[0], GREEDY_PROMPTS[1][:500], GREEDY_PROMPTS[2][:3000])
         sampled = [f"Tell me a story about {filler(20 + i, 5 + 12 * i)}" for i in range(7)]
@@ -518,3 +522,13 @@ async def test_long_prompts_enter_prefill_first_come_first_served(smollm2):
         assert firsts == [0, 1, 2]
     finally:
         engine.close()
+
+
+def test_batch_invariant_is_refused_where_it_cannot_hold(smollm2):
+    """q8_0 cells in a stream per slot, or nothing: f16 cells (the attention's kernel follows the batch's
+    shape) and a shared pool (`mem` below the slots' contexts: cells out of order) are refused, each
+    naming what to change."""
+    with pytest.raises(ValidationError, match="batch_invariant needs q8_0 KV cells"):
+        llamacpp_model(smollm2, batch_invariant=True, kv_cache_dtype="f16")
+    with pytest.raises(ConfigError, match=r"batch_invariant needs a stream of KV cells per slot, and mem: 1 MB"):
+        create_text_engine(llamacpp_model(smollm2, batch_invariant=True, mem=1))

@@ -130,6 +130,13 @@ async def test_health_counts_the_sequences_waiting_for_a_slot():
     assert (replica.status().details["running"], replica.status().details["waiting"]) == (0, 0)
 
 
+@pytest.mark.parametrize("invariant", [False, True])
+def test_health_says_whether_greedy_answers_are_batch_invariant(invariant):
+    model = ModelConfig(name="echo", engine="fake", params=EngineParams(batch_invariant=invariant))
+    replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+    assert replica.status().details["batch_invariant"] is invariant
+
+
 async def test_a_stop_string_keeps_the_count_of_prompt_tokens_truncation_dropped():
     """`context_overflow: truncate` drops the first turn (6 words) to leave room for 4 tokens in 12;
     the stop string ends the answer before the engine's last piece, and usage still says so."""

@@ -1,0 +1,169 @@
+"""Long prompts: time to first token and decode speed by prompt length and output length, one
+streaming request at a time, greedy, for the llama.cpp decoder through Serve in each KV layout
+(`batch_invariant` off: f16 cells, shipped; on: q8_0 cells), the same engine alone in this process
+(what Serve, HTTP and the ingress add), and a `llama-server` of yours laid out as the engine (slots,
+cells, threads). Prints one JSON line per (server, prompt length, output length).
+
+    .venv/bin/python -m scripts.bench prompts --llama-server PATH/llama-server
+    .venv/bin/python -m scripts.bench prompts --prompt-tokens 200 --max-tokens 16 --skip-peer  # a smoke run
+
+Every prompt starts with a nonce, so no cached prefix is reused; EOS is biased away so that every
+answer runs to its `max_tokens`. A service is measured after `--settle-s` seconds (the offline
+captioner's failed loads start new processes in the first minutes). Decode tok/s counts the tokens
+after the first over the time after the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from openai import AsyncOpenAI
+
+from scripts.bench.common import ROOT, arguments, emit, start_llama_server, start_ours
+from scripts.bench.serve import llama_server_layout, machine
+
+WORDS = ["river", "stone", "cloud", "apple", "garden", "window", "silver", "morning", "candle", "forest", "letter"]
+WORDS += ["harbor", "meadow", "pepper", "lantern", "valley", "copper", "thunder", "orchard", "violet", "marble"]
+NO_EOS = {"0": -100, "2": -100}  # SmolLM2's <|endoftext|> and <|im_end|>
+
+Timed = tuple[float, float, int]  # TTFT, decode tok/s, completion tokens
+
+
+def prompt_text(tokens: int, nonce: int) -> str:
+    """About `tokens` tokens of SmolLM2's vocabulary (a token a word here), after a nonce; the chat
+    template adds about 30."""
+    words = itertools.islice(itertools.cycle(WORDS), tokens)
+    return f"Request {nonce}. Summarize these words: " + " ".join(words)
+
+
+def timed(start: float, first: float | None, end: float, tokens: int) -> Timed:
+    ttft = (first or end) - start
+    decode = (tokens - 1) / (end - first) if first and tokens > 1 and end > first else float("nan")
+    return round(ttft, 3), round(decode, 1), tokens
+
+
+async def over_http(base_url: str, model: str, prompt: str, max_tokens: int) -> Timed:
+    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=1200)
+    start, first, tokens = time.perf_counter(), None, 0
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        logit_bias=NO_EOS,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter()
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    return timed(start, first, time.perf_counter(), tokens)
+
+
+def in_process(models_file: Path) -> tuple[Callable[[str, int], Any], Callable[[], None]]:
+    """The llama.cpp engine of `models_file`'s primary in this process: a request function and a closer."""
+    from deployments.config import load_models_file
+    from deployments.engines import create_text_engine
+    from deployments.protocol.replica import GenerateRequest, TextMessage
+
+    engine = create_text_engine(load_models_file(models_file).models[0])
+
+    async def one(prompt: str, max_tokens: int) -> Timed:
+        request = GenerateRequest(
+            messages=[TextMessage(role="user", content=prompt)],
+            max_tokens=max_tokens,
+            temperature=0,
+            logit_bias={0: -100, 2: -100},
+        )
+        start, first, tokens = time.perf_counter(), None, 0
+        pieces: AsyncIterator = engine.generate(request)
+        async for piece in pieces:
+            if first is None and piece.text:
+                first = time.perf_counter()
+            tokens = piece.completion_tokens
+        return timed(start, first, time.perf_counter(), tokens)
+
+    return one, engine.close
+
+
+def models_file(directory: Path, invariant: bool) -> Path:
+    """models.yaml's primary alone, without vision, in the layout asked for."""
+    models = yaml.safe_load((ROOT / "models.yaml").read_text())
+    primary = models["models"][0]
+    primary["local_path"] = str((ROOT / primary["local_path"]).resolve())
+    primary["params"]["batch_invariant"] = invariant
+    primary["capabilities"] = {**primary.get("capabilities", {}), "vision_mode": "disabled"}
+    primary["capabilities"].pop("captioner", None)
+    models["models"] = [primary]
+    path = directory / ("invariant" if invariant else "shipped") / "models.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(models))
+    return path
+
+
+async def measure(name: str, one: Callable[[str, int], Any], args: Any, nonce: itertools.count) -> None:
+    await one(prompt_text(32, next(nonce)), 4)  # warm
+    for prompt_tokens, max_tokens in itertools.product(args.prompt_tokens, args.max_tokens):
+        runs = [await one(prompt_text(prompt_tokens, next(nonce)), max_tokens) for _ in range(args.rounds)]
+        emit(
+            {
+                "server": name,
+                "prompt_tokens": prompt_tokens,
+                "max_tokens": max_tokens,
+                "ttft_s": statistics.median(r[0] for r in runs),
+                "decode_tok_s": statistics.median(r[1] for r in runs),
+                "completion_tokens": [r[2] for r in runs],
+            }
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments("prompts", __doc__)
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[200, 2000, 6600])
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--rounds", type=int, default=1, help="requests per cell (the median is kept)")
+    parser.add_argument("--layouts", nargs="+", choices=["shipped", "invariant"], default=["shipped", "invariant"])
+    parser.add_argument("--skip-engine", action="store_true", help="skip the engine alone in this process")
+    parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--llama-server", type=Path, help="the llama-server binary")
+    parser.add_argument("--settle-s", type=float, default=30)
+    parser.add_argument("--port", type=int, default=8100)
+    args = parser.parse_args(argv)
+    if not args.skip_peer and not args.llama_server:
+        parser.error("--llama-server PATH, or --skip-peer")
+    emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+    nonce = itertools.count()
+    work = Path(tempfile.mkdtemp(prefix="bench-prompts-"))
+    model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
+    for layout in args.layouts:
+        path = models_file(work, layout == "invariant")
+        server = start_ours(path, args.port, name=f"ours-{layout}", vision=False)
+        url = server.base_url
+        try:
+            time.sleep(args.settle_s)
+            asyncio.run(measure(f"ours ({layout})", lambda p, m, url=url: over_http(url, model, p, m), args, nonce))
+        finally:
+            server.stop()
+        if not args.skip_engine:
+            one, close = in_process(path)
+            try:
+                asyncio.run(measure(f"engine alone ({layout})", one, args, nonce))
+            finally:
+                close()
+    if not args.skip_peer:
+        layout = llama_server_layout(models_file(work, False))
+        peer = start_llama_server(args.llama_server, args.port + 1, **layout)
+        try:
+            asyncio.run(measure("llama-server", lambda p, m: over_http(peer.base_url, model, p, m), args, nonce))
+        finally:
+            peer.stop()
