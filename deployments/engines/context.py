@@ -70,11 +70,13 @@ class Fitted(Generic[M]):
 @dataclass(frozen=True)
 class Limits:
     """A request's room: the model's context (`max_model_len`), the request's `max_tokens` (None:
-    unset) and the model's default (`params.max_tokens`)."""
+    unset) and the model's default (`params.max_tokens`); `ceiling`: the request's `max_tokens` is a
+    ceiling, cut to the context's room (Anthropic's Messages), not a 400."""
 
     max_model_len: int
     max_tokens: int | None
     default_max_tokens: int
+    ceiling: bool = False
 
     @property
     def reserve(self) -> int:
@@ -87,10 +89,12 @@ class Limits:
         `field`: the request's (``messages`` or ``prompt``); `note`: said after the prompt's size."""
         room = self.max_model_len - prompt_tokens
         wanted = self.max_tokens or min(self.default_max_tokens, room)
+        if self.ceiling:
+            wanted = min(wanted, room)
         if wanted <= room and room >= 1:
             return wanted
         prompt = f"This model's context is {self.max_model_len} tokens; the prompt has {prompt_tokens}{note}"
-        if self.max_tokens is None:  # the default only fails when the prompt leaves no room at all
+        if self.max_tokens is None or self.ceiling:  # only fails when the prompt leaves no room at all
             message = f"{prompt}, which leaves no room for the completion. Shorten the {field}."
         else:
             message = f"{prompt} and {wanted} completion tokens were requested. Shorten the {field} or max_tokens."

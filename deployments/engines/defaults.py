@@ -25,4 +25,4 @@ def setting(request: GenerateRequest, params: EngineParams, name: str) -> Any:
 def limits(max_model_len: int, request: GenerateRequest, params: EngineParams) -> Limits:
     """The request's room in a context of `max_model_len` tokens (`context.Limits`): its `max_tokens`,
     or the model's default."""
-    return Limits(max_model_len, request.max_tokens, params.max_tokens)
+    return Limits(max_model_len, request.max_tokens, params.max_tokens, ceiling=request.max_tokens_ceiling)

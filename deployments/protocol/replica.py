@@ -72,6 +72,9 @@ class GenerateRequest(BaseModel):
     prompt: str | list[int] | None = None
     tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = None
+    max_tokens_ceiling: bool = Field(
+        False, description="A `max_tokens` above the context's room is cut to it (Anthropic's Messages), not a 400."
+    )
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

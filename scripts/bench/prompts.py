@@ -7,6 +7,7 @@ cells, threads). Prints one JSON line per (server, prompt length, output length)
     .venv/bin/python -m scripts.bench prompts --llama-server PATH/llama-server
     .venv/bin/python -m scripts.bench prompts --prompt-tokens 200 --max-tokens 16 --skip-peer  # a smoke run
 
+And a stream's longest gap between chunks while a `--stall-tokens` prompt is read beside it.
 Every prompt starts with a nonce, so no cached prefix is reused; EOS is biased away so that every
 answer runs to its `max_tokens`. A service is measured after `--settle-s` seconds (the offline
 captioner's failed loads start new processes in the first minutes). Decode tok/s counts the tokens
@@ -68,6 +69,50 @@ async def over_http(base_url: str, model: str, prompt: str, max_tokens: int) -> 
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
     return timed(start, first, time.perf_counter(), tokens)
+
+
+async def beside_a_long_prompt(base_url: str, model: str, prompt_tokens: int, nonce: itertools.count) -> dict:
+    """A short-prompt stream decoding while a `prompt_tokens` prompt arrives: its longest gap between
+    two chunks before the long prompt and while it is read (what a reader of that stream sees stall;
+    chunks, not tokens: this service coalesces tokens into chunks for `stream_interval_ms`)."""
+    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=1200)
+    arrivals: list[float] = []
+    long_sent: list[float] = []
+
+    async def stream() -> None:
+        answer = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt_text(40, next(nonce))}],
+            max_tokens=4000,  # within the context: longer than the long prompt takes to read
+            temperature=0,
+            logit_bias=NO_EOS,
+            stream=True,
+        )
+        async for chunk in answer:
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.perf_counter())
+                if long_sent and long_sent[0] and time.perf_counter() > long_sent[0]:
+                    break
+
+    async def long_prompt() -> None:
+        await asyncio.sleep(5)
+        long_sent.append(0.0)
+        timing = await over_http(base_url, model, prompt_text(prompt_tokens, next(nonce)), 1)
+        long_sent[0] = time.perf_counter()
+        long_sent.append(timing[0])
+
+    await asyncio.wait_for(asyncio.gather(stream(), long_prompt()), 1800)
+    start_long = long_sent[0] - long_sent[1]
+    gaps = list(itertools.pairwise(arrivals))
+    before = [b - a for a, b in gaps if b < start_long]
+    during = [b - a for a, b in gaps if b >= start_long]
+    return {
+        "long_prompt_tokens": prompt_tokens,
+        "long_prompt_ttft_s": round(long_sent[1], 2),
+        "longest_gap_before_s": round(max(before, default=float("nan")), 2),
+        "longest_gap_during_s": round(max(during, default=float("nan")), 2),
+        "chunks_during": len(during),
+    }
 
 
 def in_process(models_file: Path) -> tuple[Callable[[str, int], Any], Callable[[], None]]:
@@ -137,6 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--llama-server", type=Path, help="the llama-server binary")
     parser.add_argument("--settle-s", type=float, default=30)
+    parser.add_argument(
+        "--stall-tokens",
+        type=int,
+        default=6600,
+        help="a stream's longest gap while a prompt this long is read (0: skip)",
+    )
     parser.add_argument("--port", type=int, default=8100)
     args = parser.parse_args(argv)
     if not args.skip_peer and not args.llama_server:
@@ -152,6 +203,13 @@ def main(argv: list[str] | None = None) -> None:
         try:
             time.sleep(args.settle_s)
             asyncio.run(measure(f"ours ({layout})", lambda p, m, url=url: over_http(url, model, p, m), args, nonce))
+            if args.stall_tokens:
+                emit(
+                    {
+                        "server": f"ours ({layout})",
+                        **asyncio.run(beside_a_long_prompt(url, model, args.stall_tokens, nonce)),
+                    }
+                )
         finally:
             server.stop()
         if not args.skip_engine:
@@ -165,5 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         peer = start_llama_server(args.llama_server, args.port + 1, **layout)
         try:
             asyncio.run(measure("llama-server", lambda p, m: over_http(peer.base_url, model, p, m), args, nonce))
+            if args.stall_tokens:
+                stalled = asyncio.run(beside_a_long_prompt(peer.base_url, model, args.stall_tokens, nonce))
+                emit({"server": "llama-server", **stalled})
         finally:
             peer.stop()

@@ -109,6 +109,17 @@ def test_error_mode_cuts_the_default_to_the_context_left():
         fit(CHAT, WHOLE, overflow="error")
 
 
+def test_a_ceiling_max_tokens_is_cut_to_the_context_left():
+    """Anthropic's `max_tokens` is a ceiling: cut to the room, and a prompt that leaves none is the
+    context error with the numbers (Claude Code reads them to offer /compact)."""
+    assert Limits(100, 32000, 10, ceiling=True).completion(60) == 40
+    assert Limits(100, 8, 10, ceiling=True).completion(60) == 8
+    with pytest.raises(ContextLengthError, match="the prompt has 120, which leaves no room"):
+        Limits(100, 32000, 10, ceiling=True).completion(120)
+    with pytest.raises(ContextLengthError, match="and 32000 completion tokens were requested"):
+        Limits(100, 32000, 10).completion(60)  # OpenAI's APIs: a 400, as vLLM
+
+
 def test_truncation_drops_the_oldest_whole_turns_keeping_system_and_last_user():
     one_turn = len(render([CHAT[1], CHAT[2]])) - 2  # u1 + a1: 6 + 40 (not the <bos> and <assistant>)
     fitted = fit(CHAT, WHOLE - one_turn + 10, max_tokens=10)

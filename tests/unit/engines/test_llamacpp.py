@@ -453,7 +453,8 @@ async def test_a_batch_larger_than_the_shared_pool_waits_instead_of_failing(smol
 
 
 async def test_with_batch_invariant_a_greedy_answer_is_the_same_alone_and_beside_sampled_requests(smollm2):
-    """models.yaml's first entry as it ships, with `batch_invariant: true` (q8_0 cells, a stream per slot): three greedy prompts (a short one; about 100 tokens,
+    """models.yaml's first entry with `batch_invariant: true` (q8_0 cells, a stream per slot): three
+    greedy prompts (a short one; about 100 tokens,
     which f16 cells prefill with the tiled attention kernel alone; about 560 tokens, whose decode steps
     alone take the split-KV kernel on f16 cells) in three rounds beside seven sampled requests. On the
     shared f16 pool this engine shipped before, 6 of 9 such checks drifted (docs/reliability.md, "Greedy answers

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from deployments.config import ServerConfig
+from deployments.engines.context import Limits
 from deployments.errors import ContextLengthError
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.items import Namespaces, flat_name, tool_plan
@@ -150,29 +151,29 @@ async def test_claude_code_first_request_streams_without_thinking_blocks():
 
 
 class SmallContext(FakeDecoder):
-    """A decoder whose context (100 tokens) holds a 60-token prompt: more than 40 completion tokens
-    is the engines' `ContextLengthError`, with their words."""
+    """A decoder whose context (100 tokens) holds a 60-token prompt, and which sizes each request's
+    completion as the engines do (`engines.context.Limits`): `granted` says what each got."""
+
+    granted: list[int]
 
     def _generate(self, request: GenerateRequest) -> FakeStream:
-        wanted = request.max_tokens or 0
-        self.error = (
-            ContextLengthError(
-                f"This model's context is 100 tokens; the prompt has 60 and {wanted} completion tokens were "
-                "requested. Shorten the messages or max_tokens.",
-                param="messages",
-            )
-            if wanted > 40
-            else None
-        )
+        limits = Limits(100, request.max_tokens, 10, ceiling=request.max_tokens_ceiling)
+        try:
+            self.granted.append(limits.completion(60))
+            self.error = None
+        except ContextLengthError as exc:
+            self.error = exc
         return super()._generate(request)
 
 
 async def test_claude_codes_max_tokens_is_clamped_to_what_the_context_leaves():
     decoder = SmallContext(["Hi."])
+    decoder.granted = []
     call = {**claude_code_call(recorded("claude_code_messages")), "stream": False, "timeout": 30}
     message = await claude(decoder).beta.messages.create(**call)
     assert message.content[0].text == "Hi." and message.stop_reason == "end_turn"
-    assert [r.max_tokens for r in decoder.requests] == [32000, 40]  # the second: what 100 - 60 leaves
+    assert [(r.max_tokens, r.max_tokens_ceiling) for r in decoder.requests] == [(32000, True)]  # one call
+    assert decoder.granted == [40]  # what 100 - 60 leaves
 
 
 async def test_a_prompt_too_long_is_each_apis_own_context_error():

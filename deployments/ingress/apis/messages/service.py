@@ -31,8 +31,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deployments.errors import ContextLengthError, InvalidRequestError, as_anthropic, unwrap
-from deployments.ingress.answer.core import AnswerCore, Opened
+from deployments.errors import InvalidRequestError, as_anthropic
+from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, recorded_error, streamed, whole
 from deployments.ingress.apis.messages.chat_form import chat_messages, functions, tool_choice
@@ -65,25 +65,16 @@ class MessagesService:
         plan = _plan(body)
         settings: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
         settings |= {"grammar": plan.grammar, "stop": body.stop_sequences or []}
-        opened = await self._open(body, plan, record, settings)
+        # max_tokens is a ceiling (Claude Code asks 32,000): cut to the context's room by the engine
+        opened = await self._core.open(
+            chat_messages(body), plan, record, max_tokens=body.max_tokens, max_tokens_ceiling=True, **settings
+        )
         blocks = MessageBlocks(f"msg_{record.request_id}", self._core.model, plan, opened.degraded)
         if body.stream:
             events = streamed(opened.generation, blocks.tally, blocks.events, record, framing=ANTHROPIC)
             return Reply(opened.headers, events=events)
         await whole(opened.generation, blocks.tally, blocks.feed)
         return Reply(opened.headers, body=blocks.message().model_dump())
-
-    async def _open(self, body: MessagesRequest, plan: ToolPlan, record: RequestRecord, settings: dict) -> Opened:
-        """The answer begun with `max_tokens`, or with what the context leaves when that is less."""
-        try:
-            return await self._core.open(chat_messages(body), plan, record, max_tokens=body.max_tokens, **settings)
-        except Exception as exc:
-            error = unwrap(exc)
-            sizes = error.sizes if isinstance(error, ContextLengthError) else None
-            if sizes is None or sizes[0] >= sizes[1]:  # not the completion's room: the prompt itself
-                raise
-            left = sizes[1] - sizes[0]
-            return await self._core.open(chat_messages(body), plan, record, max_tokens=left, **settings)
 
     async def count_tokens(self, body: MessagesInput, record: RequestRecord) -> TokenCount:
         """The prompt's tokens as the decoder counts them: the request rendered by the model's chat
