@@ -116,6 +116,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             chat_models=[m.name for m in served],
             embedding_models=[e.name for e in embedding],
             ingress_deployment=Ingress.name,
+            line_timeout_s=deadline + 30,
         )
     )
     ingress = Ingress.options(**for_replicas(Ingress.name, INGRESS_OPTIONS, drain_s=deadline))

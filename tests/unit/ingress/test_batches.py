@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.types import Scope
 
-from deployments.config import BatchesConfig
+from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
 from deployments.ingress.apis.batches import runner as runner_module
 from deployments.ingress.apis.batches.progress import resume
@@ -22,6 +23,7 @@ from deployments.ingress.apis.batches.validation import ServedNames, validate
 from deployments.ingress.apis.files import storage as storage_module
 from deployments.ingress.apis.files.service import data_path
 from deployments.ingress.apis.files.storage import LocalStorage, lines, open_storage
+from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
 from deployments.ingress.owners import Caller
 
 CHAT = "/v1/chat/completions"
@@ -360,3 +362,28 @@ def test_uploads_are_capped_in_bytes_lines_and_purpose(tmp_path):
     assert files.delete(kept["id"], ALICE)["deleted"] is True
     with pytest.raises(ObjectNotFoundError):
         files.retrieve(kept["id"], ALICE)
+
+
+async def test_an_input_file_deleted_mid_run_fails_the_batch(tmp_path):
+    fake = FakeIngress(hold_after=2)
+    runtime = BatchRuntime(config(tmp_path, max_concurrency=1), fake.send)
+    batch_id = submit(runtime, jsonl([chat_line(f"r{i}") for i in range(5)]))
+    loop = asyncio.create_task(runtime.loop())
+    async with asyncio.timeout(20):
+        while fake.calls < 3:
+            await asyncio.sleep(0.01)
+    loop.cancel()
+    await runtime.stop()  # the runner stopped with the batch in progress
+    runtime.batches.files.delete(runtime.batches.retrieve(batch_id, ALICE)["input_file_id"], ALICE)
+    fake.gate.set()
+    again = BatchRuntime(config(tmp_path), fake.send)
+    batch = await settled(again, batch_id)
+    assert batch["status"] == "failed" and batch["errors"]["data"][0]["code"] == "file_not_found"
+
+
+def test_uploads_to_v1_files_have_their_own_body_cap():
+    server = ServerConfig(max_body_bytes=1000, batches=BatchesConfig(max_file_bytes=5000))
+    guard = GuardSettings.from_config(server, environ={})
+    files: Scope = {"type": "http", "path": "/v1/files"}
+    chat: Scope = {"type": "http", "path": "/v1/chat/completions"}
+    assert guard.cap(files) == 5000 + MULTIPART_MARGIN and guard.cap(chat) == 1000

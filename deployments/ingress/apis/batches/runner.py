@@ -51,6 +51,7 @@ BATCH_PRIORITY = 10
 that batches take the decoders' idle capacity."""
 
 TRANSPORT_TRIES = 3
+RETRY_MAX_S = 60.0  # the longest wait before a batch whose job failed is tried again
 
 
 def prioritized(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +74,7 @@ class BatchJob:
         send: Send,
         slots: asyncio.Semaphore,
         metrics: Recorder | None = None,
+        line_timeout_s: float = 330.0,
     ) -> None:
         self.batch_id = batch_id
         self._batches = batches
@@ -82,6 +84,7 @@ class BatchJob:
         self._send = send
         self._slots = slots
         self._metrics = metrics
+        self._line_timeout_s = line_timeout_s
         self._cancelled = asyncio.Event()
         self._record: dict[str, Any] = {}
         self._saved_at = 0.0
@@ -145,6 +148,9 @@ class BatchJob:
         files = self._record["files"]
         output, error = data_path(files["output"]), data_path(files["error"])
         progress = await asyncio.to_thread(resume, self._storage, output, error)
+        if batch.status == "in_progress" and self._storage.size(data_path(batch.input_file_id)) is None:
+            gone = {"code": "file_not_found", "message": f"The input file {batch.input_file_id!r} was deleted."}
+            return self._move(batch, "failed", errors=BatchErrors.model_validate({"data": [gone]}))
         if batch.status == "in_progress" and not self._cancel_requested() and not self._expired(batch):
             batch = await self._run_lines(batch, progress, output, error)
         return await self._finish(batch, progress)
@@ -253,7 +259,7 @@ class BatchJob:
         """The line's answer; a failure to reach the ingress is retried, then the line's error."""
         for attempt in range(TRANSPORT_TRIES):
             try:
-                return await self._send(endpoint, body, request_id)
+                return await asyncio.wait_for(self._send(endpoint, body, request_id), self._line_timeout_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -308,6 +314,7 @@ class BatchRunnerConfig(BaseModel):
     chat_models: list[str]
     embedding_models: list[str] = []
     ingress_deployment: str = "Ingress"
+    line_timeout_s: float = 330.0  # a line's answer through the handle: the request deadline and a margin
 
 
 class BatchRuntime:
@@ -323,19 +330,39 @@ class BatchRuntime:
         self._served = ServedNames(frozenset(config.chat_models), frozenset(config.embedding_models))
         self._slots = asyncio.Semaphore(config.batches.max_concurrency)
         self._jobs: dict[str, tuple[BatchJob, asyncio.Task[Batch]]] = {}
+        self._final: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
         self._wake.set()
 
     def scan(self) -> None:
-        """Start a job for each batch not final and not running; tell running ones of a cancel."""
-        for record in self.batches.records.all():
-            batch_id = record["object"]["id"]
-            if record["object"]["status"] in TERMINAL or batch_id in self._jobs:
+        """Start a job for each batch not final and not running; tell running ones of a cancel. A
+        batch seen final is not read again; one whose job failed waits before its next try."""
+        now = time.monotonic()
+        for name in self.batches.storage.names(self.batches.records.folder):
+            batch_id = name.removesuffix(".json")
+            if not name.endswith(".json") or batch_id in self._final or batch_id in self._jobs:
+                continue
+            if self._retry_at.get(batch_id, 0.0) > now:
+                continue
+            record = self.batches.records.load(batch_id)
+            if record is None:
+                continue
+            if record["object"]["status"] in TERMINAL:
+                self._final.add(batch_id)
                 continue
             job = BatchJob(
-                batch_id, self.batches, self._served, self._config.batches, self._send, self._slots, self._metrics
+                batch_id,
+                self.batches,
+                self._served,
+                self._config.batches,
+                self._send,
+                self._slots,
+                self._metrics,
+                self._config.line_timeout_s,
             )
             task = asyncio.create_task(job.run())
             task.add_done_callback(functools.partial(self._ended, batch_id))
@@ -346,8 +373,22 @@ class BatchRuntime:
 
     def _ended(self, batch_id: str, task: asyncio.Task[Batch]) -> None:
         self._jobs.pop(batch_id, None)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("batch %s: the runner failed; it retries", batch_id, exc_info=task.exception())
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            failures = self._failures[batch_id] = self._failures.get(batch_id, 0) + 1
+            delay = min(RETRY_MAX_S, 2.0**failures)
+            self._retry_at[batch_id] = time.monotonic() + delay
+            logger.error(
+                "batch %s: the runner failed (%d times); it retries in %gs",
+                batch_id,
+                failures,
+                delay,
+                exc_info=task.exception(),
+            )
+        else:
+            self._final.add(batch_id)
+            self._failures.pop(batch_id, None)
 
     async def loop(self) -> None:
         while True:
@@ -382,6 +423,7 @@ class BatchRunner:
         self._ingress_name = config.ingress_deployment
         self._ingress: Any = None
         metrics = Recorder(BATCH_METRICS, config.chat_models[0] if config.chat_models else "batch")
+        metrics.export_zeros()
         self._runtime = BatchRuntime(config, self._send_line, metrics)
         self._loop = asyncio.get_running_loop().create_task(self._runtime.loop())
         logger.info(
