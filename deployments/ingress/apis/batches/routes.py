@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from deployments.ingress.apis.batches.protocol import Batch, BatchCreateRequest, BatchList
 from deployments.ingress.apis.batches.service import BatchService
-from deployments.ingress.routing import ERRORS, NOT_FOUND, caller
+from deployments.ingress.routing import ERRORS, caller
 
 
 def attach(api: FastAPI, batches: BatchService | None, wake: Callable[[], None]) -> None:
@@ -25,15 +25,15 @@ def attach(api: FastAPI, batches: BatchService | None, wake: Callable[[], None])
         wake()
         return JSONResponse(created)
 
-    @api.get("/v1/batches", responses={200: {"model": BatchList}, **NOT_FOUND})
+    @api.get("/v1/batches", responses={200: {"model": BatchList}, **ERRORS})
     async def list_batches(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> Any:
         return JSONResponse(await asyncio.to_thread(batches.list, caller(request), limit, after))
 
-    @api.get("/v1/batches/{batch_id}", responses={200: {"model": Batch}, **NOT_FOUND})
+    @api.get("/v1/batches/{batch_id}", responses={200: {"model": Batch}, **ERRORS})
     async def retrieve_batch(batch_id: str, request: Request) -> Any:
         return JSONResponse(await asyncio.to_thread(batches.retrieve, batch_id, caller(request)))
 
-    @api.post("/v1/batches/{batch_id}/cancel", responses={200: {"model": Batch}, **NOT_FOUND})
+    @api.post("/v1/batches/{batch_id}/cancel", responses={200: {"model": Batch}, **ERRORS})
     async def cancel_batch(batch_id: str, request: Request) -> Any:
         cancelled = await asyncio.to_thread(batches.cancel, batch_id, caller(request))
         wake()

@@ -8,6 +8,7 @@ marker beside the record (`batches/<id>.cancel`), which the runner sees within
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -17,6 +18,8 @@ from deployments.ingress.apis.batches.protocol import COMPLETION_WINDOW_S, TERMI
 from deployments.ingress.apis.files.records import Records, page
 from deployments.ingress.apis.files.service import FileService
 from deployments.ingress.owners import Caller
+
+logger = logging.getLogger("ray.serve")
 
 
 def cancel_marker(batch_id: str) -> str:
@@ -49,6 +52,13 @@ class BatchService:
             metadata=body.metadata,
         )
         self.records.save(batch.id, {"object": batch.model_dump(), "owner": self.records.owners.tag(caller)})
+        logger.info(
+            "request %s: batch %s created: validating, %s on %s",
+            caller.request_id,
+            batch.id,
+            body.endpoint,
+            source["id"],
+        )
         return batch.model_dump()
 
     def _shown(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -78,4 +88,5 @@ class BatchService:
             raise InvalidRequestError(f"The batch {batch_id!r} is {batch['status']}: it cannot be cancelled.")
         if batch["status"] != "cancelling":
             self.storage.write(cancel_marker(batch_id), json.dumps({"at": int(time.time())}).encode())
+            logger.info("request %s: batch %s: %s -> cancelling", caller.request_id, batch_id, batch["status"])
         return self.retrieve(batch_id, caller)

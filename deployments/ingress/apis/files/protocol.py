@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-Purpose = Literal["batch", "user_data"]
-PURPOSES: tuple[str, ...] = ("batch", "user_data", "batch_output")
+UploadPurpose = Literal["batch", "user_data"]
 
 
 class FileObject(BaseModel):

@@ -6,6 +6,7 @@ storage root too (`owners.secret`), so that what a key made stays its own after 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from typing import Any
 
@@ -14,6 +15,7 @@ from deployments.ingress.apis.files.storage import Storage
 from deployments.ingress.owners import Caller, Owners, refused
 
 SECRET = "owners.secret"
+RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what this service issues (`file-...`, `batch_...`)
 
 
 def stored_owners(storage: Storage) -> Owners:
@@ -45,8 +47,8 @@ class Records:
 
     def load(self, record_id: str) -> dict[str, Any] | None:
         """The record (any owner's), None when unknown or its id is not one of ours."""
-        if not record_id or "/" in record_id or record_id.startswith("."):
-            return None
+        if not RECORD_ID.fullmatch(record_id):
+            return None  # never a path: no id of ours has a slash, a dot or a null byte
         data = self.storage.read(self._path(record_id))
         return None if data is None else dict(json.loads(data))
 

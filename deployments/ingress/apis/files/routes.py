@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from deployments.ingress.apis.files.protocol import FileDeleted, FileList, FileObject
+from deployments.ingress.apis.files.protocol import FileDeleted, FileList, FileObject, UploadPurpose
 from deployments.ingress.apis.files.service import FileService
-from deployments.ingress.routing import ERRORS, NOT_FOUND, caller
+from deployments.ingress.routing import ERRORS, caller
 
 
 def attach(api: FastAPI, files: FileService | None) -> None:
@@ -20,14 +20,14 @@ def attach(api: FastAPI, files: FileService | None) -> None:
 
     @api.post("/v1/files", responses={200: {"model": FileObject}, **ERRORS})
     async def upload_file(
-        request: Request, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
+        request: Request, file: Annotated[UploadFile, File()], purpose: Annotated[UploadPurpose, Form()]
     ) -> Any:
         data = await file.read()
         who = caller(request)
         created = await asyncio.to_thread(files.create, file.filename or "upload.jsonl", data, purpose, who)
         return JSONResponse(created)
 
-    @api.get("/v1/files", responses={200: {"model": FileList}, **NOT_FOUND})
+    @api.get("/v1/files", responses={200: {"model": FileList}, **ERRORS})
     async def list_files(
         request: Request,
         purpose: str | None = None,
@@ -37,15 +37,18 @@ def attach(api: FastAPI, files: FileService | None) -> None:
     ) -> Any:
         return JSONResponse(await asyncio.to_thread(files.list, caller(request), purpose, limit, after, order))
 
-    @api.get("/v1/files/{file_id}", responses={200: {"model": FileObject}, **NOT_FOUND})
+    @api.get("/v1/files/{file_id}", responses={200: {"model": FileObject}, **ERRORS})
     async def retrieve_file(file_id: str, request: Request) -> Any:
         return JSONResponse(await asyncio.to_thread(files.retrieve, file_id, caller(request)))
 
-    @api.get("/v1/files/{file_id}/content", responses=NOT_FOUND)
+    @api.get(
+        "/v1/files/{file_id}/content",
+        responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes"}, **ERRORS},
+    )
     async def file_content(file_id: str, request: Request) -> Any:
         chunks = await asyncio.to_thread(files.content, file_id, caller(request))
         return StreamingResponse(chunks, media_type="application/octet-stream")
 
-    @api.delete("/v1/files/{file_id}", responses={200: {"model": FileDeleted}, **NOT_FOUND})
+    @api.delete("/v1/files/{file_id}", responses={200: {"model": FileDeleted}, **ERRORS})
     async def delete_file(file_id: str, request: Request) -> Any:
         return JSONResponse(await asyncio.to_thread(files.delete, file_id, caller(request)))
