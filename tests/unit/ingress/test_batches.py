@@ -25,6 +25,7 @@ from deployments.ingress.apis.files.service import data_path
 from deployments.ingress.apis.files.storage import LocalStorage, lines, open_storage
 from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
 from deployments.ingress.owners import Caller
+from tests.unit.fake_metrics import FakeMetrics
 
 CHAT = "/v1/chat/completions"
 SERVED = ServedNames(frozenset({"echo"}), frozenset({"embed"}))
@@ -387,3 +388,21 @@ def test_uploads_to_v1_files_have_their_own_body_cap():
     files: Scope = {"type": "http", "path": "/v1/files"}
     chat: Scope = {"type": "http", "path": "/v1/chat/completions"}
     assert guard.cap(files) == 5000 + MULTIPART_MARGIN and guard.cap(chat) == 1000
+
+
+async def test_the_runner_counts_lines_queued_running_and_done(tmp_path):
+    fake, metrics = FakeIngress(hold_after=2), FakeMetrics()
+    runtime = BatchRuntime(config(tmp_path, max_concurrency=1), fake.send, metrics)
+    batch_id = submit(runtime, jsonl([chat_line("a"), chat_line("b", "bad"), *(chat_line(f"r{i}") for i in range(3))]))
+    loop = asyncio.create_task(runtime.loop())
+    async with asyncio.timeout(20):
+        while metrics.gauges.get("batch_lines_running") != 1 or metrics.gauges.get("batch_lines_queued") != 2:
+            await asyncio.sleep(0.01)  # the third line held in flight, two not sent
+    fake.gate.set()
+    loop.cancel()
+    batch = await settled(runtime, batch_id)
+    assert batch["status"] == "completed"
+    assert (
+        metrics.count("batch_lines_done", outcome="completed"),
+        metrics.count("batch_lines_done", outcome="failed"),
+    ) == (4, 1)
