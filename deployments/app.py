@@ -21,7 +21,7 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.config import AUTO, ModelConfig, cpu_cores, parse_args, resolve_plan
-from deployments.ingress.apis.batches.runner import BatchRunner, BatchRunnerConfig
+from deployments.ingress.batches.runner import BatchRunner, BatchRunnerConfig
 from deployments.ingress.deployment import Ingress, IngressConfig, ServedEmbedderConfig, ServedModelConfig
 from deployments.options import (
     BATCH_RUNNER_OPTIONS,

@@ -17,7 +17,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.errors import ServiceError, as_anthropic, error_body, known_errors, to_openai_error, validation_message
 from deployments.ingress.apis.batches import routes as batches
-from deployments.ingress.apis.batches.service import BatchService
 from deployments.ingress.apis.chat import routes as chat
 from deployments.ingress.apis.completions import routes as completions
 from deployments.ingress.apis.embeddings import routes as embeddings
@@ -27,6 +26,7 @@ from deployments.ingress.apis.models import routes as models
 from deployments.ingress.apis.responses import routes as responses
 from deployments.ingress.apis.responses.store import ResponseStorePort
 from deployments.ingress.apis.tokenize import routes as tokenize
+from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
 from deployments.ingress.routing import request_id
 from deployments.ingress.served_models import ServedModels
@@ -88,7 +88,7 @@ def build_api(
     guard: GuardSettings,
     metrics: Recorder,
     store: ResponseStorePort | None = None,
-    batch_service: BatchService | None = None,
+    batch_service: BatchStore | None = None,
     wake_runner: Callable[[], None] = lambda: None,
 ) -> FastAPI:
     """The routes; a request goes to the served model its `model` names. Every counter and gauge of

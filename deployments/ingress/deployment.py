@@ -20,12 +20,12 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig, TokenIdVocabulary
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
-from deployments.ingress.apis.batches.lines import run_line
-from deployments.ingress.apis.batches.service import BatchService
-from deployments.ingress.apis.files.records import stored_owners
-from deployments.ingress.apis.files.service import FileService
-from deployments.ingress.apis.files.storage import open_storage
 from deployments.ingress.apis.responses.store import ResponseStore
+from deployments.ingress.batches.files import FileStore
+from deployments.ingress.batches.lines import run_line
+from deployments.ingress.batches.records import stored_owners
+from deployments.ingress.batches.storage import open_storage
+from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
@@ -131,10 +131,10 @@ class Ingress:
         )
         self._responses.start()
         self._batch_runner = batch_runner
-        self._batches: BatchService | None = None
+        self._batches: BatchStore | None = None
         if batch_runner is not None:
             storage = open_storage(server.batches.storage_root)
-            self._batches = BatchService(FileService(storage, stored_owners(storage), server.batches))
+            self._batches = BatchStore(FileStore(storage, stored_owners(storage), server.batches))
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
@@ -152,5 +152,5 @@ class Ingress:
 
     async def batch_line(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """One line of a batch, for the batch runner's handle: the endpoint's answer through the same
-        service code as its HTTP route, as `{"status_code", "body"}` (`apis/batches/lines.py`)."""
+        service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`)."""
         return await run_line(self._served, endpoint, body, request_id)

@@ -15,14 +15,14 @@ from starlette.types import Scope
 
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
-from deployments.ingress.apis.batches import runner as runner_module
-from deployments.ingress.apis.batches.progress import resume
 from deployments.ingress.apis.batches.protocol import BatchCreateRequest
-from deployments.ingress.apis.batches.runner import BatchRunnerConfig, BatchRuntime, prioritized
-from deployments.ingress.apis.batches.validation import ServedNames, validate
-from deployments.ingress.apis.files import storage as storage_module
-from deployments.ingress.apis.files.service import data_path
-from deployments.ingress.apis.files.storage import LocalStorage, lines, open_storage
+from deployments.ingress.batches import runner as runner_module
+from deployments.ingress.batches import storage as storage_module
+from deployments.ingress.batches.files import data_path
+from deployments.ingress.batches.progress import resume
+from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime, prioritized
+from deployments.ingress.batches.storage import LocalStorage, lines, open_storage
+from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
 from deployments.ingress.owners import Caller
 from tests.unit.fake_metrics import FakeMetrics

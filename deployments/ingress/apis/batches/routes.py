@@ -10,11 +10,11 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from deployments.ingress.apis.batches.protocol import Batch, BatchCreateRequest, BatchList
-from deployments.ingress.apis.batches.service import BatchService
+from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.routing import ERRORS, caller
 
 
-def attach(api: FastAPI, batches: BatchService | None, wake: Callable[[], None]) -> None:
+def attach(api: FastAPI, batches: BatchStore | None, wake: Callable[[], None]) -> None:
     """`batches`: None when the storage root could not be opened; `wake`: tells the runner to look now."""
     if batches is None:
         return

@@ -9,11 +9,11 @@ from fastapi import FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from deployments.ingress.apis.files.protocol import FileDeleted, FileList, FileObject, UploadPurpose
-from deployments.ingress.apis.files.service import FileService
+from deployments.ingress.batches.files import FileStore
 from deployments.ingress.routing import ERRORS, caller
 
 
-def attach(api: FastAPI, files: FileService | None) -> None:
+def attach(api: FastAPI, files: FileStore | None) -> None:
     """`files`: None when the storage root could not be opened (the routes then are not served)."""
     if files is None:
         return

@@ -12,8 +12,8 @@ from typing import Any
 from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError, PayloadTooLargeError
 from deployments.ingress.apis.files.protocol import FileObject
-from deployments.ingress.apis.files.records import Records, page
-from deployments.ingress.apis.files.storage import Storage
+from deployments.ingress.batches.records import Records, page
+from deployments.ingress.batches.storage import Storage
 from deployments.ingress.owners import Caller, Owners
 
 UPLOAD_PURPOSES = ("batch", "user_data")
@@ -27,7 +27,7 @@ def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
 
 
-class FileService:
+class FileStore:
     """The files of one storage root."""
 
     def __init__(self, storage: Storage, owners: Owners, config: BatchesConfig) -> None:

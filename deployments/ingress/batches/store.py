@@ -15,8 +15,8 @@ from typing import Any
 
 from deployments.errors import InvalidRequestError
 from deployments.ingress.apis.batches.protocol import COMPLETION_WINDOW_S, TERMINAL, Batch, BatchCreateRequest
-from deployments.ingress.apis.files.records import Records, page
-from deployments.ingress.apis.files.service import FileService
+from deployments.ingress.batches.files import FileStore
+from deployments.ingress.batches.records import Records, page
 from deployments.ingress.owners import Caller
 
 logger = logging.getLogger("ray.serve")
@@ -26,10 +26,10 @@ def cancel_marker(batch_id: str) -> str:
     return f"batches/{batch_id}.cancel"
 
 
-class BatchService:
+class BatchStore:
     """The batches of one storage root (the files' service reads their input files)."""
 
-    def __init__(self, files: FileService) -> None:
+    def __init__(self, files: FileStore) -> None:
         self.files = files
         self.storage = files.storage
         self.records = Records(files.storage, "batches", files.records.owners, "batch")

@@ -11,7 +11,7 @@ import secrets
 from typing import Any
 
 from deployments.errors import ObjectNotFoundError
-from deployments.ingress.apis.files.storage import Storage
+from deployments.ingress.batches.storage import Storage
 from deployments.ingress.owners import Caller, Owners, refused
 
 SECRET = "owners.secret"

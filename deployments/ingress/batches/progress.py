@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.ingress.apis.batches.protocol import BatchUsage, RequestCounts
-from deployments.ingress.apis.files.storage import Storage, lines
+from deployments.ingress.batches.storage import Storage, lines
 
 
 @dataclass

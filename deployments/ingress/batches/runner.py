@@ -32,13 +32,13 @@ from pydantic import BaseModel, ConfigDict
 from ray import serve
 
 from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.progress import Progress, resume
 from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchErrors, output_line
-from deployments.ingress.apis.batches.service import BatchService, cancel_marker
-from deployments.ingress.apis.batches.validation import ServedNames, validate
-from deployments.ingress.apis.files.records import stored_owners
-from deployments.ingress.apis.files.service import FileService, data_path, new_file_id
-from deployments.ingress.apis.files.storage import lines, open_storage
+from deployments.ingress.batches.files import FileStore, data_path, new_file_id
+from deployments.ingress.batches.progress import Progress, resume
+from deployments.ingress.batches.records import stored_owners
+from deployments.ingress.batches.storage import lines, open_storage
+from deployments.ingress.batches.store import BatchStore, cancel_marker
+from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
 
 logger = logging.getLogger("ray.serve")
@@ -68,7 +68,7 @@ class BatchJob:
     def __init__(
         self,
         batch_id: str,
-        batches: BatchService,
+        batches: BatchStore,
         served: ServedNames,
         config: BatchesConfig,
         send: Send,
@@ -323,7 +323,7 @@ class BatchRuntime:
     def __init__(self, config: BatchRunnerConfig, send: Send, metrics: Recorder | None = None) -> None:
         storage = open_storage(config.batches.storage_root)
         owners = stored_owners(storage)
-        self.batches = BatchService(FileService(storage, owners, config.batches))
+        self.batches = BatchStore(FileStore(storage, owners, config.batches))
         self._config = config
         self._send = send
         self._metrics = metrics
