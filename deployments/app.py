@@ -3,8 +3,8 @@
 Two Serve applications, so that a captioner that cannot start (OOM, no weights, no GPU to
 schedule on) never takes the main application out of RUNNING:
 
-- `build_app(args)`: Ingress -> one PrimaryDecoder per primary model, and one TextEmbedder per
-  embedding model (the main application, HTTP on /)
+- `build_app(args)`: Ingress -> one PrimaryDecoder per primary model, one TextEmbedder per
+  embedding model, and the BatchRunner of /v1/batches (the main application, HTTP on /)
 - `build_captioner_app(args)`: one VisionCaptioner per captioner that a primary names (found by
   the ingress by application and deployment name); two primaries that name the same captioner share it
 
@@ -21,8 +21,10 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.config import AUTO, ModelConfig, cpu_cores, parse_args, resolve_plan
+from deployments.ingress.batches.runner import BatchRunner, BatchRunnerConfig
 from deployments.ingress.deployment import Ingress, IngressConfig, ServedEmbedderConfig, ServedModelConfig
 from deployments.options import (
+    BATCH_RUNNER_OPTIONS,
     INGRESS_OPTIONS,
     captioner_options,
     decoder_options,
@@ -106,8 +108,19 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         images=plan.images,
         server=plan.server,
     )
+    runner = BatchRunner.options(
+        name=BatchRunner.name, **for_replicas(BatchRunner.name, BATCH_RUNNER_OPTIONS, drain_s=deadline)
+    ).bind(
+        BatchRunnerConfig(
+            batches=plan.server.batches,
+            chat_models=[m.name for m in served],
+            embedding_models=[e.name for e in embedding],
+            ingress_deployment=Ingress.name,
+            line_timeout_s=deadline + 30,
+        )
+    )
     ingress = Ingress.options(**for_replicas(Ingress.name, INGRESS_OPTIONS, drain_s=deadline))
-    return ingress.bind(config, decoders, embedders)
+    return ingress.bind(config, decoders, embedders, runner)
 
 
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:

@@ -13,6 +13,7 @@ Hierarchy::
         ├── AuthenticationError     401, code invalid_api_key
         ├── ModelNotFoundError      404, code model_not_found
         ├── ResponseNotFoundError   404, code response_not_found (a stored response: unknown or evicted)
+        ├── ObjectNotFoundError     404, code not_found (a file or batch: unknown, deleted, another key's)
         ├── RequestTimeoutError     408, code request_timeout (the request's deadline passed)
         ├── PayloadTooLargeError    413, code request_too_large
         └── UnavailableError        503 service_unavailable, with Retry-After
@@ -136,6 +137,12 @@ class ResponseNotFoundError(ServiceError):
     status = 404
     type = "invalid_request_error"
     code = "response_not_found"
+
+
+class ObjectNotFoundError(ServiceError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
 
 
 class UnavailableError(ServiceError):

@@ -14,6 +14,7 @@ file on disk, the builder args or other entries (paths exist, the primary named 
 `max_ongoing_requests` against its `max_num_seqs`, and `deployment.autoscaling` once the role's
 defaults fill it, in `deployments/options/`."""
 
+from deployments.config.batches import BatchesConfig
 from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat
 from deployments.config.embedding import EmbeddingConfig, Pooling, TokenIdVocabulary
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
@@ -35,6 +36,7 @@ __all__ = [
     "TOOL_CALL_FORMATS",
     "AppArgs",
     "AutoscalingConfig",
+    "BatchesConfig",
     "Capabilities",
     "CaptioningConfig",
     "DeploymentConfig",

@@ -10,6 +10,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.batches import BatchesConfig
 from deployments.config.embedding import EmbeddingConfig
 from deployments.config.params import EngineParams
 from deployments.config.strict import StrictModel
@@ -52,6 +53,11 @@ class ServerConfig(StrictModel):
         gt=0,
         description="How long a stored response is kept; after it, continuing it or getting it is "
         "`previous_response_not_found` (400) or 404.",
+    )
+    batches: BatchesConfig = Field(
+        default_factory=BatchesConfig,
+        description="The Files and Batch APIs (/v1/files, /v1/batches): storage root, caps and the runner's "
+        "concurrency.",
     )
 
 

@@ -6,7 +6,7 @@ Anthropic's routes (/v1/messages) in Anthropic's rendering of it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,14 +16,17 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.errors import ServiceError, as_anthropic, error_body, known_errors, to_openai_error, validation_message
+from deployments.ingress.apis.batches import routes as batches
 from deployments.ingress.apis.chat import routes as chat
 from deployments.ingress.apis.completions import routes as completions
 from deployments.ingress.apis.embeddings import routes as embeddings
+from deployments.ingress.apis.files import routes as files
 from deployments.ingress.apis.messages import routes as messages
 from deployments.ingress.apis.models import routes as models
 from deployments.ingress.apis.responses import routes as responses
 from deployments.ingress.apis.responses.store import ResponseStorePort
 from deployments.ingress.apis.tokenize import routes as tokenize
+from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
 from deployments.ingress.routing import request_id
 from deployments.ingress.served_models import ServedModels
@@ -81,11 +84,17 @@ def _error_handlers(api: FastAPI) -> None:
 
 
 def build_api(
-    served: ServedModels, guard: GuardSettings, metrics: Recorder, store: ResponseStorePort | None = None
+    served: ServedModels,
+    guard: GuardSettings,
+    metrics: Recorder,
+    store: ResponseStorePort | None = None,
+    batch_service: BatchStore | None = None,
+    wake_runner: Callable[[], None] = lambda: None,
 ) -> FastAPI:
     """The routes; a request goes to the served model its `model` names. Every counter and gauge of
     the ingress is exported at 0 from here on, for each served model and known label value.
-    `store`: the store of /v1/responses (None: no response is kept)."""
+    `store`: the store of /v1/responses (None: no response is kept); `batch_service`: the files and
+    batches of /v1/files and /v1/batches (None: not served), `wake_runner` tells their runner to look."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
@@ -100,6 +109,8 @@ def build_api(
     messages.attach(api, served)
     responses.attach(api, served, store, guard.max_body_bytes)
     tokenize.attach(api, served)
+    files.attach(api, batch_service.files if batch_service else None)
+    batches.attach(api, batch_service, wake_runner)
 
     metrics.export_zeros(
         served.names,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
@@ -20,6 +21,11 @@ from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig,
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
+from deployments.ingress.batches.files import FileStore
+from deployments.ingress.batches.lines import run_line
+from deployments.ingress.batches.records import stored_owners
+from deployments.ingress.batches.storage import open_storage
+from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
@@ -74,9 +80,11 @@ class Ingress:
         config: IngressConfig,
         decoders: dict[str, DeploymentHandle],
         embedders: dict[str, DeploymentHandle] | None = None,
+        batch_runner: DeploymentHandle | None = None,
     ) -> None:
         """`decoders`: each served model's decoder handle, by model name; `embedders`: each embedding
-        model's handle, by model name."""
+        model's handle, by model name; `batch_runner`: the runner of /v1/batches (None: no Files and
+        Batch APIs)."""
         self._metrics = Recorder(INGRESS_METRICS, config.models[0].name)
         server = config.server
         clients: dict[str, CaptionerClient] = {}
@@ -122,6 +130,11 @@ class Ingress:
             f"mmserve-responses-{app}", server.responses_max_entries, server.responses_max_age_s
         )
         self._responses.start()
+        self._batch_runner = batch_runner
+        self._batches: BatchStore | None = None
+        if batch_runner is not None:
+            storage = open_storage(server.batches.storage_root)
+            self._batches = BatchStore(FileStore(storage, stored_owners(storage), server.batches))
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
@@ -131,4 +144,13 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._served, self._guard, self._metrics, self._responses)
+        return build_api(self._served, self._guard, self._metrics, self._responses, self._batches, self._wake_runner)
+
+    def _wake_runner(self) -> None:
+        if self._batch_runner is not None:
+            self._batch_runner.wake.remote()  # not awaited: the runner also looks every poll interval
+
+    async def batch_line(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+        """One line of a batch, for the batch runner's handle: the endpoint's answer through the same
+        service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`)."""
+        return await run_line(self._served, endpoint, body, request_id)

@@ -68,10 +68,21 @@ class KeyRing:
         return presented if matched and scheme.lower() == "bearer" else None
 
 
+FILES_PATH = "/v1/files"
+MULTIPART_MARGIN = 1024 * 1024  # a multipart form's headers and boundaries around the file
+
+
 @dataclass(frozen=True)
 class GuardSettings:
     keys: KeyRing
     max_body_bytes: int
+    max_upload_bytes: int = 0  # an upload to /v1/files: the file's cap and the form around it
+
+    def cap(self, scope: Scope) -> int:
+        """The body cap of a request: /v1/files' uploads have their own."""
+        if _route(scope) == FILES_PATH:
+            return max(self.max_body_bytes, self.max_upload_bytes)
+        return self.max_body_bytes
 
     @classmethod
     def from_config(cls, server: ServerConfig, environ: Mapping[str, str] = os.environ) -> GuardSettings:
@@ -79,7 +90,7 @@ class GuardSettings:
         keys = list(server.api_keys)
         if server.api_keys_env:
             keys += [k.strip() for k in environ.get(server.api_keys_env, "").split(",") if k.strip()]
-        return cls(KeyRing(keys), server.max_body_bytes)
+        return cls(KeyRing(keys), server.max_body_bytes, server.batches.max_file_bytes + MULTIPART_MARGIN)
 
 
 class RequestGuard:
@@ -111,7 +122,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         if scope["method"] in _BODY_METHODS:
-            body = await _read_body(headers, receive, settings.max_body_bytes)
+            body = await _read_body(headers, receive, settings.cap(scope))
             if body is None:  # the client left
                 return
             if isinstance(body, ServiceError):

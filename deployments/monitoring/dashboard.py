@@ -315,12 +315,36 @@ IMAGES_AND_CACHE = [
     ),
 ]
 
+BATCH_PANELS = [
+    _panel(
+        51,
+        "Batch lines queued and running",
+        "batch_lines_queued",
+        "short",
+        [
+            Target(expr=_gauge("batch_lines_queued", "model"), legend="queued"),
+            Target(expr=_gauge("batch_lines_running", "model"), legend="running"),
+        ],
+        note=_spec("batch_lines_running").description,
+        stack=False,
+        fill=1,
+    ),
+    _panel(
+        52,
+        "Batch lines done / s by outcome",
+        "batch_lines_done",
+        "short",
+        [Target(expr=_rate("batch_lines_done", "outcome"), legend="{{outcome}}")],
+    ),
+]
+
 ROWS = [
     Row(title="Overview", id=100, panels=OVERVIEW),
     Row(title="Decoder", id=101, panels=DECODER_PANELS),
     Row(title="Captioner", id=102, panels=CAPTIONER_PANELS),
     Row(title="Images and cache", id=103, panels=IMAGES_AND_CACHE),
     Row(title="Embeddings", id=104, panels=EMBEDDER_PANELS),
+    Row(title="Batches", id=105, panels=BATCH_PANELS),
 ]
 
 _ids = [row.id for row in ROWS] + [panel.id for row in ROWS for panel in row.panels]

@@ -197,8 +197,20 @@ INGRESS_METRICS = (
         known={"scheme": ("http", "https", "file")},
     ),
 )
+BATCH_METRICS = (
+    _spec("batch_lines_queued", "gauge", "Batch runner: lines of running batches not yet sent."),
+    _spec("batch_lines_running", "gauge", "Batch runner: lines sent and not yet answered."),
+    _spec(
+        "batch_lines_done",
+        "counter",
+        "Batch runner: lines finished, by outcome (completed: in the output file; failed: in the error file).",
+        "outcome",
+        known={"outcome": ("completed", "failed")},
+    ),
+)
+
 SPECS: tuple[MetricSpec, ...] = (
-    DECODER_METRICS + CAPTIONER_METRICS + EMBEDDER_METRICS + ENGINE_METRICS + INGRESS_METRICS
+    DECODER_METRICS + CAPTIONER_METRICS + EMBEDDER_METRICS + ENGINE_METRICS + INGRESS_METRICS + BATCH_METRICS
 )
 
 

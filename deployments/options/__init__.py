@@ -60,6 +60,7 @@ from deployments.options.replica import (
 )
 from deployments.options.scaling import (
     BACKPRESSURE,
+    BATCH_RUNNER_OPTIONS,
     CAPTIONER_ONGOING,
     CAPTIONER_TARGET,
     GPU_CAPTIONERS,
@@ -73,6 +74,7 @@ from deployments.options.scaling import (
 
 __all__ = [
     "BACKPRESSURE",
+    "BATCH_RUNNER_OPTIONS",
     "CAPTIONER_ONGOING",
     "CAPTIONER_TARGET",
     "DRAIN_MARGIN_S",

@@ -21,6 +21,7 @@ REPLICA_ENV: dict[str, dict[str, str]] = {
     "PrimaryDecoder": {**engine_replica_env(), **SAME_LOOP},
     "VisionCaptioner": engine_replica_env(),
     "TextEmbedder": engine_replica_env(),
+    "BatchRunner": {},
 }
 DRAIN_MARGIN_S = 5.0  # beyond a request's own deadline: its error event, the cancellation reaching the engine
 

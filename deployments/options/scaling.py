@@ -20,6 +20,11 @@ INGRESS_OPTIONS: dict[str, Any] = {
     "autoscaling_config": {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 64},
     "ray_actor_options": {"num_cpus": 0},
 }
+BATCH_RUNNER_OPTIONS: dict[str, Any] = {
+    "num_replicas": 1,  # one writer of each batch's record and files
+    "max_ongoing_requests": 64,
+    "ray_actor_options": {"num_cpus": 0},
+}
 CAPTIONER_ONGOING = 16
 GPU_DECODERS = 2  # default max_replicas of a decoder on GPUs
 GPU_CAPTIONERS = 2  # default max_replicas of a captioner with a GPU share (1 on CPU)

@@ -414,7 +414,11 @@ def test_every_deployment_the_builders_make_gets_its_replica_env_and_drains_for_
     path.write_text(yaml.safe_dump(models))
     args = {"models_file": str(path), "decoder_gpus": 0, "captioner_gpus": 0}
     built = {**bound_deployments(build_app(args)), **bound_deployments(build_captioner_app(args))}
-    assert set(built) == set(REPLICA_ENV) == {"Ingress", "PrimaryDecoder", "VisionCaptioner", "TextEmbedder"}
+    assert (
+        set(built)
+        == set(REPLICA_ENV)
+        == {"Ingress", "PrimaryDecoder", "VisionCaptioner", "TextEmbedder", "BatchRunner"}
+    )
     for name, deployment in built.items():
         assert deployment.ray_actor_options["runtime_env"] == {"env_vars": REPLICA_ENV[name]}, name
     drains = {name: d._deployment_config.graceful_shutdown_timeout_s for name, d in built.items()}
@@ -423,6 +427,7 @@ def test_every_deployment_the_builders_make_gets_its_replica_env_and_drains_for_
         "PrimaryDecoder": 42 + DRAIN_MARGIN_S,
         "VisionCaptioner": 12,
         "TextEmbedder": 42 + DRAIN_MARGIN_S,
+        "BatchRunner": 42 + DRAIN_MARGIN_S,
     }
     # The placement is the builder's as before: only the runtime_env was added.
     assert {k: v for k, v in built["Ingress"].ray_actor_options.items() if k != "runtime_env"} == {"num_cpus": 0}

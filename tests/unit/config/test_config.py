@@ -333,7 +333,14 @@ def test_the_builders_make_a_deployment_per_primary_and_per_captioner(tmp_path):
     args = {"models_file": str(several(tmp_path, primaries=["a", "b", "c/v2#1", "d"])), "decoder_gpus": 0}
     main = build_app(args)
     names = {d.name for d in _deployments(main)}
-    assert names == {"Ingress", "PrimaryDecoder-a", "PrimaryDecoder-b", "PrimaryDecoder-c-v2-1", "PrimaryDecoder-d"}
+    assert names == {
+        "Ingress",
+        "BatchRunner",
+        "PrimaryDecoder-a",
+        "PrimaryDecoder-b",
+        "PrimaryDecoder-c-v2-1",
+        "PrimaryDecoder-d",
+    }
     assert {d.name for d in _deployments(build_captioner_app(args))} == {"VisionCaptioner-cap", "VisionCaptioner-other"}
     # The ingress finds each primary's captioner by its deployment name.
     ingress_config = main._bound_deployment.init_args[0]
@@ -345,7 +352,7 @@ def test_the_builders_make_a_deployment_per_primary_and_per_captioner(tmp_path):
     ]
     # One primary keeps the names every tool and serve_config.yaml override knows.
     one = {"models_file": str(several(tmp_path)), "decoder_gpus": 0}
-    assert {d.name for d in _deployments(build_app(one))} == {"Ingress", "PrimaryDecoder"}
+    assert {d.name for d in _deployments(build_app(one))} == {"Ingress", "BatchRunner", "PrimaryDecoder"}
     assert {d.name for d in _deployments(build_captioner_app(one))} == {"VisionCaptioner"}
 
 

@@ -1,0 +1,91 @@
+"""Owned records in the storage root: a file's or a batch's object as JSON, with its owner's tag
+(`ingress.owners`: found only by the API key that made it; to any other key it does not exist, the
+same 404 as an unknown id, the refusal logged with the request's id). The tags' secret is kept in the
+storage root too (`owners.secret`), so that what a key made stays its own after a restart."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any
+
+from deployments.errors import ObjectNotFoundError
+from deployments.ingress.batches.storage import Storage
+from deployments.ingress.owners import Caller, Owners, refused
+
+SECRET = "owners.secret"
+RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what this service issues (`file-...`, `batch_...`)
+
+
+def stored_owners(storage: Storage) -> Owners:
+    """The owner tags of this storage root, under the secret kept there (made by the first to need it;
+    read back after writing, so that replicas that start together settle on one)."""
+    secret = storage.read(SECRET)
+    if not secret:
+        storage.write(SECRET, secrets.token_bytes(32))
+        secret = storage.read(SECRET)
+    assert secret
+    return Owners(secret)
+
+
+class Records:
+    """The records of one kind (`kind`: "file", "batch") under `folder`, as `<id>.json`:
+    `{"object": ..., "owner": tag, ...}` (more keys as the kind keeps them)."""
+
+    def __init__(self, storage: Storage, folder: str, owners: Owners, kind: str) -> None:
+        self.storage = storage
+        self.folder = folder
+        self.owners = owners
+        self.kind = kind
+
+    def _path(self, record_id: str) -> str:
+        return f"{self.folder}/{record_id}.json"
+
+    def save(self, record_id: str, record: dict[str, Any]) -> None:
+        self.storage.write(self._path(record_id), json.dumps(record).encode())
+
+    def load(self, record_id: str) -> dict[str, Any] | None:
+        """The record (any owner's), None when unknown or its id is not one of ours."""
+        if not RECORD_ID.fullmatch(record_id):
+            return None  # never a path: no id of ours has a slash, a dot or a null byte
+        data = self.storage.read(self._path(record_id))
+        return None if data is None else dict(json.loads(data))
+
+    def owned(self, record_id: str, caller: Caller) -> dict[str, Any]:
+        """The caller's record; `ObjectNotFoundError` for an unknown id and another owner's (logged)."""
+        record = self.load(record_id)
+        if record is not None and not self.owners.owns(record.get("owner"), caller):
+            refused(self.kind, record_id, caller)
+            record = None
+        if record is None:
+            raise ObjectNotFoundError(f"No such {self.kind}: {record_id!r}.", param=f"{self.kind}_id")
+        return record
+
+    def all(self, caller: Caller | None = None) -> list[dict[str, Any]]:
+        """Every record (of `caller`, when given), in no particular order."""
+        found = []
+        for name in self.storage.names(self.folder):
+            if not name.endswith(".json"):
+                continue
+            record = self.load(name.removesuffix(".json"))
+            if record is not None and (caller is None or self.owners.owns(record.get("owner"), caller)):
+                found.append(record)
+        return found
+
+    def remove(self, record_id: str) -> None:
+        self.storage.delete(self._path(record_id))
+
+
+def page(objects: list[dict[str, Any]], limit: int, after: str | None) -> dict[str, Any]:
+    """OpenAI's list object: the objects (already ordered) after the one `after` names, at most `limit`."""
+    ids = [o["id"] for o in objects]
+    start = ids.index(after) + 1 if after in ids else 0
+    data = objects[start : start + limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(objects),
+    }

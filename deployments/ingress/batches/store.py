@@ -1,0 +1,92 @@
+"""/v1/batches' logic on the ingress side: a batch created (its record in the storage root, status
+`validating`), read, listed and cancelled, each for the API key that created it (`files.records`).
+
+The batch runner (`runner.py`) is the one writer of a batch's record once created: a cancel is a
+marker beside the record (`batches/<id>.cancel`), which the runner sees within
+`server.batches.poll_interval_s` (at once when woken); until it acts, the batch reads `cancelling`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from deployments.errors import InvalidRequestError
+from deployments.ingress.apis.batches.protocol import COMPLETION_WINDOW_S, TERMINAL, Batch, BatchCreateRequest
+from deployments.ingress.batches.files import FileStore
+from deployments.ingress.batches.records import Records, page
+from deployments.ingress.owners import Caller
+
+logger = logging.getLogger("ray.serve")
+
+
+def cancel_marker(batch_id: str) -> str:
+    return f"batches/{batch_id}.cancel"
+
+
+class BatchStore:
+    """The batches of one storage root (the files' service reads their input files)."""
+
+    def __init__(self, files: FileStore) -> None:
+        self.files = files
+        self.storage = files.storage
+        self.records = Records(files.storage, "batches", files.records.owners, "batch")
+
+    def create(self, body: BatchCreateRequest, caller: Caller) -> dict[str, Any]:
+        source = self.files.retrieve(body.input_file_id, caller)  # 404 unless the caller's
+        if source["purpose"] != "batch":
+            raise InvalidRequestError(
+                f"The file {body.input_file_id!r} has purpose {source['purpose']!r}; a batch needs purpose 'batch'.",
+                param="input_file_id",
+            )
+        now = int(time.time())
+        batch = Batch(
+            id=f"batch_{uuid.uuid4().hex}",
+            endpoint=body.endpoint,
+            input_file_id=body.input_file_id,
+            completion_window=body.completion_window,
+            created_at=now,
+            expires_at=now + COMPLETION_WINDOW_S[body.completion_window],
+            metadata=body.metadata,
+        )
+        self.records.save(batch.id, {"object": batch.model_dump(), "owner": self.records.owners.tag(caller)})
+        logger.info(
+            "request %s: batch %s created: validating, %s on %s",
+            caller.request_id,
+            batch.id,
+            body.endpoint,
+            source["id"],
+        )
+        return batch.model_dump()
+
+    def _shown(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The batch as its caller sees it: `cancelling` once cancelled, until the runner acts."""
+        batch = dict(record["object"])
+        if batch["status"] not in TERMINAL and batch["status"] != "cancelling":
+            marker = self.storage.read(cancel_marker(batch["id"]))
+            if marker is not None:
+                batch["status"] = "cancelling"
+                batch["cancelling_at"] = json.loads(marker)["at"]
+        return batch
+
+    def retrieve(self, batch_id: str, caller: Caller) -> dict[str, Any]:
+        return self._shown(self.records.owned(batch_id, caller))
+
+    def list(self, caller: Caller, limit: int, after: str | None) -> dict[str, Any]:
+        """The caller's batches, newest first."""
+        batches = [self._shown(r) for r in self.records.all(caller)]
+        batches.sort(key=lambda b: (b["created_at"], b["id"]), reverse=True)
+        return page(batches, limit, after)
+
+    def cancel(self, batch_id: str, caller: Caller) -> dict[str, Any]:
+        batch = self.retrieve(batch_id, caller)
+        if batch["status"] in TERMINAL:
+            if batch["status"] == "cancelled":
+                return batch
+            raise InvalidRequestError(f"The batch {batch_id!r} is {batch['status']}: it cannot be cancelled.")
+        if batch["status"] != "cancelling":
+            self.storage.write(cancel_marker(batch_id), json.dumps({"at": int(time.time())}).encode())
+            logger.info("request %s: batch %s: %s -> cancelling", caller.request_id, batch_id, batch["status"])
+        return self.retrieve(batch_id, caller)

@@ -1,0 +1,131 @@
+"""A batch's input file checked before any line runs: each line's JSON, a unique `custom_id`, `method`
+POST, `url` equal to the batch's endpoint, and a body that the endpoint's own request model accepts
+and that names a model served for it. The file is read streamed (`storage.lines`); what is kept is the
+set of custom_ids (bounded by `server.batches.max_file_lines`) and the first errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from deployments.errors import validation_message
+from deployments.ingress.apis.batches.protocol import BatchError
+from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
+from deployments.ingress.apis.completions.protocol import CompletionRequest
+from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
+from deployments.ingress.apis.responses.protocol import ResponseRequest
+
+REQUEST_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/embeddings": EmbeddingRequest,
+    "/v1/responses": ResponseRequest,
+}
+
+
+@dataclass
+class Validated:
+    """What checking a file found: its request count, the model of its first line, its first errors."""
+
+    total: int = 0
+    model: str | None = None
+    errors: list[BatchError] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServedNames:
+    """The models a batch line may name: chat models (chat, completions, responses) and embedding models."""
+
+    chat: frozenset[str]
+    embedding: frozenset[str]
+
+    def for_endpoint(self, endpoint: str) -> frozenset[str]:
+        return self.embedding if endpoint == "/v1/embeddings" else self.chat
+
+
+def check_line(raw: bytes, endpoint: str, served: ServedNames) -> tuple[str, dict[str, Any]] | BatchError:
+    """A line's custom_id and body, or why it cannot run (its `line` left for the caller to set)."""
+    try:
+        line = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return BatchError(code="invalid_json_line", message="This line is not parseable JSON.")
+    if not isinstance(line, dict):
+        return BatchError(code="invalid_json_line", message="A line must be a JSON object.")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return BatchError(
+            code="missing_required_parameter", message="custom_id must be a non-empty string.", param="custom_id"
+        )
+    if line.get("method") != "POST":
+        return BatchError(code="invalid_method", message="method must be POST.", param="method")
+    if line.get("url") != endpoint:
+        return BatchError(
+            code="mismatched_endpoint",
+            message=f"url {line.get('url')!r} does not match the batch's endpoint {endpoint!r}.",
+            param="url",
+        )
+    body = line.get("body")
+    if not isinstance(body, dict):
+        return BatchError(code="missing_required_parameter", message="body must be a JSON object.", param="body")
+    if body.get("stream"):
+        return BatchError(code="invalid_request", message="stream is not supported in a batch.", param="body.stream")
+    try:
+        REQUEST_MODELS[endpoint].model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message([dict(e) for e in exc.errors()])
+        return BatchError(code="invalid_request", message=message, param=f"body.{param}" if param else "body")
+    names = served.for_endpoint(endpoint)
+    if body.get("model") not in names:
+        return BatchError(
+            code="model_not_found",
+            message=f"The model {body.get('model')!r} is not served for {endpoint} "
+            f"(served: {', '.join(sorted(names)) or 'none'}).",
+            param="body.model",
+        )
+    return custom_id, body
+
+
+def validate(
+    lines: Iterable[tuple[int, bytes]], endpoint: str, served: ServedNames, max_lines: int, max_errors: int
+) -> Validated:
+    """Check every line (`lines`: numbered, as `storage.lines` reads them)."""
+    found = Validated()
+    seen: set[str] = set()
+
+    def fail(error: BatchError, number: int | None) -> None:
+        if len(found.errors) < max_errors:
+            found.errors.append(error.model_copy(update={"line": number}))
+
+    for number, raw in lines:
+        found.total += 1
+        checked = check_line(raw, endpoint, served)
+        if isinstance(checked, BatchError):
+            fail(checked, number)
+            continue
+        custom_id, body = checked
+        if custom_id in seen:
+            fail(
+                BatchError(
+                    code="duplicate_custom_id",
+                    message=f"The custom_id {custom_id!r} is used by an earlier line.",
+                    param="custom_id",
+                ),
+                number,
+            )
+        seen.add(custom_id)
+        found.model = found.model or body.get("model")
+    if found.total == 0:
+        fail(BatchError(code="empty_file", message="The input file has no requests."), None)
+    elif found.total > max_lines:
+        fail(
+            BatchError(
+                code="too_many_lines",
+                message=f"The input file has {found.total} requests; at most {max_lines} are allowed.",
+            ),
+            None,
+        )
+    return found
