@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from deployments.engines.llamacpp.admission import Budget
+from deployments.engines.admission import Budget
 
 
 async def hold(room: Budget, need: int, started: list[int], release: asyncio.Event, name: int) -> None:
