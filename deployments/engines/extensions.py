@@ -5,6 +5,7 @@ never silently ignoring it (docs/api.md lists which engine honours which)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from deployments.errors import InvalidRequestError
 from deployments.protocol.replica import GenerateRequest
@@ -27,3 +28,39 @@ def refuse_unsupported(request: GenerateRequest, fields: Iterable[str], engine: 
     for name in fields:
         if _ASKED[name](request):
             raise InvalidRequestError(f"{name} is not supported by this model's engine ({engine}).", param=name)
+
+
+# A chat rendering's own arguments (transformers' apply_chat_template, llama.cpp's): never a template
+# variable of the request's.
+_RENDER_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def template_variables(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's `chat_template_kwargs` as the template's variables; one that names an argument of the
+    rendering itself is a 400 (add_generation_prompt and continue_final_message are fields of their own)."""
+    if not kwargs:
+        return {}
+    if taken := sorted(_RENDER_ARGUMENTS & kwargs.keys()):
+        raise InvalidRequestError(
+            f"chat_template_kwargs cannot set {', '.join(taken)} (an argument of the rendering itself).",
+            param="chat_template_kwargs",
+        )
+    return dict(kwargs)

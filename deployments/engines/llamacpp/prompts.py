@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.config import ToolCallFormat
+from deployments.engines.extensions import template_variables
 from deployments.engines.llamacpp.params import LlamaCppError
 from deployments.engines.llamacpp.server import LlamaServer
 from deployments.engines.tokens import check_token_ids
@@ -62,7 +63,7 @@ class LlamaCppPrompts:
         if not add_generation_prompt:
             chat["add_generation_prompt"] = False
         if template_kwargs:
-            chat["chat_template_kwargs"] = template_kwargs
+            chat["chat_template_kwargs"] = template_variables(template_kwargs)
         return str(self._call("/apply-template", chat, "messages")["prompt"])
 
     def text_ids(self, text: str) -> list[int]:

@@ -19,47 +19,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import ModelConfig
 from deployments.engines.context import fit_rendered
+from deployments.engines.extensions import template_variables
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
-from deployments.errors import ConfigError, InvalidRequestError
+from deployments.errors import ConfigError
 from deployments.protocol.replica import GenerateRequest, TextMessage, TokenizeInput
 from deployments.roles import Role
 from deployments.tools.prompt import template_message
-
-# apply_chat_template's own arguments: never a template variable of the request's.
-_RENDER_ARGUMENTS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-    }
-)
-
-
-def template_variables(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """vLLM's `chat_template_kwargs` as the template's variables; one that names an argument of the
-    rendering itself is a 400 (add_generation_prompt and continue_final_message are fields of their own)."""
-    if not kwargs:
-        return {}
-    if taken := sorted(_RENDER_ARGUMENTS & kwargs.keys()):
-        raise InvalidRequestError(
-            f"chat_template_kwargs cannot set {', '.join(taken)} (an argument of the rendering itself).",
-            param="chat_template_kwargs",
-        )
-    return dict(kwargs)
 
 
 @dataclass(frozen=True)
