@@ -15,6 +15,9 @@ torch, so a test (or a laptop) can run the whole service in seconds.
   `minimal_instance`; a schema that is not a JSON object is a 400); a request with `tools` gets
   `fake.tool_call`, when set, written in the model's `capabilities.tool_call_format` (`auto`: Hermes,
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; see `call_text`).
+  vLLM's extensions: `ignore_eos` goes on with `` tick`` tokens up to the length limit, `min_tokens`
+  up to that many tokens; `structured_outputs`' `choice` answers its first choice (its `regex` and
+  `grammar` are 400s here); the sampling ones are ignored, as the fake ignores temperature.
   With `logprobs` k, each word is a token whose logprob is ``-0.5 * (i % 3)`` (i from 0) and whose
   top alternatives are itself then ``" alt1"``, ``" alt2"``, ... each 1 lower: k entries, sorted.
   A prompt's tokens are its echo's words (split at spaces); `tokenize` gives each word an id from a
@@ -114,6 +117,10 @@ def minimal_instance(schema: Any, depth: int = 0) -> Any:
 def _grammar_document(grammar: GrammarSpec) -> str:
     if grammar.kind == "json_object":
         return "{}"
+    if grammar.kind == "choice":
+        return (grammar.choices or [""])[0]
+    if grammar.kind != "json_schema":
+        raise InvalidRequestError(f"The fake engine does not generate from a {grammar.kind}.", param=grammar.param)
     try:
         schema = json.loads(grammar.json_schema or "")
     except json.JSONDecodeError as exc:
@@ -202,8 +209,9 @@ class FakeTextEngine(TextEngine):
         prompt_words = _words(echoed_prompt(request))
         answer, echo = self._answer(request)
         words = [w if i == 0 else " " + w for i, w in enumerate(answer.split(" "))]
-        fill = self.settings.fill_to_max_tokens and echo
-        pieces = (words + [TICK] * (limit - len(words)) if fill else words)[:limit]
+        fill = (self.settings.fill_to_max_tokens and echo) or request.ignore_eos
+        ticks = limit - len(words) if fill else request.min_tokens - len(words)
+        pieces = (words + [TICK] * max(ticks, 0))[:limit]
         delay_s = self.settings.token_delay_ms / 1000
         k = request.logprobs
         self.running += 1

@@ -52,11 +52,17 @@ class TextMessage(BaseModel):
 class GrammarSpec(BaseModel):
     """Constrained decoding: output that is a JSON object (`json_object`), or JSON valid against
     `json_schema` (the schema as JSON text). `compact`: at most one space between JSON tokens (a
-    tool call, which the server reads: no room for a weak model to spend its budget on layout)."""
+    tool call, which the server reads: no room for a weak model to spend its budget on layout).
+    vLLM's `structured_outputs` adds `regex` (the whole output matches `pattern`), `choice` (exactly
+    one of `choices`) and `grammar` (`pattern` is a Lark or GBNF grammar). `param`: the request's
+    field it came from, which a 400 about it names."""
 
-    kind: Literal["json_object", "json_schema"]
+    kind: Literal["json_object", "json_schema", "regex", "choice", "grammar"]
     json_schema: str | None = None
+    pattern: str | None = None
+    choices: list[str] | None = None
     compact: bool = False
+    param: str = "response_format"
 
 
 class GenerateRequest(BaseModel):
@@ -89,6 +95,17 @@ class GenerateRequest(BaseModel):
     )
     logit_bias: dict[int, float] | None = None
     grammar: GrammarSpec | None = None
+    # vLLM's extensions (docs/api.md): the sampler's, the stop rules', the text's and the chat's rendering.
+    repetition_penalty: float | None = None
+    min_tokens: int = Field(0, ge=0, description="EOS, stop_token_ids and stop strings ignored until this many tokens.")
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = Field(default_factory=list)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    priority: int = Field(0, description="Admission order when requests wait: lower first, FIFO among equals.")
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class GenerateChunk(BaseModel):

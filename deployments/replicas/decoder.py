@@ -16,6 +16,7 @@ from ray import serve
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
+from deployments.engines.admission import Budget
 from deployments.errors import DecoderUnavailable
 from deployments.merge import MergedStreams
 from deployments.monitoring.metrics import DECODER_METRICS, ENGINE_METRICS, DecoderRequestTimer, Recorder
@@ -49,7 +50,8 @@ class PrimaryDecoder:
         if not self._slot.load():
             raise RuntimeError(f"primary decoder {model.name!r} failed to load: {self._slot.reason}")
         self._slot.start()
-        self._seqs = asyncio.Semaphore(model.params.max_num_seqs)
+        # `max_num_seqs` sequences at once; the others wait by priority (vLLM's), then in arrival order.
+        self._seqs = Budget(model.params.max_num_seqs)
         self._interval_s = model.params.stream_interval_ms / 1000
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
@@ -78,27 +80,27 @@ class PrimaryDecoder:
         outcome: str | None = None  # the finish reason, "error", or None: closed early (cancelled)
         try:
             self._queued += 1
+            waiting = True
             try:
-                await self._seqs.acquire()
+                async with self._seqs.reserve(1, request.priority):
+                    self._queued, waiting = self._queued - 1, False
+                    timer.admitted()
+                    async with aclosing(self._stream(request, timer)) as chunks:  # closed at once: frees the sequence
+                        async for chunk in chunks:
+                            outcome = chunk.finish_reason
+                            chunk.index = index
+                            if chunk.truncated_prompt_tokens and index == 0:  # once per request
+                                logger.info(
+                                    "model %s: chat truncated to fit the context: %d prompt tokens of earlier turns "
+                                    "dropped, %d kept",
+                                    self._model,
+                                    chunk.truncated_prompt_tokens,
+                                    chunk.prompt_tokens,
+                                )
+                            yield chunk
             finally:
-                self._queued -= 1
-            try:
-                timer.admitted()
-                async with aclosing(self._stream(request, timer)) as chunks:  # closed at once: frees the sequence
-                    async for chunk in chunks:
-                        outcome = chunk.finish_reason
-                        chunk.index = index
-                        if chunk.truncated_prompt_tokens and index == 0:  # once per request
-                            logger.info(
-                                "model %s: chat truncated to fit the context: %d prompt tokens of earlier turns "
-                                "dropped, %d kept",
-                                self._model,
-                                chunk.truncated_prompt_tokens,
-                                chunk.prompt_tokens,
-                            )
-                        yield chunk
-            finally:
-                self._seqs.release()
+                if waiting:
+                    self._queued -= 1
         except Exception:
             outcome = "error"
             raise
@@ -108,12 +110,13 @@ class PrimaryDecoder:
     async def _stream(
         self, request: GenerateRequest, timer: DecoderRequestTimer
     ) -> AsyncGenerator[GenerateChunk, None]:
-        """One sequence: stop strings cut its text, and text (with its tokens' logprobs) is held back
+        """One sequence: stop strings cut its text (not before `min_tokens` tokens; the stop string kept
+        with `include_stop_str_in_output`), and text (with its tokens' logprobs) is held back
         until `stream_interval_ms` has passed since the last chunk. Logprobs include the token that
         completed a stop string."""
         async with self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             tool_format = engine.tool_format if request.tools else None  # told once, on the first chunk
-            stop = StopMatcher(request.stop)
+            stop = StopMatcher(request.stop, include=request.include_stop_str_in_output)
             pending, send_at = "", 0.0  # text held back until `send_at` (stream_interval_ms)
             logprobs: list[TokenLogprob] = []  # those of the tokens not yet sent
             wants_logprobs = request.logprobs is not None
@@ -121,7 +124,9 @@ class PrimaryDecoder:
                 timer.piece(piece.prompt_tokens, piece.completion_tokens)
                 timer.cached_prompt_tokens = piece.cached_prompt_tokens or 0
                 logprobs.extend(piece.logprobs)
-                text = pending + stop.feed(piece.text)
+                # vLLM's min_tokens: no stop string ends the text before that many tokens.
+                early = piece.completion_tokens < request.min_tokens and piece.finish_reason is None
+                text = pending + (piece.text if early else stop.feed(piece.text))
                 if piece.finish_reason is not None:
                     text += stop.flush()
                 finish = "stop" if stop.stopped else piece.finish_reason

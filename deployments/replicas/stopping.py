@@ -4,15 +4,17 @@ from __future__ import annotations
 
 
 class StopMatcher:
-    """Cuts streamed text at the first stop sequence, which is excluded from the output.
+    """Cuts streamed text at the first stop sequence, which is excluded from the output (kept, and
+    the text cut after it, with `include`: vLLM's `include_stop_str_in_output`).
 
     Text that could be the start of a stop sequence is held back until it is known not to be, so
     the cut is where the whole text's first stop begins, however the text was split into pieces
     (also when one stop occurs inside another: "bc" in "abcd").
     """
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include = include
         self.stopped = False
         self.matched: str | None = None  # the stop sequence that ended the text
         self._held = ""
@@ -40,7 +42,7 @@ class StopMatcher:
         if first <= pending:
             self.stopped, self._held = True, ""
             self.matched = min((s for s in self.stops if buf.find(s) == first), key=len)
-            return buf[:first]
+            return buf[: first + len(self.matched)] if self.include else buf[:first]
         self._held = buf[pending:]
         return buf[:pending]
 

@@ -65,6 +65,10 @@ def breaks_a_rule_across_fields(body: object, path: str = "") -> bool:
         or (path == "/tokenize" and (body.get("prompt") is None) == (body.get("messages") is None))
         or (path == "/tokenize" and body.get("prompt") is not None and bool(_CHAT_ONLY & body.keys()))
         or bool(body.get("continue_final_message"))
+        # vLLM's extensions: min_tokens within the length; structured_outputs with exactly one kind, not
+        # beside response_format json or a forced tool call, and none the fake engine refuses.
+        or _min_tokens_past_the_length(body, path)
+        or _structured_outputs_refused(body)
         # Not in the body alone: whether the store holds the response a request continues (a 400 when not).
         or body.get("previous_response_id") is not None
         # Not in the body alone: whether the model's vocabulary holds the ids (the fake's grows as it meets words).
@@ -89,6 +93,31 @@ def _too_many_images(messages: object) -> bool:
 
 
 _CHAT_ONLY = {"tools", "add_generation_prompt", "continue_final_message"}
+
+
+def _min_tokens_past_the_length(body: dict, path: str) -> bool:
+    least = body.get("min_tokens")
+    if not isinstance(least, int):
+        return False
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if limit is None and path == "/v1/completions":
+        limit = 16  # the endpoint's default max_tokens
+    return isinstance(limit, int) and least > limit
+
+
+def _structured_outputs_refused(body: dict) -> bool:
+    outputs = body.get("structured_outputs")
+    if not isinstance(outputs, dict):
+        return False
+    kinds = [k for k in ("json", "regex", "choice", "grammar") if outputs.get(k) is not None]
+    kinds += ["json_object"] if outputs.get("json_object") else []
+    fmt, choice = body.get("response_format"), body.get("tool_choice")
+    return (
+        kinds not in (["json"], ["json_object"], ["choice"])  # the fake engine refuses regex and grammar
+        or not isinstance(outputs.get("json", {}), dict)  # a schema as text: the fake parses it, may refuse
+        or (isinstance(fmt, dict) and fmt.get("type") != "text")
+        or (bool(body.get("tools")) and (choice == "required" or isinstance(choice, dict)))
+    )
 
 
 def _tool_name(item: dict) -> object:

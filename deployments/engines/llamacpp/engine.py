@@ -21,7 +21,8 @@ with ``-np``), unless `mem` is smaller than that: then one pool of `mem` MB that
 preemption, so a batch that outgrew the pool would fail every sequence in it: each request reserves
 its prompt and completion budget in the pool first, and waits while they do not fit; and a prompt
 enters while the prompts still in prefill leave it room in `n_batch` tokens, first come first
-served, so that a burst of long prompts is answered in order instead of all late (`admission`).
+served (by `priority` first), so that a burst of long prompts is answered in order instead of all late
+(`engines/admission.py`).
 
 Cells are f16 (llama.cpp's own default: its fastest prompt reading on the CPU) unless
 `kv_cache_dtype: q8_0` or `batch_invariant`. With `batch_invariant` (q8_0 cells, a stream per slot) a
@@ -50,14 +51,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deployments.config import EngineParams, ModelConfig, cpu_cores
+from deployments.engines.admission import Budget
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.bridge import ThreadStream
 from deployments.engines.context import fit_rendered
 from deployments.engines.defaults import limits as request_limits
-from deployments.engines.llamacpp.admission import Budget
 from deployments.engines.llamacpp.files import gguf_path
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
-from deployments.engines.llamacpp.params import LlamaCppError, completion_body, read_chunk, token_logprobs
+from deployments.engines.llamacpp.params import LlamaCppError, StopIds, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.prompts import LlamaCppPrompts
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
 from deployments.engines.load_log import LoadLog, size_text
@@ -250,12 +251,14 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             raise DecoderUnavailable("The llama.cpp engine was closed.")
         prepared = await asyncio.to_thread(self._prepare, request)
         need = prepared.prompt_tokens + int(prepared.body.get("n_predict") or self.max_model_len)
-        room = self._room.reserve(need) if self._room is not None else contextlib.nullcontext()
-        async with room, self._prefill.reserve(prepared.prompt_tokens) as prefilled:
+        priority = request.priority
+        room = self._room.reserve(need, priority) if self._room is not None else contextlib.nullcontext()
+        async with room, self._prefill.reserve(prepared.prompt_tokens, priority) as prefilled:
             key = next(self._ids)
             prompt_tokens = prepared.prompt_tokens
             live = self._live[key] = [prompt_tokens, 0]
             k = request.logprobs
+            stops = StopIds(frozenset(request.stop_token_ids), request.include_stop_str_in_output)
             try:
                 with ThreadStream[dict[str, Any]](_request_error) as chunks:
 
@@ -280,6 +283,20 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                         tokens = piece.tokens if piece.tokens is not None else tokens + max(len(piece.logprobs), 1)
                         live[1] = tokens
                         logprobs = token_logprobs(piece.logprobs, k) if k is not None else ()
+                        if stops.ids and piece.finish is None:
+                            text, counted, stopped = stops.cut(piece.text, piece.logprobs)
+                            if stopped:  # returning closes the stream: llama.cpp cancels the task
+                                tokens += counted - len(piece.logprobs)
+                                yield EngineOutput(
+                                    text,
+                                    tokens,
+                                    prompt_tokens,
+                                    finish_reason="stop",
+                                    logprobs=logprobs[:counted],
+                                    truncated_prompt_tokens=prepared.dropped_prompt_tokens,
+                                    cached_prompt_tokens=piece.cached,
+                                )
+                                return
                         if piece.finish is not None:
                             if piece.prompt_tokens not in (None, prompt_tokens):  # the context was checked on ours
                                 counts = (self.name, piece.prompt_tokens, prompt_tokens)
@@ -326,7 +343,18 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             ids = self.prompt_ids(request.prompt)
             return Prepared(len(ids), {**body, "prompt": ids, "n_predict": limits.completion(len(ids), "prompt")})
         ids, fitted = fit_rendered(
-            request.messages, lambda chat: self.chat_ids(chat, request.tools), len, limits, self.params.context_overflow
+            request.messages,
+            lambda chat: self.text_ids(
+                self.render_chat(
+                    chat,
+                    request.tools,
+                    add_generation_prompt=request.add_generation_prompt,
+                    template_kwargs=request.chat_template_kwargs,
+                )
+            ),
+            len,
+            limits,
+            self.params.context_overflow,
         )
         body = {**body, "prompt": ids, "n_predict": fitted.max_tokens}
         return Prepared(len(ids), body, fitted.dropped_prompt_tokens)

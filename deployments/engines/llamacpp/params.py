@@ -19,7 +19,16 @@ the request), so a seed gives the same answer whatever else runs beside it.
   transformers engines;
 - a grammar: llama.cpp's `json_schema`, which it compiles with LLGuidance. The schema is checked
   here first with the same library (llama.cpp logs an invalid schema and then generates without
-  it), and gets the transformers engines' bound on JSON whitespace (`x-guidance`).
+  it), and gets the transformers engines' bound on JSON whitespace (`x-guidance`); vLLM's
+  `structured_outputs` regex, choice and grammar: llama.cpp's `grammar` as a Lark grammar for
+  LLGuidance (``%llguidance {}`` first), checked here the same way;
+- vLLM's extensions: `ignore_eos` is llama.cpp's own; `repetition_penalty` is its `repeat_penalty`
+  (the same rule: a positive logit divided, a negative one multiplied) over the window above, the
+  prompt included (llama.cpp's slots feed the prompt to the penalties);
+  `stop_token_ids` are read from each token's id (`n_probs` asked for at least 1, the logprobs sent on
+  only when asked for) and end the stream (`StopIds`); `min_tokens` and `skip_special_tokens: false`
+  are refused (`UNSUPPORTED`): llama.cpp has no per-request switch for either (its EOS cannot be held
+  back for a number of tokens, and its text leaves special tokens out for the whole server).
 """
 
 from __future__ import annotations
@@ -29,12 +38,15 @@ from typing import Any, Literal
 
 from deployments.config import EngineParams
 from deployments.engines.defaults import setting
-from deployments.engines.grammar import grammar_schema, whitespace
+from deployments.engines.extensions import refuse_unsupported
+from deployments.engines.grammar import JSON_KINDS, grammar_schema, lark_grammar, whitespace
+from deployments.engines.tokens import check_token_ids
 from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob
 from deployments.protocol.replica import GenerateRequest, GrammarSpec
 
 SEED_MODULUS = 0xFFFFFFFF  # llama.cpp's seeds are uint32; this value itself means "random"
+UNSUPPORTED = ("min_tokens", "skip_special_tokens")  # vLLM's extensions refused here (see above)
 
 
 def sampling_fields(request: GenerateRequest, params: EngineParams, window: int) -> dict[str, Any]:
@@ -42,18 +54,19 @@ def sampling_fields(request: GenerateRequest, params: EngineParams, window: int)
     the penalties' window, in tokens (the context: a whole sequence)."""
     frequency = float(setting(request, params, "frequency_penalty"))
     presence = float(setting(request, params, "presence_penalty"))
+    repetition = float(request.repetition_penalty or 1.0)
     fields: dict[str, Any] = {
         "temperature": float(setting(request, params, "temperature")),
         "top_p": float(setting(request, params, "top_p")),
         "top_k": int(setting(request, params, "top_k")),
         "min_p": float(setting(request, params, "min_p")),
         "typical_p": 1.0,
-        "repeat_penalty": 1.0,
+        "repeat_penalty": repetition,
         "xtc_probability": 0.0,
         "dry_multiplier": 0.0,
         "frequency_penalty": frequency,
         "presence_penalty": presence,
-        "repeat_last_n": window if frequency or presence else 0,  # 0: no penalty window to keep
+        "repeat_last_n": window if frequency or presence or repetition != 1.0 else 0,  # 0: no window to keep
     }
     if request.seed is not None:
         fields["seed"] = request.seed % SEED_MODULUS
@@ -77,6 +90,10 @@ def json_schema_field(spec: GrammarSpec | None) -> dict[str, Any]:
         return {}
     import llguidance
 
+    if spec.kind not in JSON_KINDS:
+        lark = lark_grammar(spec)
+        return {"grammar": lark if lark.startswith("%llguidance") else "%llguidance {}\n" + lark}
+
     schema = grammar_schema(spec)
     if isinstance(schema, dict):
         guidance = {"whitespace_pattern": whitespace(spec), **schema.get("x-guidance", {})}
@@ -84,15 +101,17 @@ def json_schema_field(spec: GrammarSpec | None) -> dict[str, Any]:
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
     except ValueError as exc:
-        raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc
+        raise InvalidRequestError(f"Invalid JSON schema: {exc}", param=spec.param) from exc
     if error := llguidance.LLMatcher.validate_grammar(grammar, None):
-        raise InvalidRequestError(f"Invalid JSON schema: {error}", param="response_format")
+        raise InvalidRequestError(f"Invalid JSON schema: {error}", param=spec.param)
     return {"json_schema": schema}
 
 
 def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: int, context: int) -> dict[str, Any]:
     """Everything of llama.cpp's completion request but the prompt and `n_predict` (`context`: the
     model's context length); raises `InvalidRequestError` for what cannot be honoured."""
+    refuse_unsupported(request, UNSUPPORTED, "llama.cpp")
+    check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
     body: dict[str, Any] = {
         "stream": True,
         "timings_per_token": True,  # each chunk's `predicted_n`: completion tokens so far
@@ -104,9 +123,28 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
         **logit_bias_field(request.logit_bias, vocab_size),
         **json_schema_field(request.grammar),
     }
-    if request.logprobs is not None:
-        body["n_probs"] = max(request.logprobs, 1)
+    if request.logprobs is not None or request.stop_token_ids:  # stop_token_ids: each token's id comes with it
+        body["n_probs"] = max(request.logprobs or 0, 1)
+    if request.ignore_eos:
+        body["ignore_eos"] = True
     return body
+
+
+@dataclass(frozen=True)
+class StopIds:
+    """vLLM's `stop_token_ids` on llama.cpp's stream: a chunk's logprob entries name each token's
+    `id`; `cut` gives the chunk's text up to the first stop token (with it, when `include`), how many
+    of its tokens count, and whether one was found."""
+
+    ids: frozenset[int]
+    include: bool = False
+
+    def cut(self, text: str, entries: list[dict[str, Any]]) -> tuple[str, int, bool]:
+        at = next((i for i, e in enumerate(entries) if e.get("id") in self.ids), None)
+        if at is None:
+            return text, len(entries), False
+        kept = entries[: at + 1] if self.include else entries[:at]
+        return "".join(str(e.get("token", "")) for e in kept), at + 1, True
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.config import ToolCallFormat
+from deployments.engines.extensions import template_variables
 from deployments.engines.llamacpp.params import LlamaCppError
 from deployments.engines.llamacpp.server import LlamaServer
 from deployments.engines.tokens import check_token_ids
@@ -44,11 +45,13 @@ class LlamaCppPrompts:
         tools: list[dict[str, Any]] | None,
         contents: list[Any] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The chat rendered by the GGUF's template (llama.cpp's ``/apply-template``), by default with
         the generation prompt; `contents`: each message's content as llama.cpp takes it (the vision
         engine's text and image parts), else its text. A final assistant message is left open
-        (llama.cpp's prefill: the answer continues it)."""
+        (llama.cpp's prefill: the answer continues it). `template_kwargs`: vLLM's `chat_template_kwargs`,
+        the template's extra variables (llama.cpp's own field of that name)."""
         generic = self.tool_format == "generic"  # tools, calls and results as text any template renders
         rendered = [template_message(m) if generic else chat_message(m) for m in messages]
         for message, content in zip(rendered, contents or (), strict=False):
@@ -59,6 +62,8 @@ class LlamaCppPrompts:
             chat = {"messages": rendered, **({"tools": tools} if tools else {})}
         if not add_generation_prompt:
             chat["add_generation_prompt"] = False
+        if template_kwargs:
+            chat["chat_template_kwargs"] = template_variables(template_kwargs)
         return str(self._call("/apply-template", chat, "messages")["prompt"])
 
     def text_ids(self, text: str) -> list[int]:

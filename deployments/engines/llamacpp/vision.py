@@ -35,6 +35,7 @@ from typing import Any
 from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.context import fit_rendered
 from deployments.engines.defaults import limits as request_limits
+from deployments.engines.extensions import refuse_unsupported
 from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared
 from deployments.engines.llamacpp.files import mmproj_path
 from deployments.engines.llamacpp.gguf_meta import read_metadata
@@ -152,6 +153,7 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
     def _prepare(self, request: GenerateRequest) -> Prepared:
         if not request.images:
             return super()._prepare(request)
+        refuse_unsupported(request, ("chat_template_kwargs", "add_generation_prompt"), "llama.cpp, with images")
         if request.prompt is not None:
             raise InvalidRequestError("A legacy completion takes no images.", param="prompt")
         converted: dict[int, bytes] = {}  # this request's images as llama.cpp takes them

@@ -26,7 +26,7 @@ from deployments.engines.transformers.constraints import GrammarCompiler, TokenT
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
-from deployments.engines.transformers.stream import IncrementalText, TokenStream, stream_outputs
+from deployments.engines.transformers.stream import IncrementalText, StopTokens, TokenStream, stream_outputs
 from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 from deployments.roles import Role
 
@@ -114,9 +114,29 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         """The request's sampling as a batch's sampler takes it (continuous and static batching)."""
         sampling = self.sampling(request)
         frequency, presence = self.penalties(request)
+        banned, held = self.suppressed(request)
         return SamplingParams(
-            sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, frequency, presence, request.seed
+            sampling.temperature,
+            sampling.top_p,
+            sampling.top_k,
+            sampling.min_p,
+            frequency,
+            presence,
+            request.seed,
+            repetition=request.repetition_penalty or 1.0,
+            banned=banned,
+            held=held,
+            held_until=request.min_tokens,
         )
+
+    def suppressed(self, request: GenerateRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """`(banned, held)`: the tokens never chosen (`ignore_eos`: the end of sequence) and those not
+        chosen before `min_tokens` tokens (the end of sequence and `stop_token_ids`, as vLLM holds them).
+        A stop token id outside the vocabulary is a 400."""
+        stop_ids = check_token_ids(request.stop_token_ids, self.vocab_size, "stop_token_ids")
+        banned = tuple(self.eos_ids) if request.ignore_eos else ()
+        held = tuple(dict.fromkeys([*self.eos_ids, *stop_ids])) if request.min_tokens else ()
+        return banned, tuple(t for t in held if t not in banned)
 
     def penalties(self, request: GenerateRequest) -> tuple[float, float]:
         """`(frequency, presence)` OpenAI penalties of the request, or the model's defaults."""
@@ -129,7 +149,8 @@ class TransformersDecoder(TransformersEngine, TextEngine):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         stream = await self.start(request)
         keep = self.tool_marker_ids if request.tools else frozenset()
-        pieces = stream_outputs(stream, self.tokenizer, self.token_texts, keep, self.TEXT)
+        rules = StopTokens.of(request, self.eos_ids)
+        pieces = stream_outputs(stream, self.tokenizer, self.token_texts, keep, self.TEXT, rules)
         async with contextlib.aclosing(pieces) as outputs:
             async for output in outputs:
                 yield output

@@ -3,10 +3,14 @@
 The manager hands the sampler one logits row per request with a new token (`prepare_tensor_args`
 names them, in order). Each step runs, for all rows at once and with no per-row Python:
 
-1. OpenAI's penalties, from per-sequence token counts kept on the device (`counts[slot]`);
+1. vLLM's (and HF's) multiplicative repetition penalty over the prompt's tokens (`prompt_seen[slot]`)
+   and the output's, then OpenAI's penalties, from per-sequence token counts kept on the device
+   (`counts[slot]`);
 2. the raw log-probabilities and their top 20 (vLLM's `raw_logprobs`: before bias, grammar and
    warping), kept for the rows that ask;
-3. `logit_bias` (a dense row per sequence, `bias[slot]`) and the JSON grammar's allowed tokens
+3. `logit_bias` (a dense row per sequence, `bias[slot]`; the tokens that `ignore_eos` and `min_tokens`
+   suppress are -inf there, those of `min_tokens` until the sequence has that many tokens: its row
+   is rewritten on the batch's thread before the step that lifts them) and the JSON grammar's allowed tokens
    (llguidance's bitmask, 32 tokens per int32, unpacked on the device: one tensor op);
 4. temperature, top-k, top-p and min-p from one sort (greedy rows: the argmax);
 5. the draw by the inverse of each row's cumulative distribution, in float64, from one uniform
@@ -60,6 +64,7 @@ class Arg(IntEnum):
     U_HIGH = 7  # high word
     FLAGS = 8  # `Row`
     SLOT = 9  # the row's slot in the per-sequence buffers (0: the shared zero slot)
+    REPETITION = 10  # float32 bits; 1.0 is off
 
 
 class Row(IntFlag):
@@ -80,14 +85,26 @@ class SamplingParams:
     frequency: float = 0.0
     presence: float = 0.0
     seed: int | None = None
+    repetition: float = 1.0
+    banned: tuple[int, ...] = ()  # never chosen (ignore_eos: the end of sequence)
+    held: tuple[int, ...] = ()  # not chosen before the sequence has `held_until` tokens (min_tokens)
+    held_until: int = 0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     @property
+    def penalized(self) -> bool:
+        return bool(self.frequency or self.presence or self.repetition != 1.0)
+
+    @property
+    def suppresses(self) -> bool:
+        return bool(self.banned or (self.held and self.held_until))
+
+    @property
     def needs_slot(self) -> bool:
-        return bool(self.frequency or self.presence)
+        return self.penalized or self.suppresses
 
 
 @dataclass
@@ -99,6 +116,9 @@ class _Sequence:
     generator: torch.Generator | None
     slot: int
     fresh: bool = True  # its slot is not yet set up on the device
+    prompt: tuple[int, ...] = ()  # the prompt's token ids (the repetition penalty's)
+    generated: int = 0  # tokens chosen so far (steps it had a row in)
+    holding: bool = False  # `params.held` still suppressed
 
     @property
     def flags(self) -> Row:
@@ -146,6 +166,7 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         self._words = (vocab_size + 31) // 32
         self._counts = torch.zeros(slots + 1, vocab_size, dtype=torch.float32, device=device)
         self._bias = torch.zeros(slots + 1, vocab_size, dtype=torch.float32, device=device)
+        self._prompt_seen = torch.zeros(slots + 1, vocab_size, dtype=torch.bool, device=device)
         self._mask = torch.full((max_rows, self._words), -1, dtype=torch.int32, device=device)
         self._bits = torch.arange(32, dtype=torch.int32, device=device)
         self._tokens = torch.zeros(max_rows, dtype=torch.long, device=device)
@@ -158,13 +179,19 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         self._step = _Step([], Row(0), False, False, False)
 
     def describe(self) -> dict[str, Any]:
-        buffers = (self._counts, self._bias, self._mask)
+        buffers = (self._counts, self._bias, self._mask, self._prompt_seen)
         return {"static": self.static, "buffers_mb": round(sum(b.nbytes for b in buffers) / 2**20, 1)}
 
     # ------------------------------------------------------------------ the requests' side (event loop)
 
-    def add(self, request_id: str, params: SamplingParams, constraints: RequestConstraints | None) -> None:
-        """Before the sequence can be scheduled."""
+    def add(
+        self,
+        request_id: str,
+        params: SamplingParams,
+        constraints: RequestConstraints | None,
+        prompt: Sequence[int] = (),
+    ) -> None:
+        """Before the sequence can be scheduled; `prompt`: its token ids (for the repetition penalty)."""
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator().manual_seed(params.seed % 2**63)
@@ -174,7 +201,8 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
                 if not self._free_slots:
                     raise RuntimeError("no sampler slot is free for a request with penalties or a logit bias")
                 slot = self._free_slots.pop()
-            self._sequences[request_id] = _Sequence(params, constraints, generator, slot)
+            kept = tuple(prompt) if params.repetition != 1.0 else ()
+            self._sequences[request_id] = _Sequence(params, constraints, generator, slot, prompt=kept)
 
     def remove(self, request_id: str) -> None:
         with self._lock:
@@ -204,12 +232,18 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
             flags |= sequence.flags
             if sequence.fresh:
                 self._set_up(sequence)
+            elif sequence.holding and sequence.generated >= sequence.params.held_until:
+                self._write_bias(sequence)  # min_tokens reached: its held tokens may be chosen from now on
+            if sequence is not _DEFAULT:
+                sequence.generated += 1
         self._step = _Step(
             rows,
             flags,
             sampled=any(not s.params.greedy for s in rows),
-            penalized=any(s.params.needs_slot for s in rows),
-            biased=any(s.constraints is not None and s.constraints.bias_ids is not None for s in rows),
+            penalized=any(s.params.penalized for s in rows),
+            biased=any(
+                s.params.suppresses or (s.constraints is not None and s.constraints.bias_ids is not None) for s in rows
+            ),
         )
         rows_written = rows + [_DEFAULT] * (padded - len(rows))  # padding rows: plain greedy, on the zero slot
         if rows_written:
@@ -225,12 +259,25 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         if not sequence.slot:
             return
         self._counts[sequence.slot].zero_()
-        self._bias[sequence.slot].zero_()
+        seen = self._prompt_seen[sequence.slot]
+        seen.zero_()
+        if sequence.prompt:
+            seen[torch.tensor(sequence.prompt, dtype=torch.long, device=seen.device)] = True
+        sequence.holding = bool(sequence.params.held) and sequence.generated < sequence.params.held_until
+        self._write_bias(sequence)
+
+    def _write_bias(self, sequence: _Sequence) -> None:
+        """Its slot's bias row: `logit_bias`, then -inf on the tokens it suppresses now."""
+        row = self._bias[sequence.slot]
+        row.zero_()
         constraints = sequence.constraints
         if constraints is not None and constraints.bias_ids is not None and constraints.bias_values is not None:
-            self._bias[sequence.slot].index_add_(
-                0, constraints.bias_ids.to(self._bias.device), constraints.bias_values.to(self._bias.device)
-            )
+            row.index_add_(0, constraints.bias_ids.to(row.device), constraints.bias_values.to(row.device))
+        params = sequence.params
+        sequence.holding = sequence.holding and sequence.generated < params.held_until
+        suppressed = params.banned + (params.held if sequence.holding else ())
+        if suppressed:
+            row[torch.tensor(suppressed, dtype=torch.long, device=row.device)] = float("-inf")
 
     def _write_args(self, storage: torch.Tensor, rows: Sequence[_Sequence]) -> None:
         n = len(rows)
@@ -246,6 +293,7 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
             floats[Arg.MIN_P, j] = 0.0 if greedy else p.min_p
             floats[Arg.FREQUENCY, j] = p.frequency
             floats[Arg.PRESENCE, j] = p.presence
+            floats[Arg.REPETITION, j] = p.repetition
             ints[Arg.FLAGS, j] = int(s.flags)
             ints[Arg.SLOT, j] = s.slot
             if s.generator is not None:  # one number per step, as the sequence's own stream of draws
@@ -297,6 +345,9 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         flags, slot = args[Arg.FLAGS], args[Arg.SLOT].long()
         if static or step.penalized:
             counts = self._counts.index_select(0, slot)
+            seen = (counts > 0) | self._prompt_seen.index_select(0, slot)
+            repetition = _f32(args[Arg.REPETITION]).unsqueeze(1)
+            logits = torch.where(seen, torch.where(logits > 0, logits / repetition, logits * repetition), logits)
             penalty = _f32(args[Arg.FREQUENCY]).unsqueeze(1) * counts
             logits = logits - penalty - _f32(args[Arg.PRESENCE]).unsqueeze(1) * (counts > 0).float()
         if static or step.flags & Row.LOGPROBS:

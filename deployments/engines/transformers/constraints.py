@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deployments.engines.grammar import grammar_schema, whitespace
+from deployments.engines.grammar import JSON_KINDS, grammar_schema, lark_grammar, whitespace
 from deployments.errors import InvalidRequestError
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob
 from deployments.protocol.replica import GenerateRequest, GrammarSpec
@@ -114,19 +114,22 @@ class GrammarCompiler:
     def compile(self, spec: GrammarSpec) -> Grammar:
         import llguidance
 
-        schema = grammar_schema(spec)
+        what, param = ("JSON schema", spec.param) if spec.kind in JSON_KINDS else (spec.kind, spec.param)
         tokenizer = self._tokenizer_for_grammars()
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_pattern": whitespace(spec)}
-            )
-        except ValueError as exc:
-            raise InvalidRequestError(f"Invalid JSON schema: {exc}", param="response_format") from exc
+        if spec.kind in JSON_KINDS:
+            try:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    grammar_schema(spec), defaults={"whitespace_pattern": whitespace(spec)}
+                )
+            except ValueError as exc:
+                raise InvalidRequestError(f"Invalid JSON schema: {exc}", param=param) from exc
+        else:
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark_grammar(spec))
         if error := llguidance.LLMatcher.validate_grammar(grammar, tokenizer):
-            raise InvalidRequestError(f"Invalid JSON schema: {error}", param="response_format")
+            raise InvalidRequestError(f"Invalid {what}: {error}", param=param)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidRequestError(f"Invalid JSON schema: {matcher.get_error()}", param="response_format")
+            raise InvalidRequestError(f"Invalid {what}: {matcher.get_error()}", param=param)
         return Grammar(matcher, self._eos_ids)
 
 

@@ -151,7 +151,7 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             finished, seen = False, 0
             try:
                 self._manager.register_result_handler(request_id, outputs.put_nowait)
-                self._sampler.add(request_id, params, prepared.constraints)  # before it can be scheduled
+                self._sampler.add(request_id, params, prepared.constraints, prepared.prompt)  # before it's scheduled
                 accepted = self._manager.add_request(
                     prepared.prompt, request_id=request_id, max_new_tokens=prepared.max_tokens, streaming=True
                 )

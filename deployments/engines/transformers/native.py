@@ -22,6 +22,7 @@ from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.batcher import Batcher
 from deployments.engines.bridge import ThreadStream
 from deployments.engines.context import fit_rendered
+from deployments.engines.extensions import refuse_unsupported
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import (
     marker_token_ids,
@@ -44,6 +45,16 @@ from deployments.engines.transformers.stream import TokenStream
 from deployments.errors import DecoderUnavailable
 from deployments.protocol.replica import GenerateRequest, TokenizeInput
 from deployments.roles import Role
+
+# vLLM's extensions its batch's row sampler and its chat rendering do not take (yet): 400s naming them.
+NATIVE_UNSUPPORTED = (
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+)
 
 
 class NativeVisionEngine(TransformersDecoder):
@@ -138,6 +149,7 @@ class NativeVisionEngine(TransformersDecoder):
         )
 
     async def start(self, request: GenerateRequest) -> TokenStream:
+        refuse_unsupported(request, NATIVE_UNSUPPORTED, "transformers, native vision")
         job = await asyncio.to_thread(self._job, request)
 
         async def tokens() -> AsyncIterator[list[int]]:

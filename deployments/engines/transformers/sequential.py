@@ -14,6 +14,7 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
 )
@@ -66,6 +67,20 @@ class OpenAIPenalties(LogitsProcessor):
         return penalize(scores, generated, self.frequency, self.presence)  # type: ignore[return-value]
 
 
+class Suppress(LogitsProcessor):
+    """vLLM's `ignore_eos` and `min_tokens`: `banned` tokens never chosen, `held` ones not before
+    `until` tokens are generated."""
+
+    def __init__(self, prompt_len: int, banned: tuple[int, ...], held: tuple[int, ...], until: int) -> None:
+        self.prompt_len, self.banned, self.held, self.until = prompt_len, list(banned), list(held), until
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        ids = self.banned + (self.held if input_ids.shape[1] - self.prompt_len < self.until else [])
+        if ids:
+            scores[:, ids] = float("-inf")
+        return scores
+
+
 class ConstraintsProcessor(LogitsProcessor):
     """A request's `RequestConstraints` inside `model.generate` (one sequence): listed before the
     warpers, so its logprobs come from the raw logits and the bias and grammar mask come before
@@ -109,6 +124,11 @@ class SequentialTextEngine(TransformersTextEngine):
         if prepared.constraints is not None:  # first: raw logprobs, then bias and grammar before the penalties
             constrained = ConstraintsProcessor(prepared.constraints)
             processors.append(constrained)
+        banned, held = self.suppressed(request)
+        if banned or (held and request.min_tokens):
+            processors.append(Suppress(len(prepared.prompt), banned, held, request.min_tokens))
+        if request.repetition_penalty not in (None, 1.0):
+            processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
         if frequency or presence:
             processors.append(OpenAIPenalties(len(prepared.prompt), frequency, presence))
         input_ids = torch.tensor([prepared.prompt], device=self.device)

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import ModelConfig
 from deployments.engines.context import fit_rendered
+from deployments.engines.extensions import template_variables
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
@@ -71,7 +72,13 @@ class TransformersTextEngine(TransformersDecoder):
             return Prepared(ids, self.limits(request).completion(len(ids), "prompt"), constraints)
         ids, fitted = fit_rendered(
             request.messages,
-            lambda chat: self.chat_ids(chat, request.tools),
+            lambda chat: self.chat_ids(
+                chat,
+                request.tools,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                template_kwargs=request.chat_template_kwargs,
+            ),
             len,
             self.limits(request),
             self.params.context_overflow,
@@ -86,17 +93,19 @@ class TransformersTextEngine(TransformersDecoder):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Messages rendered by the model's template (by default with the generation prompt, as a
         request is prompted) and `tools`; `add_special_tokens`: the tokenizer's own (a BOS) added to
-        the rendered text too."""
+        the rendered text too; `template_kwargs`: vLLM's `chat_template_kwargs`, the template's extra
+        variables."""
         chat, extra = self.tools.chat([template_message(m) for m in messages], tools)
         text = self.tokenizer.apply_chat_template(
             chat,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=False,
-            **extra,
+            **{**template_variables(template_kwargs), **extra},
         )
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 

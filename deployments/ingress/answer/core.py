@@ -10,6 +10,7 @@ no generation."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from deployments.ingress.handles import DecoderHandle
 from deployments.ingress.vision.pipeline import DecoderInput, Degraded, VisionPipeline
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChatMessage
-from deployments.protocol.openai.common import SamplingFields
-from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
+from deployments.protocol.openai.common import SamplingFields, StructuredOutputs
+from deployments.protocol.replica import GenerateRequest, GrammarSpec, TokenizedPrompt, TokenizeInput
 from deployments.tools.plan import ToolPlan
 
 
@@ -68,7 +69,31 @@ def sampling_fields(body: SamplingFields, max_n: int) -> dict[str, Any]:
         "seed": body.seed,
         "n": body.n,
         "logit_bias": _token_bias(body.logit_bias),
+        "repetition_penalty": body.repetition_penalty,
+        "min_tokens": body.min_tokens,
+        "ignore_eos": body.ignore_eos,
+        "stop_token_ids": body.stop_token_ids or [],
+        "skip_special_tokens": body.skip_special_tokens,
+        "include_stop_str_in_output": body.include_stop_str_in_output,
+        "priority": body.priority,
     }
+
+
+def structured_grammar(outputs: StructuredOutputs | None) -> GrammarSpec | None:
+    """The grammar of vLLM's `structured_outputs` (None when the request has none)."""
+    if outputs is None:
+        return None
+    param = "structured_outputs"
+    if outputs.json_object:
+        return GrammarSpec(kind="json_object", param=param)
+    if outputs.json_ is not None:
+        schema = outputs.json_ if isinstance(outputs.json_, str) else json.dumps(outputs.json_)
+        return GrammarSpec(kind="json_schema", json_schema=schema, param=param)
+    if outputs.regex is not None:
+        return GrammarSpec(kind="regex", pattern=outputs.regex, param=param)
+    if outputs.choice is not None:
+        return GrammarSpec(kind="choice", choices=outputs.choice, param=param)
+    return GrammarSpec(kind="grammar", pattern=outputs.grammar, param=param)
 
 
 def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -55,10 +55,11 @@ RETRY_MAX_S = 60.0  # the longest wait before a batch whose job failed is tried 
 
 
 def prioritized(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A batch line's request body as it is sent: the one place where a batch line gets its priority."""
-    # wired when the priority field lands:
-    # if endpoint in ("/v1/chat/completions", "/v1/completions"):
-    #     return {**body, "priority": BATCH_PRIORITY}
+    """A batch line's request body as it is sent: the one place where a batch line gets its priority
+    (on the endpoints that take vLLM's `priority`; a line may ask to wait longer, never to go first)."""
+    if endpoint in ("/v1/chat/completions", "/v1/completions"):
+        asked = body.get("priority")
+        return {**body, "priority": max(asked, BATCH_PRIORITY) if isinstance(asked, int) else BATCH_PRIORITY}
     return body
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class RequestModel(BaseModel):
@@ -46,8 +46,43 @@ class FunctionDefinition(RequestModel):
     strict: bool | None = None
 
 
+class StructuredOutputs(RequestModel):
+    """vLLM's `structured_outputs` extension: exactly one kind of constraint on the output. vLLM's
+    other options of this object (`disable_fallback`, `disable_any_whitespace`,
+    `disable_additional_properties`, `whitespace_pattern`, `structural_tag`) are not implemented and
+    refused by name, as unknown fields are."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: dict[str, Any] | bool | str | None = Field(
+        None, alias="json", description="A JSON schema (an object, or its JSON text) the output is valid against."
+    )
+    regex: str | None = Field(None, min_length=1, description="A regular expression the whole output matches.")
+    choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, description="The output is exactly one of these strings."
+    )
+    grammar: str | None = Field(
+        None, min_length=1, description="A context-free grammar: Lark (llguidance's), or GBNF (`root ::= ...`)."
+    )
+    json_object: bool | None = Field(None, description="true: the output is a JSON object.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StructuredOutputs:
+        kinds = self.kinds
+        if len(kinds) != 1:
+            named = ", ".join(kinds) or "none"
+            raise ValueError(f"needs exactly one of json, regex, choice, grammar, json_object (got {named})")
+        return self
+
+    @property
+    def kinds(self) -> list[str]:
+        values = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        return [k for k, v in values.items() if v is not None] + (["json_object"] if self.json_object else [])
+
+
 class SamplingFields(RequestModel):
-    """What chat and legacy completions share."""
+    """What chat and legacy completions share, with vLLM's extensions to both (sent by the openai
+    client through `extra_body`, so at the body's top level)."""
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, gt=0)
@@ -67,6 +102,37 @@ class SamplingFields(RequestModel):
     logit_bias: LogitBias | None = Field(None, description="Token id (as a string) -> bias from -100 to 100.")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's extensions.
+    repetition_penalty: float | None = Field(
+        None,
+        gt=0,
+        description="Extension (vLLM's): the multiplicative penalty of tokens in the prompt and the output so far "
+        "(a positive logit divided by it, a negative one multiplied); 1 or null is off.",
+    )
+    min_tokens: int = Field(
+        0,
+        ge=0,
+        description="Extension (vLLM's): end of sequence, stop_token_ids and stop strings ignored until this "
+        "many tokens are generated.",
+    )
+    ignore_eos: bool = Field(False, description="Extension (vLLM's): the end of sequence never ends the answer.")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Extension (vLLM's): token ids that end the answer, like the end of sequence."
+    )
+    skip_special_tokens: bool = Field(True, description="Extension (vLLM's): false keeps special tokens in the text.")
+    include_stop_str_in_output: bool = Field(
+        False, description="Extension (vLLM's): the stop string or stop token that ended the answer kept in its text."
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="Extension (vLLM's): constrained output (json, regex, choice, grammar, json_object)."
+    )
+    priority: int = Field(
+        0,
+        ge=-(2**31),
+        lt=2**31,
+        description="Extension (vLLM's): admission order when requests wait; lower first, first come first served "
+        "among equals.",
+    )
     # Harmless: accepted and ignored.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -83,6 +149,12 @@ class SamplingFields(RequestModel):
         if value is not None and not info.data.get("stream"):
             raise ValueError("only allowed when stream is true")
         return value
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max_tokens(self) -> SamplingFields:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+        return self
 
     @property
     def include_usage(self) -> bool:

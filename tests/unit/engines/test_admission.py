@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from deployments.engines.llamacpp.admission import Budget
+from deployments.engines.admission import Budget
 
 
 async def hold(room: Budget, need: int, started: list[int], release: asyncio.Event, name: int) -> None:
@@ -74,3 +74,39 @@ async def test_an_early_release_lets_the_next_in_while_the_block_goes_on():
     with pytest.raises(asyncio.CancelledError):
         await b
     assert budget.reserved == 0
+
+
+async def test_waiters_are_granted_by_priority_then_in_arrival_order():
+    room, started, release = Budget(1), [], asyncio.Event()
+
+    async def hold_with(name: int, priority: int) -> None:
+        async with room.reserve(1, priority):
+            started.append(name)
+            await release.wait()
+            release.clear()
+
+    first = asyncio.create_task(hold_with(0, 0))
+    await asyncio.sleep(0.01)
+    waiting = [asyncio.create_task(hold_with(n, p)) for n, p in [(1, 0), (2, 5), (3, -2), (4, 0)]]
+    await asyncio.sleep(0.01)
+    assert room.waiting == 4
+    for _ in range(5):
+        release.set()
+        await asyncio.sleep(0.01)
+    await asyncio.gather(first, *waiting)
+    assert started == [0, 3, 1, 4, 2]
+
+
+async def test_a_waiter_of_a_better_priority_that_fits_goes_past_the_queue():
+    room, started, release = Budget(100), [], asyncio.Event()
+    tasks = [asyncio.create_task(hold(room, n, started, release, i)) for i, n in enumerate([60, 50])]
+    await asyncio.sleep(0.01)
+
+    async def urgent() -> None:
+        async with room.reserve(30, priority=-1):
+            started.append(9)
+
+    await urgent()
+    assert started == [0, 9]
+    release.set()
+    await asyncio.gather(*tasks)

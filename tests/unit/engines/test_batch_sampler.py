@@ -267,3 +267,37 @@ def test_the_static_decoders_path_gives_the_reference_tokens(static):
         expected = [ref.token(logits[j]) for j, ref in enumerate(refs.values())]
         assert tokens[:5].tolist() == expected
         assert sampler.tokens[:5].tolist() == expected
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_repetition_penalty_over_the_prompt_and_the_output(static):
+    """vLLM's (HF's) rule: a seen token's positive logit divided by the penalty, a negative one
+    multiplied; seen = in the prompt or generated. The row beside it is not penalized."""
+    sampler, args = make_sampler(static=static), storage()
+    sampler.add("pen", SamplingParams(temperature=0.0, repetition=1.5), None, prompt=[5])
+    sampler.add("plain", SamplingParams(temperature=0.0), None, prompt=[5])
+    logits = torch.full((2, VOCAB), -5.0)
+    logits[:, 5], logits[:, 6], logits[:, 7] = 3.0, 2.5, 1.9  # penalized: 5 -> 2.0, 6 -> 1.67 once generated
+    logits[:, 8] = -0.1  # never seen: left as it is
+    assert step(sampler, ["pen", "plain"], logits, args) == [6, 5]
+    assert step(sampler, ["pen", "plain"], logits, args) == [5, 5]
+    negative = torch.full((1, VOCAB), -9.0)
+    negative[0, 5], negative[0, 8] = -0.5, -0.9  # seen 5: -0.5 * 1.5 = -0.75, above -0.9
+    assert step(sampler, ["pen"], negative, args) == [5]
+    negative[0, 5] = -0.7  # -1.05, below -0.9
+    assert step(sampler, ["pen"], negative, args) == [8]
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_banned_tokens_never_come_and_held_ones_only_after_min_tokens(static):
+    """`ignore_eos` bans the end of sequence; `min_tokens` holds it and the stop token ids back for
+    that many tokens of the sequence's own (another row's steps do not count)."""
+    sampler, args = make_sampler(static=static), storage()
+    sampler.add("ignore", SamplingParams(temperature=0.0, banned=(9,)), None)
+    sampler.add("min", SamplingParams(temperature=0.0, held=(9, 4), held_until=2), None)
+    sampler.add("late", SamplingParams(temperature=0.0, held=(9, 4), held_until=2), None)
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 9], logits[:, 4], logits[:, 3] = 5.0, 4.0, 1.0
+    tokens = [step(sampler, ["ignore", "min"], logits[:2], args) for _ in range(3)]
+    assert tokens == [[4, 3], [4, 3], [4, 9]]
+    assert step(sampler, ["late", "ignore"], logits[:2], args) == [3, 4]  # "late" has one token of its own

@@ -148,10 +148,15 @@ def test_embedding_lines_name_embedding_models_and_caps_apply():
     assert [e.code for e in validate([], CHAT, SERVED, 2, 10).errors] == ["empty_file"]
 
 
-def test_a_batch_line_gets_its_priority_in_one_place_not_yet_wired():
+def test_a_batch_line_waits_behind_interactive_requests():
+    """vLLM's `priority` (lower first; interactive requests 0): every chat or completions line gets the
+    batches' own, or a later one it asked for, never an earlier one."""
     body = chat_line("p")["body"]
-    assert prioritized(CHAT, body) == body  # wired when the priority field lands
-    assert runner_module.BATCH_PRIORITY == 10
+    assert prioritized(CHAT, body) == {**body, "priority": runner_module.BATCH_PRIORITY} != body
+    assert prioritized(CHAT, {**body, "priority": -5})["priority"] == runner_module.BATCH_PRIORITY
+    assert prioritized(CHAT, {**body, "priority": 99})["priority"] == 99
+    embed = {"model": "e", "input": "x"}
+    assert prioritized("/v1/embeddings", embed) == embed  # no priority field there
 
 
 # -- the runner over a fake ingress -------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The decoder deployment's own streaming layer (stop strings, stream_interval_ms), on a fake engine
 and without Ray: the deployment class is constructed directly."""
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -109,7 +110,7 @@ async def test_closing_an_n_stream_frees_every_sequence():
         async for _ in stream:
             break
     assert metrics.count("requests_cancelled") == 2
-    assert replica._seqs._value == 2  # both slots back
+    assert replica._seqs.reserved == 0  # both slots back
 
 
 async def test_health_counts_the_sequences_waiting_for_a_slot():
@@ -167,3 +168,40 @@ async def test_cached_prompt_tokens_reach_the_last_chunk_and_their_counter():
     ]
     assert sent[-1].cached_prompt_tokens == sent[-1].prompt_tokens - 1 > 0
     assert metrics.count("prompt_tokens_cached") == sent[-1].cached_prompt_tokens
+
+
+async def test_min_tokens_lets_no_stop_string_end_the_text_before_it():
+    """vLLM's min_tokens: " a" first ends the 4th token (" a"); with min_tokens 6, the 6th (" about")."""
+    assert "".join(c.text for c in await chunks(0, stop=[" a"])) == "user: tell me"
+    held = await chunks(0, stop=[" a"], min_tokens=6)
+    assert "".join(c.text for c in held) == "user: tell me a story"
+    assert held[-1].finish_reason == "stop" and held[-1].stop_sequence == " a"
+
+
+async def test_include_stop_str_in_output_keeps_the_stop_string():
+    for interval in (0, 10_000):
+        sent = await chunks(interval, stop=["ox th"], include_stop_str_in_output=True)
+        assert "".join(c.text for c in sent) == "user: tell me a story about a fox th"
+
+
+async def test_waiting_sequences_are_admitted_by_priority_then_in_arrival_order():
+    fake = {"token_delay_ms": 5, "fill_to_max_tokens": True}
+    model = ModelConfig(name="echo", engine="fake", params=EngineParams(max_num_seqs=1, max_tokens=50), fake=fake)
+    replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+    admitted: list[str] = []
+
+    async def first_chunk(name: str, priority: int) -> None:
+        ask = GenerateRequest(messages=[TextMessage(role="user", content=name)], priority=priority, max_tokens=2)
+        async with aclosing(replica.generate(ask)) as stream:
+            async for _ in stream:
+                admitted.append(name)
+                break
+
+    running = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)])
+    async with aclosing(replica.generate(running)) as stream:
+        await anext(stream)  # the one slot is taken
+        tasks = [asyncio.create_task(first_chunk(name, p)) for name, p in [("b", 0), ("c", 1), ("a", -1), ("d", 0)]]
+        while replica._seqs.waiting < 4:
+            await asyncio.sleep(0.001)
+    await asyncio.gather(*tasks)
+    assert admitted == ["a", "b", "d", "c"]

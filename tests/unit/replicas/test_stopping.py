@@ -43,3 +43,11 @@ def test_the_stop_that_matched_is_named():
     assert matcher.feed("xab") + matcher.feed("cdEND") == "x"
     assert matcher.matched == "abcd"  # the stop that begins first
     assert StopMatcher(["no"]).flush() == "" and StopMatcher(["no"]).matched is None
+
+
+def test_include_keeps_the_stop_and_cuts_after_it():
+    matcher = StopMatcher(["END", "E"], include=True)
+    assert matcher.feed("abc EN") + matcher.feed("D tail") == "abc E"  # the first stop to begin is "E"
+    matcher = StopMatcher(["stop"], include=True)
+    assert matcher.feed("one st") + matcher.feed("op two") + matcher.flush() == "one stop"
+    assert matcher.matched == "stop"

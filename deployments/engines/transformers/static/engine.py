@@ -154,7 +154,7 @@ class StaticTextEngine(TransformersTextEngine):
             outputs: asyncio.Queue[Any] = asyncio.Queue()
             sequence = _Sequence(request_id, prepared.prompt, prepared.max_tokens, outputs.put_nowait, loop)
             finished = False
-            self.sampler.add(request_id, params, prepared.constraints)
+            self.sampler.add(request_id, params, prepared.constraints, prepared.prompt)
             try:
                 self._inbox.put(("add", sequence))
                 while not finished:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from deployments.protocol.openai.chat import ChatMessage, ChoiceFinish, Tool, ToolCallDelta
 from deployments.protocol.openai.common import (
@@ -81,6 +81,19 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     modalities: list[Literal["text"]] | None = None
+    # vLLM's extensions of the chat's rendering.
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Extension (vLLM's): extra variables for the chat template (e.g. Qwen3's enable_thinking).",
+    )
+    add_generation_prompt: bool = Field(
+        True, description="Extension (vLLM's): the template's opening of the assistant's answer."
+    )
+    continue_final_message: bool = Field(
+        False,
+        description="Extension (vLLM's): the final (assistant) message left open, for the answer to continue it; "
+        "needs add_generation_prompt: false.",
+    )
     # Declared (null only) so that the 400 names them and the OpenAPI spec says so (UNSUPPORTED_CHAT_FIELDS).
     audio: None = None
     functions: None = None
@@ -114,6 +127,20 @@ class ChatCompletionRequest(SamplingFields):
         if isinstance(value, NamedToolChoice) and value.function.name not in {t.function.name for t in tools or []}:
             raise ValueError(f"names the function {value.function.name!r}, which is not in tools")
         return value
+
+    @model_validator(mode="after")
+    def _rendering_and_constraints_agree(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
+        formatted = self.response_format is not None and self.response_format.type != "text"
+        if self.structured_outputs is not None and formatted:
+            raise ValueError("structured_outputs and response_format cannot be combined")
+        limit = self.completion_limit
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_completion_tokens ({limit})")
+        return self
 
     @property
     def completion_limit(self) -> int | None:

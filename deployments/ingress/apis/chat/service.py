@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.core import AnswerCore, structured_grammar
 from deployments.ingress.answer.events import Answer, Began, Call, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
 from deployments.ingress.apis.chat.protocol import (
@@ -73,17 +73,23 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
     choice = body.tool_choice
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     formatted = body.response_format is not None and body.response_format.type != "text"
+    constrained_by = "response_format" if formatted else None
+    if body.structured_outputs is not None:
+        constrained_by = "structured_outputs"
     return plan_tools(
         [tool.function for tool in body.tools or []],
         None if isinstance(choice, NamedToolChoice) else choice,
         function=named,
         parallel=body.parallel_tool_calls,
-        constrained_by="response_format" if formatted else None,
+        constrained_by=constrained_by,
     )
 
 
 def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:
-    """The grammar of `response_format` (json_object, json_schema), or that of the tool plan."""
+    """The grammar of `structured_outputs` or `response_format` (json_object, json_schema), or that of
+    the tool plan."""
+    if body.structured_outputs is not None:
+        return structured_grammar(body.structured_outputs)
     fmt = body.response_format
     if isinstance(fmt, JsonObjectFormat):
         return GrammarSpec(kind="json_object")
@@ -94,11 +100,16 @@ def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec
 
 def generation_settings(body: ChatCompletionRequest, plan: ToolPlan, sampling: dict[str, Any]) -> dict[str, Any]:
     """The request's own generation settings as the decoder takes them: its length, logprobs, the
-    grammar of `response_format` or of a forced tool call, and its sampling."""
+    grammar of `structured_outputs`, `response_format` or of a forced tool call, the chat's rendering
+    (vLLM's `chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`) and its
+    sampling."""
     return {
         "max_tokens": body.completion_limit,
         "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
         "grammar": response_grammar(body, plan),
+        "chat_template_kwargs": body.chat_template_kwargs,
+        "add_generation_prompt": body.add_generation_prompt,
+        "continue_final_message": body.continue_final_message,
         **sampling,
     }
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from deployments.errors import InvalidRequestError
-from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.answer.core import AnswerCore, structured_grammar
 from deployments.ingress.answer.events import Answer, Ended, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
 from deployments.ingress.apis.completions.protocol import (
@@ -38,7 +38,13 @@ class CompletionService:
             raise InvalidRequestError("echo needs a text prompt (token ids cannot be echoed here).", param="echo")
         settings = core.sampling(body)
         requests = [
-            GenerateRequest(prompt=prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **settings)
+            GenerateRequest(
+                prompt=prompt,
+                max_tokens=body.max_tokens,
+                logprobs=body.logprobs,
+                grammar=structured_grammar(body.structured_outputs),
+                **settings,
+            )
             for prompt in prompts
         ]
         generation = await core.generate(requests, core.deadline(), record)

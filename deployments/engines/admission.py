@@ -1,6 +1,8 @@
-"""When a request may enter llama.cpp: budgets that requests hold a share of, granted in arrival order.
+"""When a request may enter: budgets that requests hold a share of, granted by priority (vLLM's
+`priority`: lower first), in arrival order among equal priorities.
 
-Two budgets, one class (`Budget`):
+The decoder replica's `max_num_seqs` sequences are one (`replicas/decoder.py`: a unit each); llama.cpp's
+engine has two more:
 
 - **Room in a KV pool that the slots share** (cells). llama.cpp's unified KV cache has no
   preemption: when the running sequences outgrow the pool, a decode step finds no free cells and
@@ -16,16 +18,17 @@ Two budgets, one class (`Budget`):
   at its first token: the first requests answer first, and short prompts pass beside a long one.
   Decoding sequences are not held back; the work done is the same.
 
-Either way a request that does not fit waits, in arrival order (a large request is not starved by
-small ones behind it), until enough is released; one larger than the budget is held to the budget
-(it runs alone). Waiting is cancellable: a request whose client leaves or whose deadline passes
-stops waiting at once.
+Either way a request that does not fit waits, by priority then in arrival order (a large request is
+not starved by small ones of its priority behind it), until enough is released; one larger than
+the budget is held to the budget (it runs alone). Waiting is cancellable: a request whose client
+leaves or whose deadline passes stops waiting at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import bisect
+import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 class _Waiter:
     need: int
     future: asyncio.Future[None]
+    order: tuple[int, int] = (0, 0)  # (priority, arrival): the queue's order
     granted: bool = field(default=False)
 
 
@@ -45,18 +49,21 @@ class Budget:
     def __init__(self, size: int) -> None:
         self.size = size
         self.reserved = 0
-        self._queue: deque[_Waiter] = deque()
+        self._queue: list[_Waiter] = []  # sorted by (priority, arrival)
+        self._arrivals = itertools.count()
 
     @property
     def waiting(self) -> int:
         return len(self._queue)
 
     @asynccontextmanager
-    async def reserve(self, need: int) -> AsyncIterator[Callable[[], None]]:
+    async def reserve(self, need: int, priority: int = 0) -> AsyncIterator[Callable[[], None]]:
+        """`need` units held for the block; `priority`: lower is granted first."""
         need = min(need, self.size)
-        if self._queue or self.reserved + need > self.size:
-            waiter = _Waiter(need, asyncio.get_running_loop().create_future())
-            self._queue.append(waiter)
+        order = (priority, next(self._arrivals))
+        if (self._queue and self._queue[0].order < order) or self.reserved + need > self.size:
+            waiter = _Waiter(need, asyncio.get_running_loop().create_future(), order)
+            bisect.insort(self._queue, waiter, key=lambda w: w.order)
             try:
                 await waiter.future
             except BaseException:
@@ -87,7 +94,7 @@ class Budget:
 
     def _grant(self) -> None:
         while self._queue and self.reserved + self._queue[0].need <= self.size:
-            waiter = self._queue.popleft()
+            waiter = self._queue.pop(0)
             waiter.granted = True
             self.reserved += waiter.need
             if not waiter.future.done():
