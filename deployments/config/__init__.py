@@ -17,6 +17,7 @@ defaults fill it, in `deployments/options/`."""
 from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat
 from deployments.config.embedding import EmbeddingConfig, Pooling, TokenIdVocabulary
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
+from deployments.config.lora import LoraConfig
 from deployments.config.machine import cpu_cores
 from deployments.config.models import (
     AUTO,
@@ -44,6 +45,7 @@ __all__ = [
     "GpuShare",
     "ImageInputConfig",
     "Lifecycle",
+    "LoraConfig",
     "ModelConfig",
     "ModelsFile",
     "Pooling",

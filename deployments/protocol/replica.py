@@ -86,6 +86,11 @@ class GenerateRequest(BaseModel):
     )
     logit_bias: dict[int, float] | None = None
     grammar: GrammarSpec | None = None
+    adapter: str | None = Field(
+        None,
+        description="The LoRA adapter to generate with (set by the decoder replica from Serve's multiplexed "
+        "model id, once the adapter is loaded); None: the base model.",
+    )
 
 
 class GenerateChunk(BaseModel):

@@ -24,6 +24,7 @@ from deployments.engines.tokens import check_token_ids
 from deployments.engines.transformers.batch_sampler import SamplingParams
 from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
+from deployments.engines.transformers.lora import LoraAdapters
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import IncrementalText, TokenStream, stream_outputs
@@ -99,6 +100,21 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         self.grammars = GrammarCompiler(self.tokenizer, int(text.vocab_size), self.eos_ids)
         self.token_texts = TokenTexts(self.tokenizer)
         self.tool_marker_ids: frozenset[int] = frozenset()  # special tokens kept in the text (`marker_token_ids`)
+        self.adapters = LoraAdapters(self.model) if self.params.lora is not None else None
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        if self.adapters is None:
+            super().load_adapter(name, folder)
+            return
+        self.adapters.load(name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        if self.adapters is not None:
+            self.adapters.unload(name)
+
+    def lora_rows(self, adapters: list[str | None]) -> contextlib.AbstractContextManager[None]:
+        """A forward whose batch rows run these adapters (`lora.LoraAdapters.rows`); nothing without LoRA."""
+        return self.adapters.rows(adapters) if self.adapters is not None else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         return {**self.params.model_dump(), **super().describe(), "max_model_len": self.max_model_len}

@@ -120,7 +120,8 @@ class SequentialTextEngine(TransformersTextEngine):
                 def generate() -> None:
                     if request.seed is not None:
                         torch.manual_seed(request.seed)
-                    with torch.inference_mode():
+                    # With LoRA, one generation at a time: the adapters' hooks are on the shared modules.
+                    with self.lora_rows([request.adapter]), torch.inference_mode():
                         self.model.generate(
                             input_ids=input_ids,
                             attention_mask=torch.ones_like(input_ids),

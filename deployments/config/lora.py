@@ -1,0 +1,138 @@
+"""LoRA adapters of a primary (``params.lora``): where they are, how many a replica holds, and the
+checks made on an adapter's folder (when the service is built for a listed one, when a replica
+loads any). Folders are read through `pyarrow.fs`, so that a storage URI (``s3://``, ``gs://``,
+``hdfs://``) and a local folder are one case; a remote adapter is copied to a local folder first."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from deployments.config.strict import StrictModel
+
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CONFIG_FILE = "adapter_config.json"
+
+
+class LoraConfig(StrictModel):
+    """LoRA adapters served on top of the model (transformers: PEFT folders)."""
+
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="Adapter name -> its folder (PEFT's save_pretrained output: adapter_config.json and "
+        "adapter_model.safetensors): a local path (relative to models.yaml), package:NAME/SUBDIR inside an "
+        "installed package, or a storage URI read through pyarrow.fs (s3://, gs://, hdfs://). Each is checked when "
+        "the service is built. A request names one as model '<base>:<adapter>' or by the adapter's name alone.",
+    )
+    dynamic_path: str | None = Field(
+        None,
+        description="A folder or URI where an adapter named in a request ('<base>:<name>') and not listed in "
+        "adapters is looked up as <dynamic_path>/<name>, when a replica first needs it (404 when it is not there).",
+    )
+    max_adapters_per_replica: int = Field(
+        4,
+        gt=0,
+        description="Adapters one decoder replica holds at once (Serve's max_num_models_per_replica); loading "
+        "another evicts the least recently used (after its running requests end).",
+    )
+    max_rank: int = Field(64, gt=0, description="The largest LoRA rank (r) accepted; a larger adapter is refused.")
+    check_base: bool = Field(
+        True,
+        description="Refuse an adapter whose adapter_config.json names a base model (base_model_name_or_path) "
+        "whose last path component is not the model's (hf_id or local_path).",
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _names(cls, adapters: dict[str, str]) -> dict[str, str]:
+        for name in adapters:
+            if not ADAPTER_NAME.match(name):
+                raise ValueError(f"adapter name {name!r}: letters, digits, '.', '_' and '-' only (no ':' or '/')")
+        return adapters
+
+
+class AdapterError(ValueError):
+    """An adapter's folder cannot be used: missing, not a LoRA adapter, too high a rank, another base."""
+
+
+class AdapterMissing(AdapterError):
+    """No adapter folder at that path."""
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _filesystem(path: str) -> tuple[Any, str]:
+    from pyarrow import fs
+
+    if is_uri(path):
+        return fs.FileSystem.from_uri(path)
+    return fs.LocalFileSystem(), str(Path(path).resolve())
+
+
+def read_adapter_config(path: str) -> dict[str, Any]:
+    """The adapter's adapter_config.json; `AdapterMissing` when there is none."""
+    from pyarrow import fs
+
+    filesystem, root = _filesystem(path)
+    config_path = str(PurePosixPath(root) / CONFIG_FILE)
+    if filesystem.get_file_info(config_path).type != fs.FileType.File:
+        raise AdapterMissing(f"{path}: no {CONFIG_FILE} there")
+    with filesystem.open_input_stream(config_path) as stream:
+        try:
+            config = json.loads(stream.read())
+        except ValueError as exc:
+            raise AdapterError(f"{path}/{CONFIG_FILE}: not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{path}/{CONFIG_FILE}: not a JSON object")
+    return config
+
+
+def check_adapter(path: str, lora: LoraConfig, base: str) -> dict[str, Any]:
+    """The adapter's config, checked: a LoRA adapter, rank within `lora.max_rank`, made for `base`
+    (when `lora.check_base` and the adapter names its base). `AdapterError` says which and why."""
+    config = read_adapter_config(path)
+    kind = str(config.get("peft_type", "LORA")).upper()
+    if kind != "LORA":
+        raise AdapterError(f"{path}: a {kind} adapter, not LoRA")
+    rank = config.get("r")
+    if not isinstance(rank, int) or rank <= 0:
+        raise AdapterError(f"{path}: no LoRA rank (r) in {CONFIG_FILE}")
+    if rank > lora.max_rank:
+        raise AdapterError(f"{path}: rank {rank} is over max_rank {lora.max_rank}")
+    named = config.get("base_model_name_or_path")
+    if lora.check_base and named and _last_part(named) != _last_part(base):
+        raise AdapterError(f"{path}: made for base model {named!r}, not {base!r}")
+    return config
+
+
+def _last_part(name: str) -> str:
+    return PurePosixPath(str(name).rstrip("/")).name.lower()
+
+
+def local_copy(path: str) -> Path:
+    """A local folder with the adapter's files: `path` itself when local, else a copy of the URI's
+    folder in a new temporary folder."""
+    if not is_uri(path):
+        return Path(path)
+    from pyarrow import fs
+
+    target = Path(tempfile.mkdtemp(prefix="mmserve-lora-"))
+    filesystem, root = _filesystem(path)
+    fs.copy_files(root, str(target), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem())
+    return target
+
+
+def adapter_path(lora: LoraConfig, name: str) -> str | None:
+    """Where adapter `name` is: its listed path, else under `dynamic_path`; None: nowhere to look."""
+    if name in lora.adapters:
+        return lora.adapters[name]
+    if lora.dynamic_path is None or not ADAPTER_NAME.match(name):
+        return None
+    return lora.dynamic_path.rstrip("/") + "/" + name

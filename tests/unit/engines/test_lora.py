@@ -1,0 +1,128 @@
+"""LoRA adapters on the transformers engines (PEFT), with random adapters made here: an adapter
+changes the greedy answer; its greedy tokens equal those of the base with the adapter merged into
+its weights; a base row and two adapter rows decoded in one step each equal their answer alone; an
+adapter that cannot be loaded is a 400 naming it and changes nothing else; where the engine takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from deployments.config import EngineParams, LoraConfig, ModelConfig
+from deployments.engines import create_text_engine
+from deployments.engines.transformers.static.engine import StaticTextEngine
+from deployments.errors import ConfigError, InvalidRequestError
+from deployments.protocol.replica import GenerateRequest, TextMessage
+from tests.support.lora_adapters import build_lora, build_merged
+
+PROMPT = "Tell me about the sea"
+
+
+def ask(adapter: str | None = None, text: str = PROMPT) -> GenerateRequest:
+    return GenerateRequest(
+        messages=[TextMessage(role="user", content=text)], temperature=0, max_tokens=10, adapter=adapter
+    )
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llm_dir, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora")
+    return {name: build_lora(tiny_llm_dir, root / name, seed=seed) for name, seed in (("a", 1), ("b", 2))}
+
+
+def lora_model(tiny_llm_dir, adapters, **params) -> ModelConfig:
+    lora = LoraConfig(adapters={k: str(v) for k, v in adapters.items()})
+    return ModelConfig(
+        name="tiny", local_path=str(tiny_llm_dir), params=EngineParams(max_num_seqs=4, lora=lora, **params)
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llm_dir, adapters):
+    built = create_text_engine(lora_model(tiny_llm_dir, adapters))  # batching auto: static, with LoRA
+    assert isinstance(built, StaticTextEngine)
+    for name, folder in adapters.items():
+        built.load_adapter(name, str(folder))
+    yield built
+    built.close()
+
+
+async def tokens(engine, request: GenerateRequest) -> str:
+    return "".join([p.text async for p in engine.generate(request)])
+
+
+async def test_an_adapter_changes_the_answer(engine):
+    base, a, b = await tokens(engine, ask()), await tokens(engine, ask("a")), await tokens(engine, ask("b"))
+    assert len({base, a, b}) == 3
+
+
+async def test_greedy_tokens_equal_the_adapter_merged_into_the_weights(engine, tiny_llm_dir, adapters, tmp_path):
+    merged_dir = build_merged(tiny_llm_dir, adapters["a"], tmp_path / "merged")
+    merged = create_text_engine(
+        ModelConfig(name="merged", local_path=str(merged_dir), params=EngineParams(batching="static", max_num_seqs=1))
+    )
+    try:
+        assert await tokens(merged, ask()) == await tokens(engine, ask("a"))
+    finally:
+        merged.close()
+
+
+async def test_a_base_row_and_two_adapter_rows_in_one_step_each_equal_alone(engine):
+    alone = [await tokens(engine, ask(adapter)) for adapter in (None, "a", "b")]
+    steps: list[list[str | None]] = []
+    rows = engine.lora_rows
+
+    def recorded(adapters):
+        steps.append(list(adapters))
+        return rows(adapters)
+
+    engine.lora_rows = recorded
+    try:
+        together = await asyncio.gather(*(tokens(engine, ask(adapter)) for adapter in (None, "a", "b")))
+    finally:
+        del engine.lora_rows
+    assert together == alone
+    assert any({None, "a", "b"} <= set(step) for step in steps)  # decoded in one step
+
+
+async def test_an_adapter_that_cannot_load_is_a_400_naming_it_and_changes_nothing(engine, tmp_path, adapters):
+    before = [await tokens(engine, ask(adapter)) for adapter in (None, "a")]
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "adapter_config.json").write_text((adapters["a"] / "adapter_config.json").read_text())
+    (corrupt / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    other = tmp_path / "other"  # another base's shapes: a wider model
+    other.mkdir()
+    config = json.loads((adapters["a"] / "adapter_config.json").read_text())
+    (other / "adapter_config.json").write_text(json.dumps(config))
+    from safetensors.torch import load_file, save_file
+
+    weights = {k: v.repeat(2, 2) for k, v in load_file(adapters["a"] / "adapter_model.safetensors").items()}
+    save_file(weights, other / "adapter_model.safetensors")
+    for name, folder in (("corrupt", corrupt), ("other", other)):
+        with pytest.raises(InvalidRequestError, match=name):
+            engine.load_adapter(name, str(folder))
+    assert engine.adapters is not None and engine.adapters.loaded == {"a", "b"}
+    assert [await tokens(engine, ask(adapter)) for adapter in (None, "a")] == before
+
+
+def test_unloaded_adapters_leave_the_base_as_it_was(tiny_llm_dir, adapters):
+    """The sequential engine too: with an adapter and once it is dropped."""
+    built = create_text_engine(lora_model(tiny_llm_dir, adapters, batching="sequential"))
+    try:
+        base = asyncio.run(tokens(built, ask()))
+        built.load_adapter("a", str(adapters["a"]))
+        assert asyncio.run(tokens(built, ask("a"))) != base
+        assert asyncio.run(tokens(built, ask())) == base
+        built.unload_adapter("a")
+        assert asyncio.run(tokens(built, ask())) == base
+    finally:
+        built.close()
+
+
+def test_continuous_batching_refuses_adapters(tiny_llm_dir, adapters):
+    with pytest.raises(ConfigError, match="batching: static"):
+        create_text_engine(lora_model(tiny_llm_dir, adapters, batching="continuous"))
