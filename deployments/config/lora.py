@@ -1,7 +1,8 @@
 """LoRA adapters of a primary (``params.lora``): where they are, how many a replica holds, and the
 checks made on an adapter's folder (when the service is built for a listed one, when a replica
-loads any). Folders are read through `pyarrow.fs`, so that a storage URI (``s3://``, ``gs://``,
-``hdfs://``) and a local folder are one case; a remote adapter is copied to a local folder first."""
+loads any). A storage URI (``s3://``, ``gs://``, ``hdfs://``, ``file://``) is read through `pyarrow.fs`
+(the ``lora-storage`` extra: pyarrow is 55 MB, and local folders do without it); a remote adapter is
+copied to a local folder before it is loaded."""
 
 from __future__ import annotations
 
@@ -68,27 +69,36 @@ def is_uri(path: str) -> bool:
     return "://" in path
 
 
-def _filesystem(path: str) -> tuple[Any, str]:
-    from pyarrow import fs
-
-    if is_uri(path):
-        return fs.FileSystem.from_uri(path)
-    return fs.LocalFileSystem(), str(Path(path).resolve())
+def _filesystem(uri: str) -> tuple[Any, str]:
+    """`pyarrow.fs`'s filesystem and path for a storage URI (pyarrow is an extra: ``mmserve[lora-storage]``)."""
+    try:
+        from pyarrow import fs
+    except ImportError:
+        raise AdapterError(f"{uri}: reading adapters from storage URIs needs pyarrow (pip install pyarrow)") from None
+    return fs.FileSystem.from_uri(uri)
 
 
 def read_adapter_config(path: str) -> dict[str, Any]:
-    """The adapter's adapter_config.json; `AdapterMissing` when there is none."""
-    from pyarrow import fs
+    """The adapter's adapter_config.json (a local folder, or a URI through `pyarrow.fs`);
+    `AdapterMissing` when there is none."""
+    if is_uri(path):
+        from pyarrow import fs
 
-    filesystem, root = _filesystem(path)
-    config_path = str(PurePosixPath(root) / CONFIG_FILE)
-    if filesystem.get_file_info(config_path).type != fs.FileType.File:
-        raise AdapterMissing(f"{path}: no {CONFIG_FILE} there")
-    with filesystem.open_input_stream(config_path) as stream:
-        try:
-            config = json.loads(stream.read())
-        except ValueError as exc:
-            raise AdapterError(f"{path}/{CONFIG_FILE}: not JSON ({exc})") from None
+        filesystem, root = _filesystem(path)
+        config_path = str(PurePosixPath(root) / CONFIG_FILE)
+        if filesystem.get_file_info(config_path).type != fs.FileType.File:
+            raise AdapterMissing(f"{path}: no {CONFIG_FILE} there")
+        with filesystem.open_input_stream(config_path) as stream:
+            text = stream.read()
+    else:
+        local = Path(path) / CONFIG_FILE
+        if not local.is_file():
+            raise AdapterMissing(f"{path}: no {CONFIG_FILE} there")
+        text = local.read_bytes()
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise AdapterError(f"{path}/{CONFIG_FILE}: not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{path}/{CONFIG_FILE}: not a JSON object")
     return config
@@ -121,10 +131,10 @@ def local_copy(path: str) -> Path:
     folder in a new temporary folder."""
     if not is_uri(path):
         return Path(path)
+    filesystem, root = _filesystem(path)
     from pyarrow import fs
 
     target = Path(tempfile.mkdtemp(prefix="mmserve-lora-"))
-    filesystem, root = _filesystem(path)
     fs.copy_files(root, str(target), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem())
     return target
 
