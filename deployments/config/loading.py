@@ -171,9 +171,14 @@ def _with_adapters(path: Path, i: int, model: ModelConfig, lora: LoraConfig) -> 
     dynamic = None if lora.dynamic_path is None else resolved(lora.dynamic_path, "dynamic_path")
     lora = lora.model_copy(update={"adapters": adapters, "dynamic_path": dynamic})
     base = model.hf_id or model.local_path or model.name
+    base_gguf = None  # a GGUF model's file: a GGUF adapter's tensors are checked against it
+    if model.local_path is not None:
+        local = Path(model.local_path)
+        file = local if local.is_file() else local / (model.weight_file or "")
+        base_gguf = str(file) if file.suffix.lower() == ".gguf" and file.is_file() else None
     for name, adapter in adapters.items():
         try:
-            check_adapter(adapter, lora, base)
+            check_adapter(adapter, lora, base, base_gguf)
         except (AdapterError, OSError) as exc:
             raise ConfigError(f"{where}.adapters.{name}: {exc}") from None
     return model.model_copy(update={"params": model.params.model_copy(update={"lora": lora})})

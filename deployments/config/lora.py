@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import Field, field_validator
 
@@ -104,9 +105,13 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     return config
 
 
-def check_adapter(path: str, lora: LoraConfig, base: str) -> dict[str, Any]:
+def check_adapter(path: str, lora: LoraConfig, base: str, base_gguf: str | None = None) -> dict[str, Any]:
     """The adapter's config, checked: a LoRA adapter, rank within `lora.max_rank`, made for `base`
-    (when `lora.check_base` and the adapter names its base). `AdapterError` says which and why."""
+    (when `lora.check_base` and the adapter names its base). A ``.gguf`` file is llama.cpp's adapter
+    (`check_gguf_adapter`, against the model's GGUF file `base_gguf` when given). `AdapterError`
+    says which and why."""
+    if path.lower().endswith(".gguf"):
+        return check_gguf_adapter(path, lora, base_gguf)
     config = read_adapter_config(path)
     kind = str(config.get("peft_type", "LORA")).upper()
     if kind != "LORA":
@@ -120,6 +125,92 @@ def check_adapter(path: str, lora: LoraConfig, base: str) -> dict[str, Any]:
     if lora.check_base and named and _last_part(named) != _last_part(base):
         raise AdapterError(f"{path}: made for base model {named!r}, not {base!r}")
     return config
+
+
+def check_gguf_adapter(path: str, lora: LoraConfig, base_gguf: str | None) -> dict[str, Any]:
+    """A GGUF LoRA adapter (``general.type: adapter``, ``adapter.type: lora``), its rank within
+    `lora.max_rank`, and, with the base model's GGUF file, each ``<tensor>.lora_a`` / ``.lora_b``
+    pair shaped for the base's ``<tensor>`` (another base's adapter fails here, not in llama.cpp)."""
+    if is_uri(path):
+        raise AdapterError(f"{path}: a GGUF adapter is read from a local file (copy it to the replicas' machines)")
+    if not Path(path).is_file():
+        raise AdapterMissing(f"{path}: no such file")
+    try:
+        meta, shapes = read_gguf(Path(path))
+    except (ValueError, OSError, struct.error) as exc:
+        raise AdapterError(f"{path}: not a GGUF file ({exc})") from None
+    kind, adapter = meta.get("general.type"), meta.get("adapter.type")
+    if (kind, adapter) != ("adapter", "lora"):
+        raise AdapterError(f"{path}: not a GGUF LoRA adapter (general.type {kind!r}, adapter.type {adapter!r})")
+    ranks = {shape[-1] for name, shape in shapes.items() if name.endswith(".lora_a")}  # lora_a: [in, r]
+    if not ranks:
+        raise AdapterError(f"{path}: no LoRA tensors (*.lora_a)")
+    if max(ranks) > lora.max_rank:
+        raise AdapterError(f"{path}: rank {max(ranks)} is over max_rank {lora.max_rank}")
+    if base_gguf is not None and lora.check_base:
+        base = read_gguf(Path(base_gguf))[1]
+        for name, shape in shapes.items():
+            if not name.endswith(".lora_a"):
+                continue
+            target = name.removesuffix(".lora_a")
+            b_shape = shapes.get(f"{target}.lora_b", [0, 0])
+            if target not in base or [shape[0], b_shape[-1]] != base[target][:2]:
+                raise AdapterError(
+                    f"{path}: made for another base: {target} is {base.get(target)} in {base_gguf}, "
+                    f"the adapter's is {[shape[0], b_shape[-1]]}"
+                )
+    return {"peft_type": "LORA", "r": max(ranks)}
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """A GGUF file's header: its string and scalar metadata (arrays skipped) and each tensor's
+    shape in ggml order (``[in, out]`` for a weight), without reading the tensors (the `gguf`
+    package's reader parses every vocabulary entry: seconds on a model file)."""
+
+    def read(f: BinaryIO, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise ValueError("truncated header")
+        return struct.unpack(fmt, data)[0]
+
+    def string(f: BinaryIO) -> str:
+        return f.read(read(f, "<Q")).decode(errors="replace")
+
+    def skip(f: BinaryIO, kind: int) -> Any:
+        if kind == 8:
+            return string(f)
+        if kind == 9:
+            item, count = read(f, "<I"), read(f, "<Q")
+            if item in _SCALARS:
+                f.seek(struct.calcsize(_SCALARS[item]) * count, 1)
+            else:
+                for _ in range(count):
+                    skip(f, item)
+            return None
+        return read(f, _SCALARS[kind])
+
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError("bad magic")
+        if read(f, "<I") < 2:
+            raise ValueError("GGUF version 1 is not supported")
+        tensors, count = read(f, "<Q"), read(f, "<Q")
+        meta = {}
+        for _ in range(count):
+            key = string(f)
+            meta[key] = skip(f, read(f, "<I"))
+        shapes = {}
+        for _ in range(tensors):
+            name = string(f)
+            dims = [read(f, "<Q") for _ in range(read(f, "<I"))]
+            read(f, "<I")  # type
+            read(f, "<Q")  # offset
+            shapes[name] = dims
+    return meta, shapes
 
 
 def _last_part(name: str) -> str:

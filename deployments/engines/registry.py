@@ -173,7 +173,7 @@ ENGINES: dict[str, EngineSpec] = {
             LLAMA_CPP,
             _llama_cpp_text,
             _llama_cpp_caption,
-            settings=frozenset({"kv_cache_dtype", "enable_prefix_caching"}),
+            settings=frozenset({"kv_cache_dtype", "enable_prefix_caching", "lora"}),
             cpu_replicas=1,
             threads_are_cores=True,
             replica_env=OPENMP_ENV,

@@ -36,3 +36,35 @@ def build_merged(base_dir: Path, adapter: Path, out: Path) -> Path:
     merged.save_pretrained(out)
     AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
     return out
+
+
+def build_gguf_lora(
+    base_gguf: Path, out: Path, *, seed: int, rank: int = 4, alpha: float = 8.0, widen: int = 1
+) -> Path:
+    """A random GGUF LoRA adapter (llama.cpp's layout, as convert_lora_to_gguf.py writes it) for the
+    attention query and value projections of every block of the GGUF model `base_gguf` (`widen` > 1:
+    for a wider model, another base)."""
+    import gguf
+    import numpy as np
+
+    from deployments.config.lora import read_gguf
+
+    meta, shapes = read_gguf(base_gguf)  # ggml order: [in, out]
+    arch = meta["general.architecture"]
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    for name, (size_in, size_out) in sorted(
+        (n, s) for n, s in shapes.items() if n.endswith(("attn_q.weight", "attn_v.weight"))
+    ):
+        writer.add_tensor(
+            f"{name}.lora_a", rng.normal(0, 0.1, (rank, size_in * widen)).astype(np.float32)
+        )  # PEFT's lora_A
+        writer.add_tensor(f"{name}.lora_b", rng.normal(0, 0.1, (size_out, rank)).astype(np.float32))  # PEFT's lora_B
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -13,7 +13,7 @@ import yaml
 
 from deployments.config import EngineParams, LoraConfig, ModelConfig, parse_models
 from deployments.config.lora import adapter_path
-from deployments.engines.registry import check_settings
+from deployments.engines.registry import ENGINES, check_settings
 from deployments.errors import ConfigError, ModelNotFoundError
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import AdapterView, ServedModel, ServedModels
@@ -71,11 +71,13 @@ def test_the_lora_section_is_strict():
     assert yaml.safe_dump(LoraConfig().model_dump())  # plain data
 
 
-def test_only_the_transformers_engine_reads_lora():
+def test_the_engines_that_serve_adapters_own_the_setting():
+    assert [spec.name for spec in ENGINES.values() if spec.name != "fake" and "lora" in (spec.settings or ())] == [
+        "transformers",
+        "llama.cpp",
+    ]
     entry = ModelConfig(name="m", local_path="/m", engine="llama.cpp", params=EngineParams(lora=LoraConfig()))
-    with pytest.raises(ConfigError, match=r"params.lora \(read by: transformers\)"):
-        check_settings(entry, "llama.cpp")
-    check_settings(entry.model_copy(update={"engine": "transformers"}), "transformers")
+    check_settings(entry, "llama.cpp")
 
 
 def served(*, dynamic: bool = False) -> ServedModels:

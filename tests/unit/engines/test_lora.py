@@ -1,7 +1,9 @@
 """LoRA adapters on the transformers engines (PEFT), with random adapters made here: an adapter
 changes the greedy answer; its greedy tokens equal those of the base with the adapter merged into
 its weights; a base row and two adapter rows decoded in one step each equal their answer alone; an
-adapter that cannot be loaded is a 400 naming it and changes nothing else; where the engine takes them."""
+adapter that cannot be loaded is a 400 naming it and changes nothing else; where the engine takes them.
+On llama.cpp, a random GGUF LoRA for the offline default SmolLM2 GGUF (written with the `gguf`
+package) loads at start and changes the answer, and the base answer stays the base's."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from deployments.config import EngineParams, LoraConfig, ModelConfig
+from deployments.config import EngineParams, LoraConfig, ModelConfig, parse_models
 from deployments.engines import create_text_engine
 from deployments.engines.transformers.static.engine import StaticTextEngine
 from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, TextMessage
-from tests.support.lora_adapters import build_lora, build_merged
+from tests.support.lora_adapters import build_gguf_lora, build_lora, build_merged
 
 PROMPT = "Tell me about the sea"
 
@@ -126,3 +128,41 @@ def test_unloaded_adapters_leave_the_base_as_it_was(tiny_llm_dir, adapters):
 def test_continuous_batching_refuses_adapters(tiny_llm_dir, adapters):
     with pytest.raises(ConfigError, match="batching: static"):
         create_text_engine(lora_model(tiny_llm_dir, adapters, batching="continuous"))
+
+
+def smollm2_with_lora(smollm2: Path, adapters: dict[str, str]) -> ModelConfig:
+    params = {"max_num_seqs": 2, "max_model_len": 512, "temperature": 0, "cpu_threads": 2, "max_tokens": 8}
+    return ModelConfig(
+        name="smollm2",
+        engine="llama.cpp",
+        local_path=str(smollm2.parent),
+        weight_file=smollm2.name,
+        params={**params, "lora": {"adapters": adapters}},
+    )
+
+
+async def test_a_gguf_lora_loads_on_llamacpp_and_changes_the_answer(smollm2, tmp_path):
+    from deployments.engines.llamacpp import LlamaCppTextEngine
+
+    lora = build_gguf_lora(smollm2, tmp_path / "x.gguf", seed=1)
+    built = create_text_engine(smollm2_with_lora(smollm2, {"x": str(lora)}))
+    assert isinstance(built, LlamaCppTextEngine)
+    try:
+        question = "What is the capital of France?"
+        base = await tokens(built, ask(text=question))
+        built.load_adapter("x", str(lora))  # loaded at start: nothing to do
+        assert await tokens(built, ask("x", question)) != base
+        assert await tokens(built, ask(text=question)) == base
+        with pytest.raises(InvalidRequestError, match="'y'"):
+            built.load_adapter("y", str(lora))
+    finally:
+        built.close()
+
+
+@pytest.mark.parametrize(("rank", "widen", "why"), [(4, 2, "made for another base"), (128, 1, "rank 128 is over")])
+def test_a_gguf_adapter_for_another_base_or_too_high_a_rank_fails_the_build(smollm2, tmp_path, rank, widen, why):
+    lora = build_gguf_lora(smollm2, tmp_path / "x.gguf", seed=1, rank=rank, widen=widen)
+    entry = smollm2_with_lora(smollm2, {"x": str(lora)}).model_dump(exclude_unset=True)
+    with pytest.raises(ConfigError, match=why) as err:
+        parse_models({"models": [entry]}, tmp_path / "models.yaml")
+    assert "params.lora.adapters.x" in str(err.value) and str(lora) in str(err.value)
