@@ -22,13 +22,13 @@ CONFIG_FILE = "adapter_config.json"
 
 
 class LoraConfig(StrictModel):
-    """LoRA adapters served on top of the model (transformers: PEFT folders)."""
+    """LoRA adapters served on top of the model (transformers: PEFT folders; llama.cpp: GGUF adapter files)."""
 
     adapters: dict[str, str] = Field(
         default_factory=dict,
         description="Adapter name -> its folder (PEFT's save_pretrained output: adapter_config.json and "
-        "adapter_model.safetensors): a local path (relative to models.yaml), package:NAME/SUBDIR inside an "
-        "installed package, or a storage URI read through pyarrow.fs (s3://, gs://, hdfs://). Each is checked when "
+        "adapter_model.safetensors; on llama.cpp a GGUF adapter file): a local path (relative to models.yaml), "
+        "package:NAME/SUBDIR inside an installed package, or a storage URI read through pyarrow.fs (s3://, gs://, hdfs://). Each is checked when "
         "the service is built. A request names one as model '<base>:<adapter>' or by the adapter's name alone.",
     )
     dynamic_path: str | None = Field(

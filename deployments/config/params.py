@@ -175,8 +175,9 @@ class EngineParams(StrictModel):
 
     lora: LoraConfig | None = Field(
         None,
-        description="LoRA adapters served on this model (transformers, with batching static or sequential; "
-        "auto then picks static): docs/lora.md. Requests name one as model '<base>:<adapter>' or by its own name.",
+        description="LoRA adapters served on this model (docs/lora.md): transformers (PEFT folders; batching static "
+        "or sequential, auto then picks static) and llama.cpp (GGUF adapter files, loaded at start). Requests name "
+        "one as model '<base>:<adapter>' or by its own name.",
     )
 
     @model_validator(mode="after")
