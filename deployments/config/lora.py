@@ -28,8 +28,9 @@ class LoraConfig(StrictModel):
         default_factory=dict,
         description="Adapter name -> its folder (PEFT's save_pretrained output: adapter_config.json and "
         "adapter_model.safetensors; on llama.cpp a GGUF adapter file): a local path (relative to models.yaml), "
-        "package:NAME/SUBDIR inside an installed package, or a storage URI read through pyarrow.fs (s3://, gs://, hdfs://). Each is checked when "
-        "the service is built. A request names one as model '<base>:<adapter>' or by the adapter's name alone.",
+        "package:NAME/SUBDIR inside an installed package, or a storage URI read through pyarrow.fs (s3://, gs://, "
+        "hdfs://). Each is checked when the service is built. A request names one as model '<base>:<adapter>' or by "
+        "the adapter's name alone.",
     )
     dynamic_path: str | None = Field(
         None,
