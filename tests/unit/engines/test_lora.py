@@ -90,6 +90,15 @@ async def test_a_base_row_and_two_adapter_rows_in_one_step_each_equal_alone(engi
     assert any({None, "a", "b"} <= set(step) for step in steps)  # decoded in one step
 
 
+async def test_a_seeded_adapter_answer_is_the_same_alone_and_beside_others(engine):
+    def seeded(adapter: str | None) -> GenerateRequest:
+        return ask(adapter).model_copy(update={"temperature": 1.0, "seed": 7})
+
+    alone = await tokens(engine, seeded("a"))
+    beside = await asyncio.gather(tokens(engine, seeded("a")), tokens(engine, ask("b")), tokens(engine, ask()))
+    assert beside[0] == alone and await tokens(engine, seeded("a")) == alone
+
+
 async def test_an_adapter_that_cannot_load_is_a_400_naming_it_and_changes_nothing(engine, tmp_path, adapters):
     before = [await tokens(engine, ask(adapter)) for adapter in (None, "a")]
     corrupt = tmp_path / "corrupt"
