@@ -16,7 +16,7 @@ import httpx
 import pytest
 import ray
 
-from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
+from tests.serve.conftest import BASE_URL, deploy, metric_total, settled_metrics, undeploy, write_models
 from tests.support.lora_adapters import build_lora
 
 TINY = "tiny"
@@ -141,3 +141,16 @@ def test_unknown_adapters_are_404_and_unloadable_ones_400_naming_them(http, mode
     if status == 404:
         assert error["code"] == "model_not_found"
     assert answer(http, f"{TINY}:a") == a
+
+
+def test_adapter_loads_are_counted(http):
+    """Last: by now the replicas loaded a, b and c, and failed on corrupt, wide and nope."""
+    least = {"loaded": 3, "failed": 2, "not_found": 1}
+
+    def counted(samples) -> bool:
+        return all(metric_total(samples, "lora_adapter_loads", outcome=o) >= n for o, n in least.items())
+
+    samples = settled_metrics((TINY,), counted)
+    assert counted(samples), {o: metric_total(samples, "lora_adapter_loads", outcome=o) for o in least}
+    assert metric_total(samples, "lora_adapter_load_seconds", "_count") >= 3
+    assert 1 <= metric_total(samples, "lora_adapters_held") <= 2  # one replica each at most
