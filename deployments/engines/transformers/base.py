@@ -28,6 +28,7 @@ from deployments.engines.transformers.lora import LoraAdapters
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import IncrementalText, TokenStream, stream_outputs
+from deployments.errors import InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 from deployments.roles import Role
 
@@ -111,6 +112,11 @@ class TransformersDecoder(TransformersEngine, TextEngine):
     def unload_adapter(self, name: str) -> None:
         if self.adapters is not None:
             self.adapters.unload(name)
+
+    def require_adapter(self, adapter: str | None) -> None:
+        """A request's adapter must be loaded before its sequence starts (a 400 here, not a failed step)."""
+        if adapter is not None and (self.adapters is None or adapter not in self.adapters.loaded):
+            raise InvalidRequestError(f"The LoRA adapter {adapter!r} is not loaded on this replica.", param="model")
 
     def lora_rows(self, adapters: list[str | None]) -> contextlib.AbstractContextManager[None]:
         """A forward whose batch rows run these adapters (`lora.LoraAdapters.rows`); nothing without LoRA."""

@@ -101,6 +101,7 @@ class SequentialTextEngine(TransformersTextEngine):
         return GenerationConfig(max_new_tokens=max_tokens, **options, **self.special)
 
     async def start(self, request: GenerateRequest) -> TokenStream:
+        self.require_adapter(request.adapter)
         prepared = await self.prepare(request)
         config = self._generation_config(self.sampling(request), prepared.max_tokens)
         frequency, presence = self.penalties(request)

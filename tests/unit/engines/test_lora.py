@@ -117,6 +117,8 @@ async def test_an_adapter_that_cannot_load_is_a_400_naming_it_and_changes_nothin
         with pytest.raises(InvalidRequestError, match=name):
             engine.load_adapter(name, str(folder))
     assert engine.adapters is not None and engine.adapters.loaded == {"a", "b"}
+    with pytest.raises(InvalidRequestError, match="'corrupt' is not loaded"):
+        await tokens(engine, ask("corrupt"))
     assert [await tokens(engine, ask(adapter)) for adapter in (None, "a")] == before
 
 

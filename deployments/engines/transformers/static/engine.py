@@ -145,6 +145,7 @@ class StaticTextEngine(TransformersTextEngine):
     # ------------------------------------------------------------------ the event loop's side
 
     async def start(self, request: GenerateRequest) -> TokenStream:
+        self.require_adapter(request.adapter)
         prepared = await self.prepare(request)
         params = self.batch_sampling(request)
         if (failure := self.failure()) is not None:
