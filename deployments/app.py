@@ -75,6 +75,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
                 native_max_images=primary.capabilities.max_images_per_request
                 if primary.capabilities.vision_mode == "native"
                 else None,
+                adapters=list(primary.params.lora.adapters) if primary.params.lora else [],
+                dynamic_adapters=primary.params.lora is not None and primary.params.lora.dynamic_path is not None,
             )
         )
     embedders, embedding = {}, []

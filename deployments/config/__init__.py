@@ -18,6 +18,7 @@ from deployments.config.batches import BatchesConfig
 from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat
 from deployments.config.embedding import EmbeddingConfig, Pooling, TokenIdVocabulary
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
+from deployments.config.lora import LoraConfig
 from deployments.config.machine import cpu_cores
 from deployments.config.models import (
     AUTO,
@@ -46,6 +47,7 @@ __all__ = [
     "GpuShare",
     "ImageInputConfig",
     "Lifecycle",
+    "LoraConfig",
     "ModelConfig",
     "ModelsFile",
     "Pooling",

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deployments.config.chat import read_chat_template
 from deployments.config.embedding import EmbeddingConfig
+from deployments.config.lora import AdapterError, LoraConfig, check_adapter, is_uri
 from deployments.config.models import Lifecycle, ModelConfig, ModelsFile
 from deployments.config.params import EngineParams
 from deployments.config.serving import AppArgs, ServerConfig
@@ -115,6 +116,8 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
             if m.mmproj_file and not (beside / m.mmproj_file).is_file():
                 raise ConfigError(f"{path}: models[{i}].mmproj_file: {beside / m.mmproj_file} not found")
             m = m.model_copy(update={"local_path": str(local)})
+        if m.params.lora is not None:
+            m = _with_adapters(path, i, m, m.params.lora)
         if m.chat_template is not None:
             template = (path.parent / m.chat_template).resolve()
             try:
@@ -135,7 +138,7 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
 PACKAGE_PREFIX = "package:"
 
 
-def _local_path(path: Path, i: int, local_path: str) -> Path:
+def _local_path(path: Path, i: int, local_path: str, field: str = "local_path") -> Path:
     """A local_path, relative to models.yaml, or ``package:NAME/SUBDIR`` inside an installed package."""
     if not local_path.startswith(PACKAGE_PREFIX):
         return (path.parent / local_path).resolve()
@@ -146,10 +149,39 @@ def _local_path(path: Path, i: int, local_path: str) -> Path:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
-            f"{path}: models[{i}].local_path: no installed package {package!r} (pip install it: the model's files "
+            f"{path}: models[{i}].{field}: no installed package {package!r} (pip install it: the model's files "
             "ship in its wheel)"
         )
     return (Path(next(iter(spec.submodule_search_locations))) / inside).resolve()
+
+
+def _with_adapters(path: Path, i: int, model: ModelConfig, lora: LoraConfig) -> ModelConfig:
+    """`params.lora` with its local paths resolved (relative to models.yaml, or ``package:``), each
+    listed adapter checked (`lora.check_adapter`): a ConfigError names the adapter, its path and why."""
+    where = f"{path}: models[{i}].params.lora"
+
+    def resolved(value: str, field: str) -> str:
+        if is_uri(value):
+            return value
+        if value.startswith(PACKAGE_PREFIX):
+            return str(_local_path(path, i, value, field=f"params.lora.{field}"))
+        return str((path.parent / value).resolve())
+
+    adapters = {name: resolved(value, f"adapters.{name}") for name, value in lora.adapters.items()}
+    dynamic = None if lora.dynamic_path is None else resolved(lora.dynamic_path, "dynamic_path")
+    lora = lora.model_copy(update={"adapters": adapters, "dynamic_path": dynamic})
+    base = model.hf_id or model.local_path or model.name
+    base_gguf = None  # a GGUF model's file: a GGUF adapter's tensors are checked against it
+    if model.local_path is not None:
+        local = Path(model.local_path)
+        file = local if local.is_file() else local / (model.weight_file or "")
+        base_gguf = str(file) if file.suffix.lower() == ".gguf" and file.is_file() else None
+    for name, adapter in adapters.items():
+        try:
+            check_adapter(adapter, lora, base, base_gguf)
+        except (AdapterError, OSError) as exc:
+            raise ConfigError(f"{where}.adapters.{name}: {exc}") from None
+    return model.model_copy(update={"params": model.params.model_copy(update={"lora": lora})})
 
 
 def _with_embedding(model: ModelConfig, overrides: EmbeddingConfig, where: str) -> ModelConfig:

@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.lora import LoraConfig
 from deployments.config.strict import StrictModel
 
 
@@ -175,6 +176,13 @@ class EngineParams(StrictModel):
         description="Coalesce streamed text: after a chunk, new text is held until this many ms have passed, "
         "then sent as one chunk (the first and the last are never held): fewer Serve messages per token. "
         "0 sends every piece.",
+    )
+
+    lora: LoraConfig | None = Field(
+        None,
+        description="LoRA adapters served on this model (docs/lora.md): transformers (PEFT folders; batching static "
+        "or sequential, auto then picks static) and llama.cpp (GGUF adapter files, loaded at start). Requests name "
+        "one as model '<base>:<adapter>' or by its own name.",
     )
 
     @model_validator(mode="after")

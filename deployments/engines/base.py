@@ -80,6 +80,15 @@ class TextEngine(Engine):
         (`InvalidRequestError`). Blocking, as `tokenize`."""
         raise InvalidRequestError(f"This model's engine ({type(self).__name__}) does not detokenize.")
 
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Load the LoRA adapter in local `folder` as `name`, for requests whose `adapter` names it.
+        Blocking (the replica calls it in a worker thread). `InvalidRequestError` when the adapter
+        cannot be used with this model (naming it); the base and other adapters are left as they were."""
+        raise InvalidRequestError(f"This model's engine ({type(self).__name__}) takes no LoRA adapters.")
+
+    def unload_adapter(self, name: str) -> None:
+        """Drop adapter `name` (no running request uses it: the replica waits for them). Blocking."""
+
     def failure(self) -> str | None:
         """Why the engine can no longer generate (e.g. its batching thread died), else None."""
         return None

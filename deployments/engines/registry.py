@@ -71,13 +71,23 @@ class EngineSpec:
 
 def _transformers_text(model: ModelConfig) -> TextEngine:
     """Under `vision_mode: native` the VLM engine; else `params.batching`'s engine: `auto` is the
-    static-slot decoder on one CUDA GPU for a model of its shapes, continuous batching otherwise
-    (on a CPU always)."""
+    static-slot decoder on one CUDA GPU for a model of its shapes, or with LoRA adapters (`params.lora`),
+    continuous batching otherwise (on a CPU always)."""
+    lora = model.params.lora is not None
     if model.capabilities.vision_mode == "native":
+        if lora:
+            raise ConfigError(f"model {model.name!r}: LoRA adapters are not served with vision_mode: native yet")
         from deployments.engines.transformers.native import NativeVisionEngine
 
         return NativeVisionEngine(model)
     batching = model.params.batching
+    if batching == "continuous" and lora:
+        raise ConfigError(
+            f"model {model.name!r}: LoRA adapters need batching: static (rows of several adapters in one step) or "
+            "sequential; transformers' continuous batching packs every request into one row"
+        )
+    if batching == "auto" and lora:
+        batching = "static"
     if batching == "auto":
         from deployments.engines.transformers.static.engine import cuda_default
 
@@ -150,6 +160,7 @@ ENGINES: dict[str, EngineSpec] = {
                     "mem_budget_mb",
                     "processor_cache_mb",
                     "batch_wait_ms",
+                    "lora",
                 }
             ),
             replica_env=TORCH_ENV,
@@ -162,7 +173,7 @@ ENGINES: dict[str, EngineSpec] = {
             LLAMA_CPP,
             _llama_cpp_text,
             _llama_cpp_caption,
-            settings=frozenset({"kv_cache_dtype", "batch_invariant", "enable_prefix_caching"}),
+            settings=frozenset({"kv_cache_dtype", "batch_invariant", "enable_prefix_caching", "lora"}),
             cpu_replicas=1,
             threads_are_cores=True,
             replica_env=OPENMP_ENV,

@@ -29,7 +29,7 @@ from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.served_models import ServedEmbedder, ServedModel, ServedModels
+from deployments.ingress.served_models import AdapterView, ServedEmbedder, ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
@@ -48,6 +48,8 @@ class ServedModelConfig(BaseModel):
     captioner: ModelConfig | None = None
     captioner_deployment: str = Role.CAPTIONER.deployment  # the captioner's deployment in `IngressConfig.captioner_app`
     native_max_images: int | None = None  # native vision: the model's own image limit
+    adapters: list[str] = []  # its listed LoRA adapters (`params.lora.adapters`)
+    dynamic_adapters: bool = False  # any other adapter may be named as '<model>:<adapter>' (`lora.dynamic_path`)
 
 
 class ServedEmbedderConfig(BaseModel):
@@ -70,6 +72,26 @@ class IngressConfig(BaseModel):
     captioner_app: str = "vision"
     images: ImageInputConfig = ImageInputConfig()
     server: ServerConfig = ServerConfig()
+
+
+def adapter_view(
+    model: ServedModelConfig, decoder: DeploymentHandle, vision: VisionPipeline, server: ServerConfig
+) -> AdapterView | None:
+    """How `model`'s LoRA adapters are served: an answer core per adapter over the decoder's handle
+    with the adapter as Serve's multiplexed model id (Serve routes it to a replica that holds it)."""
+    if not model.adapters and not model.dynamic_adapters:
+        return None
+
+    def core(adapter: str) -> AnswerCore:
+        return AnswerCore(
+            decoder.options(multiplexed_model_id=adapter),
+            vision,
+            model_name=f"{model.name}:{adapter}",
+            request_timeout_s=server.request_timeout_s,
+            max_n=server.max_n,
+        )
+
+    return AdapterView(tuple(model.adapters), model.dynamic_adapters, core)
 
 
 @serve.deployment  # its options are the builder's (deployments/options/)
@@ -109,7 +131,7 @@ class Ingress:
             )
             health = HealthService(decoder, captioner, model_name=model.name)
             card = ModelCard(id=model.name, created=int(time.time()))
-            served.append(ServedModel(card, core, health))
+            served.append(ServedModel(card, core, health, adapter_view(model, decoder, vision, server)))
         embedding = [
             ServedEmbedder(
                 ModelCard(id=e.name, created=int(time.time())),

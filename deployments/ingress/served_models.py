@@ -1,12 +1,18 @@
 """The models behind the endpoint: each primary's answer core (`answer.core.AnswerCore`, which every
 endpoint's service frames), its `HealthService` and model card, found by the `model` a request
-names (404 `model_not_found` for any other), and /health over all of them."""
+names (404 `model_not_found` for any other), and /health over all of them.
+
+A primary's LoRA adapters (`AdapterView`) are named as Ray Serve LLM names them,
+``<model>:<adapter>``, or by the adapter's own name as vLLM does (when no other model has an adapter
+of that name); /v1/models lists each listed adapter as ``<model>:<adapter>`` with `parent` the model.
+An adapter the ingress does not list is tried only as ``<model>:<adapter>`` of a model with a
+`lora.dynamic_path`: the replica that loads it answers 404 when it is not there."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.errors import InvalidRequestError, ModelNotFoundError
@@ -17,10 +23,37 @@ from deployments.protocol.openai.common import ModelCard, ModelList
 
 
 @dataclass(frozen=True)
+class AdapterView:
+    """A model's LoRA adapters as the ingress serves them: `core` makes an adapter's answer core
+    (the decoder's handle with the adapter as Serve's multiplexed model id)."""
+
+    listed: tuple[str, ...]
+    dynamic: bool
+    core: Callable[[str], AnswerCore]
+    _cores: dict[str, AnswerCore] = field(default_factory=dict, compare=False)
+
+    def get(self, adapter: str) -> AnswerCore:
+        """The adapter's core (the listed ones' kept; a dynamic one's made per request)."""
+        if adapter in self._cores:
+            return self._cores[adapter]
+        core = self.core(adapter)
+        if adapter in self.listed:
+            self._cores[adapter] = core
+        return core
+
+
+@dataclass(frozen=True)
 class ServedModel:
     card: ModelCard
     core: AnswerCore
     health: HealthService
+    adapters: AdapterView | None = None
+
+    def with_adapter(self, adapter: str) -> ServedModel:
+        """This model answering with one of its LoRA adapters."""
+        assert self.adapters is not None
+        card = ModelCard(id=f"{self.card.id}:{adapter}", created=self.card.created, parent=self.card.id)
+        return ServedModel(card, self.adapters.get(adapter), self.health)
 
 
 @dataclass(frozen=True)
@@ -37,7 +70,22 @@ class ServedModels:
             raise ValueError("an endpoint serves at least one model")
         self._models = {model.card.id: model for model in models}
         self._embedders = {embedder.card.id: embedder for embedder in embedders}
-        self.cards = ModelList(data=[model.card for model in models] + [e.card for e in embedders])
+        # Adapters by their own name (vLLM's form), when only one model has an adapter of that name.
+        owners: dict[str, list[ServedModel]] = {}
+        for model in models:
+            for adapter in model.adapters.listed if model.adapters else ():
+                owners.setdefault(adapter, []).append(model)
+        self._by_adapter = {
+            name: (owner[0], name)
+            for name, owner in owners.items()
+            if len(owner) == 1 and name not in self._models and name not in self._embedders
+        }
+        adapter_cards = [
+            ModelCard(id=f"{model.card.id}:{adapter}", created=model.card.created, parent=model.card.id)
+            for model in models
+            for adapter in (model.adapters.listed if model.adapters else ())
+        ]
+        self.cards = ModelList(data=[model.card for model in models] + adapter_cards + [e.card for e in embedders])
 
     @property
     def names(self) -> list[str]:
@@ -49,7 +97,7 @@ class ServedModels:
 
     def get(self, name: str) -> ServedModel:
         """A chat model; an embedding model's name is a 400 (it only embeds)."""
-        model = self._models.get(name)
+        model = self._models.get(name) or self._adapter(name)
         if model is None and name in self._embedders:
             raise InvalidRequestError(
                 f"The model {name!r} is an embedding model: it answers /v1/embeddings only.", param="model"
@@ -58,9 +106,23 @@ class ServedModels:
             raise self._unknown(name)
         return model
 
+    def _adapter(self, name: str) -> ServedModel | None:
+        """A model with one of its adapters: ``<model>:<adapter>`` (listed, or any under a dynamic
+        path), or a listed adapter's own name."""
+        if name in self._by_adapter:
+            owner, listed = self._by_adapter[name]
+            return owner.with_adapter(listed)
+        base, colon, adapter = name.rpartition(":")
+        model = self._models.get(base) if colon else None
+        if model is None or model.adapters is None or not adapter:
+            return None
+        if adapter in model.adapters.listed or model.adapters.dynamic:
+            return model.with_adapter(adapter)
+        return None
+
     def card(self, name: str) -> ModelCard:
-        """The card of any served model, chat or embedding."""
-        served = self._models.get(name) or self._embedders.get(name)
+        """The card of any served model, chat or embedding, or a LoRA adapter."""
+        served = self._models.get(name) or self._adapter(name) or self._embedders.get(name)
         if served is None:
             raise self._unknown(name)
         return served.card

@@ -120,6 +120,20 @@ DECODER_METRICS = (
     _spec("kv_cache_usage_perc", "gauge", "Decoder: KV-cache pages in use / pages in total (0 to 1)."),
     _spec("processor_cache_hits", "counter", "Native vision: images whose processed tensors came from the cache."),
     _spec("processor_cache_misses", "counter", "Native vision: images the replica's processor processed."),
+    _spec(
+        "lora_adapter_loads",
+        "counter",
+        "LoRA: adapter loads on the replica, by outcome (loaded, failed: a 400; not_found: a 404).",
+        "outcome",
+        known={"outcome": ("loaded", "failed", "not_found")},
+    ),
+    _spec(
+        "lora_adapter_load_seconds",
+        "histogram",
+        "LoRA: time to load an adapter (copy from storage, read, attach to the model).",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec("lora_adapters_held", "gauge", "LoRA: adapters the replica holds (at most max_adapters_per_replica)."),
 )
 CAPTIONER_METRICS = (
     _spec(

@@ -106,6 +106,11 @@ class GenerateRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    adapter: str | None = Field(
+        None,
+        description="The LoRA adapter to generate with (set by the decoder replica from Serve's multiplexed "
+        "model id, once the adapter is loaded); None: the base model.",
+    )
 
 
 class GenerateChunk(BaseModel):

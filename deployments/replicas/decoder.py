@@ -17,11 +17,12 @@ from ray import serve
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
 from deployments.engines.admission import Budget
-from deployments.errors import DecoderUnavailable
+from deployments.errors import DecoderUnavailable, ModelNotFoundError
 from deployments.merge import MergedStreams
 from deployments.monitoring.metrics import DECODER_METRICS, ENGINE_METRICS, DecoderRequestTimer, Recorder
 from deployments.protocol.openai.common import TokenLogprob
 from deployments.protocol.replica import ComponentStatus, GenerateChunk, GenerateRequest, TokenizedPrompt, TokenizeInput
+from deployments.replicas.adapters import ReplicaAdapters
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 from deployments.roles import Role
@@ -38,6 +39,8 @@ class PrimaryDecoder:
         self.metrics.export_zeros()
         self._queued = 0  # requests waiting for one of the `max_num_seqs` slots
         self._cache_counts: dict[str, int] = {}  # the processor cache's totals at the last tick
+        lora = model.params.lora
+        self._adapters = None if lora is None else ReplicaAdapters(model, lora, lambda: self._slot.engine, self.metrics)
         self._slot: EngineSlot[TextEngine] = EngineSlot(
             Role.DECODER,
             model.name,
@@ -56,7 +59,26 @@ class PrimaryDecoder:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """The request's sequences, `n` of them, each chunk tagged with its sequence's `index`.
-        With a seed, sequence i samples with seed + i, so that the choices differ."""
+        With a seed, sequence i samples with seed + i, so that the choices differ. A call with a
+        multiplexed model id (the ingress's, for a LoRA adapter) generates with that adapter, loaded
+        first if this replica does not hold it (`adapters.ReplicaAdapters`)."""
+        adapter = serve.get_multiplexed_model_id() or None
+        if adapter is None:
+            async with aclosing(self._sequences(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        if self._adapters is None:
+            raise ModelNotFoundError(f"The model {self._model!r} serves no LoRA adapters ({adapter!r}).", param="model")
+        await self._adapters.acquire(adapter)
+        try:
+            async with aclosing(self._sequences(request.model_copy(update={"adapter": adapter}))) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await self._adapters.release(adapter)
+
+    async def _sequences(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         if request.n == 1:
             async with aclosing(self._sequence(request, 0)) as chunks:
                 async for chunk in chunks:
@@ -175,6 +197,8 @@ class PrimaryDecoder:
         self.metrics.set("num_requests_running", stats.get("running", 0))
         self.metrics.set("num_requests_waiting", stats.get("waiting", 0) + self._queued)
         self.metrics.set("kv_cache_usage_perc", stats.get("kv_cache_usage", 0.0))
+        if self._adapters is not None:
+            self.metrics.set("lora_adapters_held", len(self._adapters.held))
         self._count_processor_cache(stats.get("processor_cache"))
 
     def _count_processor_cache(self, cache: dict | None) -> None:
@@ -192,6 +216,8 @@ class PrimaryDecoder:
         for one of the `max_num_seqs` slots (as the num_requests_waiting gauge does): the engine
         only sees the sequences let in, so a full batch with more behind it would show none waiting."""
         status = self._slot.status()
+        if self._adapters is not None:
+            status.details["lora_adapters"] = sorted(self._adapters.held)
         if "waiting" in status.details:
             status.details["waiting"] += self._queued
         return status

@@ -126,6 +126,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             )
         progress = LoadLog(role, model)
         self.name, self.params = model.name, model.params
+        self.lora_ids = lora_ids(model)
         self.path = gguf_path(model, progress)
         self.projector = self.projector_file(model, progress)
         started = time.monotonic()
@@ -168,6 +169,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                     mmproj_path=None if self.projector is None else str(self.projector),
                     http_streams=self.streams if self.takes_images else 0,
                     kv_cache_type=self.kv_cache_type,
+                    lora_paths=tuple(model.params.lora.adapters.values()) if model.params.lora else (),
                 )
             )
         except BaseException as exc:
@@ -325,6 +327,24 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             finally:
                 self._live.pop(key, None)
 
+    def load_adapter(self, name: str, folder: str) -> None:
+        """llama.cpp loads its adapters at start (`lora.adapters`): nothing to load, or a 400."""
+        if name not in self.lora_ids:
+            raise InvalidRequestError(
+                f"The LoRA adapter {name!r} cannot be loaded: llama.cpp serves the adapters listed in lora.adapters "
+                f"({', '.join(self.lora_ids) or 'none'}), loaded at start",
+                param="model",
+            )
+
+    def with_adapter(self, body: dict[str, Any], adapter: str | None) -> dict[str, Any]:
+        """The body with every adapter's scale (1 for the request's, 0 for the others: llama.cpp
+        otherwise applies an adapter at its start scale); the prefix cache off, since a slot's
+        cached prompt may have been computed with another adapter."""
+        if not self.lora_ids:
+            return body
+        lora = [{"id": i, "scale": 1.0 if name == adapter else 0.0} for name, i in self.lora_ids.items()]
+        return {**body, "lora": lora, "cache_prompt": False}
+
     def _stream(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
         """Runs one streamed completion (blocking, on the pool's thread)."""
         self._server.stream(body, on_chunk)
@@ -337,7 +357,9 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         """Token ids, limits and the completion body (blocking: tokenizing is an HTTP call)."""
         if request.images:
             raise InvalidRequestError("This model's llama.cpp engine takes no images.", param="messages")
-        body = completion_body(request, self.params, self.vocab_size, self.max_model_len)
+        body = self.with_adapter(
+            completion_body(request, self.params, self.vocab_size, self.max_model_len), request.adapter
+        )
         limits = request_limits(self.max_model_len, request, self.params)
         if request.prompt is not None:
             ids = self.prompt_ids(request.prompt)
@@ -358,6 +380,26 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         )
         body = {**body, "prompt": ids, "n_predict": fitted.max_tokens}
         return Prepared(len(ids), body, fitted.dropped_prompt_tokens)
+
+
+def lora_ids(model: ModelConfig) -> dict[str, int]:
+    """The entry's GGUF LoRA adapters, by name, with their index in llama.cpp's list; refuses what
+    llama.cpp cannot serve (adapters loaded at start only: no dynamic_path; GGUF files only)."""
+    lora = model.params.lora
+    if lora is None:
+        return {}
+    if lora.dynamic_path is not None:
+        raise ConfigError(
+            f"model {model.name!r}: llama.cpp loads its LoRA adapters at start: lora.dynamic_path is not served"
+        )
+    if model.capabilities.vision_mode == "native":
+        raise ConfigError(f"model {model.name!r}: LoRA adapters are not served with vision_mode: native yet")
+    for name, path in lora.adapters.items():
+        if not path.lower().endswith(".gguf"):
+            raise ConfigError(
+                f"model {model.name!r}: lora.adapters.{name}: llama.cpp takes a GGUF adapter file, not {path}"
+            )
+    return {name: i for i, name in enumerate(lora.adapters)}
 
 
 def _request_error(exc: BaseException) -> BaseException:

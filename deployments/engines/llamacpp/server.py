@@ -56,6 +56,7 @@ class ServerSettings:
     n_ubatch: int | None = None  # most tokens per compute pass (an embedding input must fit in one)
     kv_cache_type: Literal["f16", "q8_0"] = "f16"  # the K and V cells' type
     flash_attn: bool | None = None  # None: llama.cpp's auto (on where the CPU backend has it: always)
+    lora_paths: tuple[str, ...] = ()  # GGUF LoRA adapters, loaded at start at scale 0: a request's `lora` picks
 
 
 class LlamaServer:
@@ -90,6 +91,9 @@ class LlamaServer:
         params.ui = False
         if settings.mmproj_path is not None:
             params.mmproj.path = settings.mmproj_path
+        if settings.lora_paths:  # each request names every adapter's scale (`lora` in its body)
+            params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(path, 0.0) for path in settings.lora_paths]
+            params.lora_init_without_apply = True
         params.n_threads_http = HTTP_THREADS + settings.http_streams
         params.verbosity = LOG_ERRORS_ONLY
         self._key = secrets.token_urlsafe(24)

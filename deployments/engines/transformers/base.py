@@ -24,9 +24,11 @@ from deployments.engines.tokens import check_token_ids
 from deployments.engines.transformers.batch_sampler import SamplingParams
 from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
+from deployments.engines.transformers.lora import LoraAdapters
 from deployments.engines.transformers.progress import LoadProgress
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import IncrementalText, StopTokens, TokenStream, stream_outputs
+from deployments.errors import InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, TokenizedPrompt, TokenizeInput
 from deployments.roles import Role
 
@@ -99,6 +101,26 @@ class TransformersDecoder(TransformersEngine, TextEngine):
         self.grammars = GrammarCompiler(self.tokenizer, int(text.vocab_size), self.eos_ids)
         self.token_texts = TokenTexts(self.tokenizer)
         self.tool_marker_ids: frozenset[int] = frozenset()  # special tokens kept in the text (`marker_token_ids`)
+        self.adapters = LoraAdapters(self.model) if self.params.lora is not None else None
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        if self.adapters is None:
+            super().load_adapter(name, folder)
+            return
+        self.adapters.load(name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        if self.adapters is not None:
+            self.adapters.unload(name)
+
+    def require_adapter(self, adapter: str | None) -> None:
+        """A request's adapter must be loaded before its sequence starts (a 400 here, not a failed step)."""
+        if adapter is not None and (self.adapters is None or adapter not in self.adapters.loaded):
+            raise InvalidRequestError(f"The LoRA adapter {adapter!r} is not loaded on this replica.", param="model")
+
+    def lora_rows(self, adapters: list[str | None]) -> contextlib.AbstractContextManager[None]:
+        """A forward whose batch rows run these adapters (`lora.LoraAdapters.rows`); nothing without LoRA."""
+        return self.adapters.rows(adapters) if self.adapters is not None else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         return {**self.params.model_dump(), **super().describe(), "max_model_len": self.max_model_len}

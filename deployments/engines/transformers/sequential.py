@@ -116,6 +116,7 @@ class SequentialTextEngine(TransformersTextEngine):
         return GenerationConfig(max_new_tokens=max_tokens, **options, **self.special)
 
     async def start(self, request: GenerateRequest) -> TokenStream:
+        self.require_adapter(request.adapter)
         prepared = await self.prepare(request)
         config = self._generation_config(self.sampling(request), prepared.max_tokens)
         frequency, presence = self.penalties(request)
@@ -140,7 +141,8 @@ class SequentialTextEngine(TransformersTextEngine):
                 def generate() -> None:
                     if request.seed is not None:
                         torch.manual_seed(request.seed)
-                    with torch.inference_mode():
+                    # With LoRA, one generation at a time: the adapters' hooks are on the shared modules.
+                    with self.lora_rows([request.adapter]), torch.inference_mode():
                         self.model.generate(
                             input_ids=input_ids,
                             attention_mask=torch.ones_like(input_ids),

@@ -270,6 +270,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mmserve"
+    parent: str | None = Field(None, exclude_if=absent, description="A LoRA adapter's base model (vLLM's field).")
 
 
 class ModelList(BaseModel):

@@ -32,6 +32,7 @@ import torch
 
 from deployments.config import ModelConfig
 from deployments.engines.transformers.batch_sampler import BatchSampler
+from deployments.engines.transformers.static.buckets import bucket
 from deployments.engines.transformers.static.decoder import Chunk, DecodeRow, StaticDecoder
 from deployments.engines.transformers.stream import TokenStream, WindowedText
 from deployments.engines.transformers.text import TransformersTextEngine
@@ -61,6 +62,7 @@ class _Sequence:
     position: int = 0  # where that token's K/V goes
     new: list[int] = field(default_factory=list)  # tokens not yet handed to the event loop
     ended: bool = False
+    adapter: str | None = None  # its LoRA adapter; None: the base model
 
 
 class StaticTextEngine(TransformersTextEngine):
@@ -91,7 +93,7 @@ class StaticTextEngine(TransformersTextEngine):
             slots=slots,
             max_len=self.max_model_len,
             chunk_tokens=self.params.prefill_chunk_size or DEFAULT_CHUNK_TOKENS,
-            capture=cuda,
+            capture=cuda and self.adapters is None,  # a captured step would run without the adapters' hooks
             compiled=cuda and self.params.compile_level > 0,
         )
         self._free = list(range(slots))  # a heap: the lowest free slot first
@@ -143,6 +145,7 @@ class StaticTextEngine(TransformersTextEngine):
     # ------------------------------------------------------------------ the event loop's side
 
     async def start(self, request: GenerateRequest) -> TokenStream:
+        self.require_adapter(request.adapter)
         prepared = await self.prepare(request)
         params = self.batch_sampling(request)
         if (failure := self.failure()) is not None:
@@ -152,7 +155,9 @@ class StaticTextEngine(TransformersTextEngine):
 
         async def tokens() -> AsyncIterator[list[int]]:
             outputs: asyncio.Queue[Any] = asyncio.Queue()
-            sequence = _Sequence(request_id, prepared.prompt, prepared.max_tokens, outputs.put_nowait, loop)
+            sequence = _Sequence(
+                request_id, prepared.prompt, prepared.max_tokens, outputs.put_nowait, loop, adapter=request.adapter
+            )
             finished = False
             self.sampler.add(request_id, params, prepared.constraints, prepared.prompt)
             try:
@@ -247,7 +252,9 @@ class StaticTextEngine(TransformersTextEngine):
             owners.append(sequence)
         if not chunks:
             return
-        for sequence, chunk, token in zip(owners, chunks, self.decoder.prefill(chunks), strict=True):
+        with self.lora_rows([s.adapter for s in owners]):
+            tokens = self.decoder.prefill(chunks)
+        for sequence, chunk, token in zip(owners, chunks, tokens, strict=True):
             sequence.prefilled += len(chunk.ids)
             if token is not None:
                 sequence.position = len(sequence.prompt)
@@ -258,7 +265,10 @@ class StaticTextEngine(TransformersTextEngine):
         if not rows:
             return
         steps = [DecodeRow(s.request_id, s.slot, s.token, s.position) for s in rows]
-        for sequence, token in zip(rows, self.decoder.decode(steps), strict=True):
+        padding: list[str | None] = [None] * (bucket(self.decoder.batches, len(rows)) - len(rows))
+        with self.lora_rows([s.adapter for s in rows] + padding):  # rows of several adapters in one step
+            tokens = self.decoder.decode(steps)
+        for sequence, token in zip(rows, tokens, strict=True):
             sequence.position += 1
             self._accept(sequence, token)
 
