@@ -57,6 +57,9 @@ INGRESS_ON_CPU_NODES = {
         "runtime_env": {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}},  # the builder's, kept
     },
 }
+# The batch runner (/v1/batches) kept on CPU nodes the same way: it needs no GPU, and a GPU node's
+# loss should not stop the batches.
+RUNNER_ON_CPU_NODES = {"name": "BatchRunner", "ray_actor_options": {"num_cpus": 0, "label_selector": CPU_LABEL}}
 TEXT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 
 
@@ -133,16 +136,17 @@ class SimulatedCluster:
 
     def deploy(self, models: Path, gpus: float) -> None:
         """serve_config.yaml as shipped, with this cluster's port, these models, `gpus` per model
-        and the ingress kept on CPU nodes; returns when both applications run."""
+        and the ingress and the batch runner kept on CPU nodes; returns when both applications run."""
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
         assert config["proxy_location"] == "EveryNode"
         config["http_options"]["port"] = self.ports[self.head]
         for app in config["applications"]:
             app["args"] = {**app["args"], "models_file": str(models), "decoder_gpus": gpus, "captioner_gpus": gpus}
             if app["name"] == "default":
-                app["deployments"] = [INGRESS_ON_CPU_NODES]
+                app["deployments"] = [INGRESS_ON_CPU_NODES, RUNNER_ON_CPU_NODES]
         self.client.deploy_apps(ServeDeploySchema.model_validate(config))
-        assert wait_until(lambda: self.placement().keys() == {"Ingress", "PrimaryDecoder", "VisionCaptioner"})
+        deployments = {"Ingress", "BatchRunner", "PrimaryDecoder", "VisionCaptioner"}
+        assert wait_until(lambda: self.placement().keys() == deployments)
 
     def details(self) -> ServeInstanceDetails:
         return ServeInstanceDetails(**self.client.get_serve_details())
@@ -262,7 +266,7 @@ class TextTraffic:
 
 
 def assert_ingress_on_head(sim: SimulatedCluster, placement: dict[str, list[str]]) -> None:
-    assert placement["Ingress"] == [sim.head]
+    assert placement["Ingress"] == placement["BatchRunner"] == [sim.head]
 
 
 def assert_every_proxy_answers(sim: SimulatedCluster, placement: dict[str, list[str]]) -> None:
