@@ -338,6 +338,26 @@ BATCH_PANELS = [
     ),
 ]
 
+LORA_PANELS = [
+    _panel(
+        61,
+        "LoRA adapter loads / s by outcome",
+        "lora_adapter_loads",
+        "short",
+        [Target(expr=_rate("lora_adapter_loads", "outcome"), legend="{{outcome}}")],
+    ),
+    _latency_panel(62, "LoRA adapter load time", "lora_adapter_load_seconds"),
+    _panel(
+        63,
+        "LoRA adapters held by replica",
+        "lora_adapters_held",
+        "short",
+        [Target(expr=_gauge("lora_adapters_held", "replica", agg="max"), legend="{{replica}}")],
+        stack=False,
+        fill=0,
+    ),
+]
+
 ROWS = [
     Row(title="Overview", id=100, panels=OVERVIEW),
     Row(title="Decoder", id=101, panels=DECODER_PANELS),
@@ -345,6 +365,7 @@ ROWS = [
     Row(title="Images and cache", id=103, panels=IMAGES_AND_CACHE),
     Row(title="Embeddings", id=104, panels=EMBEDDER_PANELS),
     Row(title="Batches", id=105, panels=BATCH_PANELS),
+    Row(title="LoRA adapters", id=106, panels=LORA_PANELS),
 ]
 
 _ids = [row.id for row in ROWS] + [panel.id for row in ROWS for panel in row.panels]

@@ -15,11 +15,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from openai import AsyncOpenAI
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +34,38 @@ def arguments(subcommand: str, doc: str | None) -> argparse.ArgumentParser:
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed chat's clock (`time.perf_counter`): sent, first content chunk, end; and its
+    completion tokens (the usage's, else the content chunks)."""
+
+    start: float
+    first: float | None
+    end: float
+    tokens: int
+
+
+async def streamed_chat(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, **extra: Any) -> Streamed:
+    """One greedy chat of one user message, streamed with its usage; `extra`: more request fields."""
+    start, first, chunks, usage = time.perf_counter(), None, 0, None
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **extra,
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            first = first or time.perf_counter()
+        if chunk.usage:
+            usage = chunk.usage.completion_tokens
+    return Streamed(start, first, time.perf_counter(), usage if usage is not None else chunks)
 
 
 def emit(record: dict[str, Any]) -> None:

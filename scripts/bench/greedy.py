@@ -199,8 +199,9 @@ def run_peer(layout: str) -> dict[str, Any]:
     import xllamacpp
 
     from deployments.config import load_models_file
-    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, kv_layout
+    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path
     from deployments.engines.llamacpp.gguf_meta import describe_gguf
+    from deployments.engines.llamacpp.kv_cache import kv_layout
 
     params, _ = LAYOUTS[layout]
     model = load_models_file(ROOT / "models.yaml").models[0]

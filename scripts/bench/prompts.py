@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from openai import AsyncOpenAI
 
-from scripts.bench.common import ROOT, arguments, emit, start_llama_server, start_ours
+from scripts.bench.common import ROOT, arguments, emit, start_llama_server, start_ours, streamed_chat
 from scripts.bench.serve import llama_server_layout, machine
 
 WORDS = ["river", "stone", "cloud", "apple", "garden", "window", "silver", "morning", "candle", "forest", "letter"]
@@ -53,22 +53,8 @@ def timed(start: float, first: float | None, end: float, tokens: int) -> Timed:
 
 async def over_http(base_url: str, model: str, prompt: str, max_tokens: int) -> Timed:
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=1200)
-    start, first, tokens = time.perf_counter(), None, 0
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        temperature=0,
-        logit_bias=NO_EOS,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter()
-        if chunk.usage:
-            tokens = chunk.usage.completion_tokens
-    return timed(start, first, time.perf_counter(), tokens)
+    timing = await streamed_chat(client, model, prompt, max_tokens, logit_bias=NO_EOS)
+    return timed(timing.start, timing.first, timing.end, timing.tokens)
 
 
 async def beside_a_long_prompt(base_url: str, model: str, prompt_tokens: int, nonce: itertools.count) -> dict:

@@ -48,6 +48,7 @@ from scripts.bench.common import (
     start_llama_server,
     start_ours,
     start_peer,
+    streamed_chat,
     write_models,
 )
 
@@ -55,24 +56,10 @@ from scripts.bench.common import (
 
 
 async def one_chat(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-    start = time.perf_counter()
-    ttft, chunks, usage = None, 0, None
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            chunks += 1
-            if ttft is None:
-                ttft = time.perf_counter() - start
-        if chunk.usage:
-            usage = chunk.usage.completion_tokens
-    return ttft or float("nan"), time.perf_counter() - start, usage if usage is not None else chunks
+    """(time to the first token, the whole request's time, completion tokens)."""
+    timing = await streamed_chat(client, model, prompt, max_tokens)
+    ttft = timing.first - timing.start if timing.first else float("nan")
+    return ttft, timing.end - timing.start, timing.tokens
 
 
 async def text_run(server: Server, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
@@ -233,8 +220,9 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
     """The llama.cpp engine's layout for the primary of `models_file` (slots, KV cells and whether
     they are one pool, threads of one replica with every core), for a peer that runs the same."""
     from deployments.config import cpu_cores, load_models_file
-    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, kv_cache_type, kv_layout
+    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path
     from deployments.engines.llamacpp.gguf_meta import describe_gguf
+    from deployments.engines.llamacpp.kv_cache import kv_cache_type, kv_layout
 
     model = load_models_file(models_file).models[0]
     path = gguf_path(model)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deployments.engines.transformers.batch_sampler import BatchSampler, SamplingParams
+from deployments.engines.transformers.batch_sampler import BatchSampler
+from deployments.engines.transformers.sampler_args import SamplingParams
 from deployments.engines.transformers.static.decoder import StaticDecoder
 from tests.unit.engines.test_static_decoder import PROMPTS, Driver, generated
 

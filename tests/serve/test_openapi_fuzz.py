@@ -96,13 +96,18 @@ _CHAT_ONLY = {"tools", "add_generation_prompt", "continue_final_message"}
 
 
 def _min_tokens_past_the_length(body: dict, path: str) -> bool:
+    # A JSON integer may come as 76.0 (JSON Schema's integers include whole floats), which pydantic takes.
     least = body.get("min_tokens")
-    if not isinstance(least, int):
+    if not _a_number(least):
         return False
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if limit is None and path == "/v1/completions":
         limit = 16  # the endpoint's default max_tokens
-    return isinstance(limit, int) and least > limit
+    return _a_number(limit) and least > limit
+
+
+def _a_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _structured_outputs_refused(body: dict) -> bool:

@@ -50,6 +50,7 @@ def test_each_primary_has_its_own_decoder_deployment_and_the_captioners_are_shar
     main = serve.status().applications["default"].deployments
     assert set(main) == {
         "Ingress",
+        "BatchRunner",  # one for the application, whatever the models
         "PrimaryDecoder-long",
         "PrimaryDecoder-short",
         "PrimaryDecoder-own",

@@ -21,11 +21,11 @@ from deployments.engines.base import Engine, EngineOutput, TextEngine
 from deployments.engines.context import Limits
 from deployments.engines.defaults import limits, setting
 from deployments.engines.tokens import check_token_ids
-from deployments.engines.transformers.batch_sampler import SamplingParams
 from deployments.engines.transformers.constraints import GrammarCompiler, TokenTexts
 from deployments.engines.transformers.loading import load_kwargs, place, quantize_loaded, set_cpu_threads
 from deployments.engines.transformers.lora import LoraAdapters
 from deployments.engines.transformers.progress import LoadProgress
+from deployments.engines.transformers.sampler_args import SamplingParams
 from deployments.engines.transformers.sampling import Sampling
 from deployments.engines.transformers.stream import IncrementalText, StopTokens, TokenStream, stream_outputs
 from deployments.errors import InvalidRequestError

@@ -9,301 +9,33 @@ the HTTP routes, without an HTTP hop), and Serve spreads them over the ingress a
 as it routes any request. At most `server.batches.max_concurrency` lines are in flight, over all
 batches; the input file is read streamed, a line sent only once a slot is free.
 
-A batch (`BatchJob`): `validating` (the whole file checked, `validation.py`; a bad file fails the
-batch and runs nothing) -> `in_progress` (lines sent; each finished line appended to the output or
-the error file at once: the progress, `progress.py`) -> `finalizing` (the two files recorded as
-files) -> `completed`; or `cancelling` -> `cancelled` when the cancel marker appears (in-flight lines
-are abandoned, finished ones kept), `expired` past the completion window, `failed` at validation.
-Each change of status is one log line."""
+The lines of one batch run in its job (`job.py`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from ray import serve
 
 from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchErrors, output_line
-from deployments.ingress.batches.files import FileStore, data_path, new_file_id
-from deployments.ingress.batches.progress import Progress, resume
+from deployments.ingress.apis.batches.protocol import TERMINAL, Batch
+from deployments.ingress.batches.files import FileStore
+from deployments.ingress.batches.job import BatchJob, Send
 from deployments.ingress.batches.records import stored_owners
-from deployments.ingress.batches.storage import lines, open_storage
+from deployments.ingress.batches.storage import open_storage
 from deployments.ingress.batches.store import BatchStore, cancel_marker
-from deployments.ingress.batches.validation import ServedNames, validate
+from deployments.ingress.batches.validation import ServedNames
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
 
 logger = logging.getLogger("ray.serve")
 
-Send = Callable[[str, dict[str, Any], str], Awaitable[dict[str, Any]]]
-"""How a line is run: (endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
-
-BATCH_PRIORITY = 10
-"""vLLM's request `priority` of every batch line (lower runs earlier; interactive requests have 0), so
-that batches take the decoders' idle capacity."""
-
-TRANSPORT_TRIES = 3
 RETRY_MAX_S = 60.0  # the longest wait before a batch whose job failed is tried again
-
-
-def prioritized(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A batch line's request body as it is sent: the one place where a batch line gets its priority
-    (on the endpoints that take vLLM's `priority`; a line may ask to wait longer, never to go first)."""
-    if endpoint in ("/v1/chat/completions", "/v1/completions"):
-        asked = body.get("priority")
-        return {**body, "priority": max(asked, BATCH_PRIORITY) if isinstance(asked, int) else BATCH_PRIORITY}
-    return body
-
-
-class BatchJob:
-    """One batch, run to a final status by `run` (and resumed by the same call after a restart)."""
-
-    def __init__(
-        self,
-        batch_id: str,
-        batches: BatchStore,
-        served: ServedNames,
-        config: BatchesConfig,
-        send: Send,
-        slots: asyncio.Semaphore,
-        metrics: Recorder | None = None,
-        line_timeout_s: float = 330.0,
-    ) -> None:
-        self.batch_id = batch_id
-        self._batches = batches
-        self._storage = batches.storage
-        self._served = served
-        self._config = config
-        self._send = send
-        self._slots = slots
-        self._metrics = metrics
-        self._line_timeout_s = line_timeout_s
-        self._cancelled = asyncio.Event()
-        self._record: dict[str, Any] = {}
-        self._saved_at = 0.0
-        self.running = 0  # lines in flight
-        self.queued = 0  # lines not yet sent
-
-    def cancel(self) -> None:
-        """Stop sending lines and abandon those in flight (called when the cancel marker appears)."""
-        self._cancelled.set()
-
-    @property
-    def batch(self) -> Batch:
-        return Batch.model_validate(self._record["object"])
-
-    def _save(self, batch: Batch) -> None:
-        self._record["object"] = batch.model_dump()
-        self._batches.records.save(self.batch_id, self._record)
-        self._saved_at = time.monotonic()
-
-    def _move(self, batch: Batch, status: str, **fields: Any) -> Batch:
-        """A change of status, saved and logged."""
-        now = int(time.time())
-        stamp = {
-            "in_progress": "in_progress_at",
-            "finalizing": "finalizing_at",
-            "completed": "completed_at",
-            "failed": "failed_at",
-            "expired": "expired_at",
-            "cancelling": "cancelling_at",
-            "cancelled": "cancelled_at",
-        }.get(status)
-        changed = batch.model_copy(update={"status": status, **({stamp: now} if stamp else {}), **fields})
-        self._save(changed)
-        counts = changed.request_counts
-        logger.info(
-            "batch %s: %s -> %s (%d/%d done, %d failed)",
-            self.batch_id,
-            batch.status,
-            status,
-            counts.completed + counts.failed,
-            counts.total,
-            counts.failed,
-        )
-        return changed
-
-    def _cancel_requested(self) -> bool:
-        if not self._cancelled.is_set() and self._storage.size(cancel_marker(self.batch_id)) is not None:
-            self._cancelled.set()
-        return self._cancelled.is_set()
-
-    async def run(self) -> Batch:
-        record = await asyncio.to_thread(self._batches.records.load, self.batch_id)
-        if record is None:
-            raise LookupError(self.batch_id)
-        self._record = record
-        batch = self.batch
-        if batch.status == "validating":
-            batch = await self._validate(batch)
-        if batch.status in TERMINAL:
-            return batch
-        files = self._record["files"]
-        output, error = data_path(files["output"]), data_path(files["error"])
-        progress = await asyncio.to_thread(resume, self._storage, output, error)
-        if batch.status == "in_progress" and self._storage.size(data_path(batch.input_file_id)) is None:
-            gone = {"code": "file_not_found", "message": f"The input file {batch.input_file_id!r} was deleted."}
-            return self._move(batch, "failed", errors=BatchErrors.model_validate({"data": [gone]}))
-        if batch.status == "in_progress" and not self._cancel_requested() and not self._expired(batch):
-            batch = await self._run_lines(batch, progress, output, error)
-        return await self._finish(batch, progress)
-
-    async def _validate(self, batch: Batch) -> Batch:
-        source = data_path(batch.input_file_id)
-        if self._storage.size(source) is None:
-            found_errors = [{"code": "file_not_found", "message": f"The input file {batch.input_file_id!r} is gone."}]
-            return self._move(batch, "failed", errors=BatchErrors.model_validate({"data": found_errors}))
-        config = self._config
-        checked = await asyncio.to_thread(
-            validate,
-            lines(self._storage, source),
-            batch.endpoint,
-            self._served,
-            config.max_file_lines,
-            config.max_errors_reported,
-        )
-        counts = batch.request_counts.model_copy(update={"total": checked.total})
-        if checked.errors:
-            return self._move(batch, "failed", errors=BatchErrors(data=checked.errors), request_counts=counts)
-        self._record["files"] = {"output": new_file_id(), "error": new_file_id()}
-        return self._move(batch, "in_progress", model=checked.model, request_counts=counts)
-
-    def _expired(self, batch: Batch) -> bool:
-        return batch.expires_at is not None and time.time() > batch.expires_at
-
-    async def _run_lines(self, batch: Batch, progress: Progress, output: str, error: str) -> Batch:
-        in_flight: set[asyncio.Task[None]] = set()
-
-        async def one(custom_id: str, body: dict[str, Any]) -> None:
-            request_id = uuid.uuid4().hex
-            result = await self._sent(batch.endpoint, prioritized(batch.endpoint, body), request_id)
-            ok = result["status_code"] == 200
-            if ok:
-                line = output_line(custom_id, request_id, 200, result["body"])
-            else:
-                failure = (result["body"] or {}).get("error") or {}
-                line = output_line(
-                    custom_id,
-                    request_id,
-                    result["status_code"],
-                    result["body"],
-                    {"code": failure.get("code") or failure.get("type"), "message": failure.get("message")},
-                )
-            # On the loop, no await between: a line appended is a line counted, even when cancelled.
-            self._storage.append(output if ok else error, (json.dumps(line) + "\n").encode())
-            progress.count(line, ok)
-            if self._metrics is not None:
-                self._metrics.inc("batch_lines_done", 1, {"outcome": "completed" if ok else "failed"})
-
-        def finished(task: asyncio.Task[None]) -> None:
-            in_flight.discard(task)
-            self.running -= 1
-            self._slots.release()
-
-        try:
-            stop = False
-            for _, raw in lines(self._storage, data_path(batch.input_file_id)):
-                line = json.loads(raw)
-                if line["custom_id"] in progress.done:
-                    continue
-                if not await self._slot(batch):
-                    stop = True
-                    break
-                self.running += 1
-                task = asyncio.create_task(one(line["custom_id"], line["body"]))
-                in_flight.add(task)
-                task.add_done_callback(finished)
-                self._progress(batch, progress)
-            while in_flight:
-                if stop or self._cancel_requested() or self._expired(batch):
-                    for task in in_flight:
-                        task.cancel()
-                await asyncio.wait(set(in_flight), timeout=self._config.poll_interval_s)
-                self._progress(batch, progress)
-        finally:  # the job itself cancelled (the runner stopping): its lines in flight too
-            for task in in_flight:
-                task.cancel()
-        return self.batch
-
-    async def _slot(self, batch: Batch) -> bool:
-        """Wait for a free slot (True), watching for a cancel or the window's end meanwhile (False)."""
-        while not (self._cancel_requested() or self._expired(batch)):
-            try:
-                await asyncio.wait_for(self._slots.acquire(), self._config.poll_interval_s)
-            except TimeoutError:
-                continue
-            if self._cancel_requested() or self._expired(batch):
-                self._slots.release()
-                return False
-            return True
-        return False
-
-    def _progress(self, batch: Batch, progress: Progress) -> None:
-        """The counts in the batch's record, at most once per poll interval (readers see them move)."""
-        self.queued = max(0, batch.request_counts.total - progress.completed - progress.failed - self.running)
-        if time.monotonic() - self._saved_at >= self._config.poll_interval_s:
-            self._save(
-                self.batch.model_copy(
-                    update={"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
-                )
-            )
-
-    async def _sent(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        """The line's answer; a failure to reach the ingress is retried, then the line's error."""
-        for attempt in range(TRANSPORT_TRIES):
-            try:
-                return await asyncio.wait_for(self._send(endpoint, body, request_id), self._line_timeout_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if attempt == TRANSPORT_TRIES - 1:
-                    logger.warning("batch %s: line %s could not be sent: %r", self.batch_id, request_id, exc)
-                    message = f"The line could not be sent to the service: {type(exc).__name__}."
-                    return {
-                        "status_code": 503,
-                        "body": {
-                            "error": {"message": message, "type": "service_unavailable", "param": None, "code": None}
-                        },
-                    }
-                await asyncio.sleep(2**attempt)
-        raise AssertionError("unreachable")
-
-    async def _finish(self, batch: Batch, progress: Progress) -> Batch:
-        done = progress.completed + progress.failed
-        batch = batch.model_copy(
-            update={"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
-        )
-        if self._cancel_requested():
-            final = "cancelled"
-            if batch.status != "cancelling":
-                batch = self._move(batch, "cancelling")
-        elif done < batch.request_counts.total and self._expired(batch):
-            final = "expired"
-        else:
-            final = "completed"
-            if batch.status != "finalizing":
-                batch = self._move(batch, "finalizing")
-        files = self._record["files"]
-        owner = self._record.get("owner")
-        kept: dict[str, Any] = {}
-        for kind, count in (("output", progress.completed), ("error", progress.failed)):
-            if count:
-                file_id = files[kind]
-                size = self._storage.size(data_path(file_id)) or 0
-                self._batches.files.keep(file_id, f"{self.batch_id}_{kind}.jsonl", "batch_output", size, owner)
-                kept[f"{kind}_file_id"] = file_id
-        batch = self._move(batch, final, **kept)
-        self._storage.delete(cancel_marker(self.batch_id))
-        self.queued = 0
-        return batch
 
 
 class BatchRunnerConfig(BaseModel):

@@ -17,8 +17,9 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingTopPLogitsWarper,
 )
 
-from deployments.engines.transformers.batch_sampler import Arg, BatchSampler, SamplingParams
+from deployments.engines.transformers.batch_sampler import BatchSampler
 from deployments.engines.transformers.constraints import RequestConstraints
+from deployments.engines.transformers.sampler_args import Arg, SamplingParams
 
 VOCAB = 300
 ROWS = 8

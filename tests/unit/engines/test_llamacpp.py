@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from deployments.config import EngineParams, Lifecycle, ModelConfig, load_models_file
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppTextEngine
-from deployments.engines.llamacpp.engine import kv_layout
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
+from deployments.engines.llamacpp.kv_cache import kv_layout
 from deployments.errors import ConfigError, ContextLengthError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 from deployments.replicas.lifecycle import EngineSlot

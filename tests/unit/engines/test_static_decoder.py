@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deployments.engines.transformers.batch_sampler import BatchSampler, SamplingParams
+from deployments.engines.transformers.batch_sampler import BatchSampler
+from deployments.engines.transformers.sampler_args import SamplingParams
 from deployments.engines.transformers.static.buckets import (
     batch_buckets,
     bucket,

@@ -16,11 +16,12 @@ from starlette.types import Scope
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
 from deployments.ingress.apis.batches.protocol import BatchCreateRequest
-from deployments.ingress.batches import runner as runner_module
+from deployments.ingress.batches import job as job_module
 from deployments.ingress.batches import storage as storage_module
 from deployments.ingress.batches.files import data_path
+from deployments.ingress.batches.job import prioritized
 from deployments.ingress.batches.progress import resume
-from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime, prioritized
+from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime
 from deployments.ingress.batches.storage import LocalStorage, lines, open_storage
 from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
@@ -152,8 +153,8 @@ def test_a_batch_line_waits_behind_interactive_requests():
     """vLLM's `priority` (lower first; interactive requests 0): every chat or completions line gets the
     batches' own, or a later one it asked for, never an earlier one."""
     body = chat_line("p")["body"]
-    assert prioritized(CHAT, body) == {**body, "priority": runner_module.BATCH_PRIORITY} != body
-    assert prioritized(CHAT, {**body, "priority": -5})["priority"] == runner_module.BATCH_PRIORITY
+    assert prioritized(CHAT, body) == {**body, "priority": job_module.BATCH_PRIORITY} != body
+    assert prioritized(CHAT, {**body, "priority": -5})["priority"] == job_module.BATCH_PRIORITY
     assert prioritized(CHAT, {**body, "priority": 99})["priority"] == 99
     embed = {"model": "e", "input": "x"}
     assert prioritized("/v1/embeddings", embed) == embed  # no priority field there

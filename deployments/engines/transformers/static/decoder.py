@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from deployments.engines.transformers.batch_sampler import Arg, BatchSampler
+from deployments.engines.transformers.batch_sampler import BatchSampler
+from deployments.engines.transformers.sampler_args import Arg
 from deployments.engines.transformers.static.buckets import batch_buckets, bucket, chunk_buckets, window_buckets
 from deployments.engines.transformers.static.slot_cache import SlotCache
 
