@@ -117,6 +117,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             batches=plan.server.batches,
             chat_models=[m.name for m in served],
             embedding_models=[e.name for e in embedding],
+            adapters={m.name: list(m.adapters) for m in served},
+            dynamic_adapters=[m.name for m in served if m.dynamic_adapters],
             ingress_deployment=Ingress.name,
             line_timeout_s=deadline + 30,
         )

@@ -10,6 +10,7 @@ import json
 import re
 import struct
 import tempfile
+from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -17,7 +18,7 @@ from pydantic import Field, field_validator
 
 from deployments.config.strict import StrictModel
 
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # whole names only (`fullmatch`)
 CONFIG_FILE = "adapter_config.json"
 
 
@@ -54,7 +55,7 @@ class LoraConfig(StrictModel):
     @classmethod
     def _names(cls, adapters: dict[str, str]) -> dict[str, str]:
         for name in adapters:
-            if not ADAPTER_NAME.match(name):
+            if not ADAPTER_NAME.fullmatch(name):
                 raise ValueError(f"adapter name {name!r}: letters, digits, '.', '_' and '-' only (no ':' or '/')")
         return adapters
 
@@ -235,6 +236,22 @@ def adapter_path(lora: LoraConfig, name: str) -> str | None:
     """Where adapter `name` is: its listed path, else under `dynamic_path`; None: nowhere to look."""
     if name in lora.adapters:
         return lora.adapters[name]
-    if lora.dynamic_path is None or not ADAPTER_NAME.match(name):
+    if lora.dynamic_path is None or not ADAPTER_NAME.fullmatch(name):
         return None
     return lora.dynamic_path.rstrip("/") + "/" + name
+
+
+def named_adapter(
+    name: str, listed: Mapping[str, Collection[str]], dynamic: Collection[str], taken: Collection[str]
+) -> tuple[str, str] | None:
+    """`(model, adapter)` that a request's `model` names, or None: ``<model>:<adapter>`` (a listed
+    adapter, or any under the model's `dynamic_path`), or a listed adapter's own name when only one
+    model lists it and no model (`taken`: every served name) is called that. `listed`: each model's
+    listed adapters; `dynamic`: the models with a `dynamic_path`."""
+    owners = [model for model, adapters in listed.items() if name in adapters]
+    if len(owners) == 1 and name not in taken:
+        return owners[0], name
+    base, colon, adapter = name.rpartition(":")
+    if colon and adapter and base in listed and (adapter in listed[base] or base in dynamic):
+        return base, adapter
+    return None

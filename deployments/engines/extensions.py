@@ -35,6 +35,7 @@ def refuse_unsupported(request: GenerateRequest, fields: Iterable[str], engine: 
 _RENDER_ARGUMENTS = frozenset(
     {
         "conversation",
+        "conversations",  # transformers' render_jinja_template's own
         "messages",
         "tools",
         "documents",
@@ -42,6 +43,7 @@ _RENDER_ARGUMENTS = frozenset(
         "add_generation_prompt",
         "continue_final_message",
         "tokenize",
+        "sanitize_control_tokens",
         "padding",
         "truncation",
         "max_length",

@@ -21,10 +21,7 @@ from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig,
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
-from deployments.ingress.batches.files import FileStore
 from deployments.ingress.batches.lines import run_line
-from deployments.ingress.batches.records import stored_owners
-from deployments.ingress.batches.storage import open_storage
 from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
@@ -155,8 +152,7 @@ class Ingress:
         self._batch_runner = batch_runner
         self._batches: BatchStore | None = None
         if batch_runner is not None:
-            storage = open_storage(server.batches.storage_root)
-            self._batches = BatchStore(FileStore(storage, stored_owners(storage), server.batches))
+            self._batches = BatchStore.open(server.batches)
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
@@ -172,7 +168,7 @@ class Ingress:
         if self._batch_runner is not None:
             self._batch_runner.wake.remote()  # not awaited: the runner also looks every poll interval
 
-    async def batch_line(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    async def batch_line(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """One line of a batch, for the batch runner's handle: the endpoint's answer through the same
         service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`)."""
-        return await run_line(self._served, endpoint, body, request_id)
+        return await run_line(self._served, batch_id, endpoint, body, request_id)

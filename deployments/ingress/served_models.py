@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.config.lora import named_adapter
 from deployments.errors import InvalidRequestError, ModelNotFoundError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.embedding.core import EmbeddingCore
@@ -70,16 +71,8 @@ class ServedModels:
             raise ValueError("an endpoint serves at least one model")
         self._models = {model.card.id: model for model in models}
         self._embedders = {embedder.card.id: embedder for embedder in embedders}
-        # Adapters by their own name (vLLM's form), when only one model has an adapter of that name.
-        owners: dict[str, list[ServedModel]] = {}
-        for model in models:
-            for adapter in model.adapters.listed if model.adapters else ():
-                owners.setdefault(adapter, []).append(model)
-        self._by_adapter = {
-            name: (owner[0], name)
-            for name, owner in owners.items()
-            if len(owner) == 1 and name not in self._models and name not in self._embedders
-        }
+        self._listed = {model.card.id: model.adapters.listed if model.adapters else () for model in models}
+        self._dynamic = {model.card.id for model in models if model.adapters and model.adapters.dynamic}
         adapter_cards = [
             ModelCard(id=f"{model.card.id}:{adapter}", created=model.card.created, parent=model.card.id)
             for model in models
@@ -107,18 +100,9 @@ class ServedModels:
         return model
 
     def _adapter(self, name: str) -> ServedModel | None:
-        """A model with one of its adapters: ``<model>:<adapter>`` (listed, or any under a dynamic
-        path), or a listed adapter's own name."""
-        if name in self._by_adapter:
-            owner, listed = self._by_adapter[name]
-            return owner.with_adapter(listed)
-        base, colon, adapter = name.rpartition(":")
-        model = self._models.get(base) if colon else None
-        if model is None or model.adapters is None or not adapter:
-            return None
-        if adapter in model.adapters.listed or model.adapters.dynamic:
-            return model.with_adapter(adapter)
-        return None
+        """A model with one of its adapters (`config.lora.named_adapter`'s rule)."""
+        named = named_adapter(name, self._listed, self._dynamic, self.names)
+        return None if named is None else self._models[named[0]].with_adapter(named[1])
 
     def card(self, name: str) -> ModelCard:
         """The card of any served model, chat or embedding, or a LoRA adapter."""

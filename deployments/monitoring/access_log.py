@@ -72,6 +72,7 @@ class RequestRecord:
     cache_misses: int = 0
     degraded: str | None = None
     set_aside: str | None = None  # the request's tools that were not offered to the model (hosted tools), by type
+    batch: str | None = None  # the batch of a batch line (`Ingress.batch_line`); None for HTTP requests
 
     def first_token(self) -> None:
         if self.ttft_s is None:
@@ -94,6 +95,7 @@ class RequestRecord:
             "degraded": self.degraded,
             "set_aside": self.set_aside,
             "error": self.error,
+            "batch": self.batch,
         }
 
 
@@ -171,9 +173,7 @@ class AccessLog:
         return getattr(route, "path", None) or "unmatched"
 
     def finish(self, record: RequestRecord, scope: Scope) -> None:
-        fields = record.fields(time.monotonic() - record.started)
-        text = " ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items())
-        logger.info("access %s", text, extra={"ray_serve_extra_fields": _without_serve_keys(fields)})
+        log_access(record)
         route = self._route_of(scope)
         m = self._metrics
         model = {"model": record.model} if record.model in self._models else {}
@@ -192,6 +192,13 @@ class AccessLog:
                 m.observe("image_fetch_latency_seconds", seconds, tags=model)
             else:
                 m.inc("image_fetch_failures", tags={**model, "scheme": scheme})
+
+
+def log_access(record: RequestRecord) -> None:
+    """The request's access-log line, `access key=value ...`, its fields also Serve's JSON log fields."""
+    fields = record.fields(time.monotonic() - record.started)
+    text = " ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items())
+    logger.info("access %s", text, extra={"ray_serve_extra_fields": _without_serve_keys(fields)})
 
 
 def _without_serve_keys(fields: dict[str, Any]) -> dict[str, Any]:

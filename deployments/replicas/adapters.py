@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
 import time
 from collections import Counter
@@ -23,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from ray import serve
 
 from deployments.config import LoraConfig, ModelConfig
-from deployments.config.lora import AdapterError, AdapterMissing, adapter_path, check_adapter, local_copy
+from deployments.config.lora import AdapterError, AdapterMissing, adapter_path, check_adapter, is_uri, local_copy
 from deployments.engines import TextEngine
 from deployments.errors import InvalidRequestError, ModelNotFoundError
 from deployments.monitoring.metrics import Recorder
@@ -57,6 +58,7 @@ class ReplicaAdapters:
         self._users: Counter[str] = Counter()  # running requests per adapter
         self._retired: set[str] = set()  # evicted by Serve while requests still ran on it
         self.held: set[str] = set()  # loaded on the engine
+        self._dropping: dict[str, asyncio.Future[None]] = {}  # being dropped from the engine now
 
         async def load(name: str) -> _Lease:
             return await self._load(name)
@@ -67,7 +69,13 @@ class ReplicaAdapters:
 
     async def acquire(self, name: str) -> None:
         """Adapter `name` loaded (through Serve's LRU) and counted as in use until `release`."""
-        await self._multiplexed(name)
+        if name not in self.held:
+            # Found and loadable before Serve's LRU makes room for it: a name that cannot be loaded
+            # never evicts a held adapter.
+            await self._checked(name)
+        # Shielded: a client gone mid-load leaves the load to finish and be counted (else the
+        # engine would hold an adapter that neither Serve's LRU nor `held` knows).
+        await asyncio.shield(self._multiplexed(name))
         with self._lock:  # no await since the load returned: Serve cannot have evicted it meanwhile
             self._users[name] += 1
             self._retired.discard(name)
@@ -80,8 +88,14 @@ class ReplicaAdapters:
                 del self._users[name]
             if drop:
                 self._retired.discard(name)
+                self.held.discard(name)  # a request for it from now on loads it anew, once this drop is done
         if drop:
-            await asyncio.to_thread(self._unload, name)
+            dropping = self._dropping[name] = asyncio.ensure_future(asyncio.to_thread(self._drop, name))
+            try:
+                await dropping
+            finally:
+                if self._dropping.get(name) is dropping:
+                    del self._dropping[name]
 
     def retire(self, name: str) -> None:
         """Serve evicted `name`: drop it now, or when its last running request ends. Blocking."""
@@ -95,26 +109,27 @@ class ReplicaAdapters:
         self._unload(name)
 
     def _unload(self, name: str) -> None:
+        with self._lock:
+            held = name in self.held
+            self.held.discard(name)
+        if held:
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
         engine = self._engine()
-        if engine is not None and name in self.held:
+        if engine is not None:
             engine.unload_adapter(name)
-        self.held.discard(name)
         logger.info("model %s: LoRA adapter %s dropped (%d held)", self._model.name, name, len(self.held))
 
-    async def _load(self, name: str) -> _Lease:
-        if name in self.held:  # evicted while in use, asked for again before it was dropped
-            return _Lease(self, name)
-        start = time.monotonic()
-        path = adapter_path(self._lora, name)
+    async def _checked(self, name: str) -> str:
+        """Where adapter `name` is, found and checked (config, rank, base); else the 404 or the 400,
+        counted and logged."""
         try:
+            path = adapter_path(self._lora, name)
             if path is None:
                 raise AdapterMissing("no lora.dynamic_path to look it up in")
             await asyncio.to_thread(check_adapter, path, self._lora, self._base)
-            folder = await asyncio.to_thread(local_copy, path)
-            engine = self._engine()
-            if engine is None:
-                raise InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: the model is not loaded")
-            await asyncio.to_thread(engine.load_adapter, name, str(folder))
+            return path
         except AdapterMissing as exc:
             self._metrics.inc("lora_adapter_loads", tags={"outcome": "not_found"})
             logger.warning("model %s: LoRA adapter %s not found: %s", self._model.name, name, exc)
@@ -122,12 +137,35 @@ class ReplicaAdapters:
                 f"The model '{self._model.name}:{name}' does not exist: no LoRA adapter {name!r} ({exc}).",
                 param="model",
             ) from None
-        except (AdapterError, OSError, InvalidRequestError) as exc:
-            self._metrics.inc("lora_adapter_loads", tags={"outcome": "failed"})
-            logger.warning("model %s: LoRA adapter %s cannot be loaded: %s", self._model.name, name, exc)
-            if isinstance(exc, InvalidRequestError):
-                raise
-            raise InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: {exc}", param="model") from None
+        except (AdapterError, OSError) as exc:
+            raise self._failed(name, exc) from None
+
+    def _failed(self, name: str, exc: Exception) -> InvalidRequestError:
+        self._metrics.inc("lora_adapter_loads", tags={"outcome": "failed"})
+        logger.warning("model %s: LoRA adapter %s cannot be loaded: %s", self._model.name, name, exc)
+        if isinstance(exc, InvalidRequestError):
+            return exc
+        return InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: {exc}", param="model")
+
+    async def _load(self, name: str) -> _Lease:
+        if (dropping := self._dropping.get(name)) is not None:  # dropped a moment ago: load it after that
+            await asyncio.shield(dropping)
+        if name in self.held:  # evicted while in use, asked for again before it was dropped
+            return _Lease(self, name)
+        start = time.monotonic()
+        path = await self._checked(name)
+        folder = None
+        try:
+            folder = await asyncio.to_thread(local_copy, path)
+            engine = self._engine()
+            if engine is None:
+                raise InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: the model is not loaded")
+            await asyncio.to_thread(engine.load_adapter, name, str(folder))
+        except (OSError, InvalidRequestError) as exc:
+            raise self._failed(name, exc) from None
+        finally:
+            if folder is not None and is_uri(path):  # the URI's temporary copy: read by now
+                await asyncio.to_thread(shutil.rmtree, folder, True)
         seconds = time.monotonic() - start
         self.held.add(name)
         self._metrics.inc("lora_adapter_loads", tags={"outcome": "loaded"})

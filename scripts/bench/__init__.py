@@ -17,6 +17,11 @@ configuration (docs/benchmarks.md records the runs).
   (`burst.py`);
 - `prompts`: time to first token and decode speed by prompt and output length, per llama.cpp KV
   layout, through Serve, the engine alone and `llama-server` (`prompts.py`);
+- `batch`: a batch job's tokens/s against the same lines from a concurrency-8 client, and interactive
+  time to first token beside a running batch (`batch.py`);
+- `settle`: concurrency-8 tokens/s at `scripts/run.sh`'s ready line and five minutes later
+  (`settle.py`);
+- `lora`: concurrency-8 tokens/s on the base model and spread over four GGUF LoRA adapters (`lora.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they

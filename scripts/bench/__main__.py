@@ -21,6 +21,9 @@ SUBCOMMANDS = (
     "greedy",
     "burst",
     "prompts",
+    "batch",
+    "settle",
+    "lora",
 )
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import yaml
@@ -76,6 +76,13 @@ def emit(record: dict[str, Any]) -> None:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+class Endpoint(Protocol):
+    """What a workload needs of a server: its name in the results and where it answers."""
+
+    name: str
+    base_url: str
 
 
 class Server:

@@ -38,7 +38,7 @@ NO_EOS = {"0": -100, "2": -100}  # SmolLM2's <|endoftext|> and <|im_end|>
 Timed = tuple[float, float, int]  # TTFT, decode tok/s, completion tokens
 
 
-def prompt_text(tokens: int, nonce: int) -> str:
+def prompt_text(tokens: int, nonce: int | str) -> str:
     """About `tokens` tokens of SmolLM2's vocabulary (a token a word here), after a nonce; the chat
     template adds about 30."""
     words = itertools.islice(itertools.cycle(WORDS), tokens)

@@ -39,6 +39,7 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from scripts.bench.common import (
     PROMPTS,
     ROOT,
+    Endpoint,
     Server,
     arguments,
     closed_loop,
@@ -62,7 +63,12 @@ async def one_chat(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int
     return ttft, timing.end - timing.start, timing.tokens
 
 
-async def text_run(server: Server, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+async def text_run(
+    server: Endpoint, model: str | list[str], concurrency: int, requests: int, max_tokens: int
+) -> dict[str, Any]:
+    """`requests` greedy chats, `concurrency` at a time; over several models, request i names
+    the i-th modulo their count."""
+    models = [model] if isinstance(model, str) else model
     # A new connection per request: llama-server closes a kept-alive connection after a few requests,
     # and a request sent on it as it closes fails. Both servers get the same client.
     client = AsyncOpenAI(
@@ -73,14 +79,14 @@ async def text_run(server: Server, model: str, concurrency: int, requests: int, 
         http_client=DefaultAsyncHttpxClient(limits=Limits(max_keepalive_connections=0)),
     )
     # Warm-up, 4 at once: every decoder replica answers one before the run (its first step is slow)
-    await asyncio.gather(*(one_chat(client, model, "Say hello.", 8) for _ in range(4)))
+    await asyncio.gather(*(one_chat(client, models[i % len(models)], "Say hello.", 8) for i in range(4)))
     queue = list(range(requests))
     results: list[tuple[float, float, int]] = []
 
     async def worker() -> None:
         while queue:
             i = queue.pop()
-            results.append(await one_chat(client, model, PROMPTS[i % len(PROMPTS)], max_tokens))
+            results.append(await one_chat(client, models[i % len(models)], PROMPTS[i % len(PROMPTS)], max_tokens))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -15,7 +15,15 @@ from typing import Any
 import openai
 import pytest
 
-from tests.serve.conftest import BASE_URL, deploy, kill_replicas, undeploy, wait_until, write_models
+from tests.serve.conftest import (
+    BASE_URL,
+    deploy,
+    ingress_log_lines,
+    kill_replicas,
+    undeploy,
+    wait_until,
+    write_models,
+)
 
 KEY_A, KEY_B = "batch-key-a-0001", "batch-key-b-0002"
 EMBED = "minilm"
@@ -76,6 +84,10 @@ def lines_of(api: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     return [] if file_id is None else [json.loads(line) for line in api.files.content(file_id).text.splitlines()]
 
 
+def access_lines(request_id: str) -> list[str]:
+    return ingress_log_lines(f"access request_id={request_id} ")
+
+
 def test_chat_and_embedding_batches_complete_with_their_answers(alice):
     batch = submit(alice, [chat(f"c{i}") for i in range(4)])
     assert batch.status == "validating" and batch.endpoint == "/v1/chat/completions"
@@ -88,6 +100,12 @@ def test_chat_and_embedding_batches_complete_with_their_answers(alice):
         assert line["response"]["status_code"] == 200 and line["error"] is None
         assert line["response"]["body"]["object"] == "chat.completion"
         assert line["custom_id"] in line["response"]["body"]["choices"][0]["message"]["content"]
+    # Each line has its access-log line, under the request id the output file gives it.
+    ids = {line["response"]["request_id"] for line in output}
+    assert wait_until(lambda: all(access_lines(i) for i in ids), timeout_s=30)
+    for request_id in ids:
+        [logged] = access_lines(request_id)
+        assert "path=/v1/chat/completions status=200 " in logged and f" batch={batch.id}" in logged
 
     embed = [
         {

@@ -1,10 +1,11 @@
-"""LoRA adapters through real Ray Serve and HTTP: a tiny transformers LLM on two decoder replicas
-that hold one adapter each (`max_adapters_per_replica: 1`), with two listed adapters, a listed one
-whose weights are corrupt and a `dynamic_path` holding another adapter and one over `max_rank`.
-/v1/models lists the listed adapters with their parent; each adapter changes the answer on every
-endpoint, named either way; Serve's multiplexing routes requests to the replica that holds their
-adapter, and a replica never holds more than one (least recently used out); an unknown adapter is a
-404, one that cannot be loaded a 400 naming it, and neither changes the other answers."""
+"""LoRA adapters through real Ray Serve and HTTP: a tiny transformers LLM on two decoder replicas that
+hold one adapter each (`max_adapters_per_replica: 1`), with two listed adapters, a listed one whose
+weights are corrupt and a `dynamic_path` holding another adapter and one over `max_rank`. /v1/models
+lists the listed adapters with their parent; each adapter changes the answer on every endpoint,
+named either way (also by the openai client and LangChain); Serve's multiplexing routes requests to
+the replica that holds their adapter, and a replica never holds more than one (least recently used
+out); an unknown adapter is a 404, one that cannot be loaded a 400 naming it, and neither changes
+the other answers."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import ray
 
+from scripts.bench.lora_adapters import build_lora
 from tests.serve.conftest import BASE_URL, deploy, metric_total, settled_metrics, undeploy, write_models
-from tests.support.lora_adapters import build_lora
 
 TINY = "tiny"
 ASK = [{"role": "user", "content": "Tell me about the sea"}]
@@ -104,6 +106,18 @@ def test_each_adapter_changes_the_answer_named_either_way_on_every_endpoint(http
     assert answer(http, TINY) == base  # the base is unchanged beside them
 
 
+def test_the_openai_client_and_langchain_name_an_adapter_either_way(http):
+    from langchain_openai import ChatOpenAI
+
+    a = answer(http, f"{TINY}:a")
+    client = openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0)
+    for name in (f"{TINY}:a", "a"):
+        reply = client.chat.completions.create(model=name, messages=ASK)  # type: ignore[arg-type]
+        assert (reply.choices[0].message.content, reply.model) == (a, f"{TINY}:a")
+        chat_model = ChatOpenAI(model=name, base_url=f"{BASE_URL}/v1", api_key="unused", max_retries=0)
+        assert chat_model.invoke(ASK[0]["content"]).content == a
+
+
 def test_requests_land_on_the_replica_that_holds_their_adapter(http):
     a, b = answer(http, f"{TINY}:a"), answer(http, f"{TINY}:b")
     time.sleep(3)  # the replicas' held adapters reach the router
@@ -134,6 +148,8 @@ def test_a_replica_holds_at_most_max_adapters_least_recently_used_out(http):
 )
 def test_unknown_adapters_are_404_and_unloadable_ones_400_naming_them(http, model, status, says):
     a = answer(http, f"{TINY}:a")
+    time.sleep(3)  # the replicas' held adapters reach the router
+    before = loads()
     response = chat(http, model)
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -141,6 +157,8 @@ def test_unknown_adapters_are_404_and_unloadable_ones_400_naming_them(http, mode
     if status == 404:
         assert error["code"] == "model_not_found"
     assert answer(http, f"{TINY}:a") == a
+    if model != f"{TINY}:corrupt":  # refused before Serve makes room for it: no held adapter was evicted
+        assert loads() == before
 
 
 def test_adapter_loads_are_counted(http):

@@ -23,6 +23,12 @@ logger = logging.getLogger("ray.serve")
 BASE = "__base__"  # PEFT's name for a row without an adapter
 
 
+def peft_name(name: str) -> str:
+    """The adapter's name inside PEFT: ours may hold a '.' (a module name cannot) or be part of
+    PEFT's "lora_" prefix (which PEFT warns may reinitialize the weights on load), so one of its own."""
+    return "adapter_" + name.encode().hex()
+
+
 class LoraAdapters:
     """The adapters loaded on `model` (a transformers causal LM, changed in place)."""
 
@@ -35,16 +41,19 @@ class LoraAdapters:
     def load(self, name: str, folder: str) -> None:
         """Adapter `name` from its PEFT folder; `InvalidRequestError` naming it when it does not fit
         the model (another base's shapes, modules the model lacks, corrupt weights)."""
-        from peft import PeftModel
+        from peft import PeftConfig, PeftModel
 
         with self._lock:
             if name in self.loaded:
                 return
             try:
                 if self._peft is None:
-                    self._peft = PeftModel.from_pretrained(self._model, folder, adapter_name=name, is_trainable=False)
-                else:
-                    self._peft.load_adapter(folder, adapter_name=name, is_trainable=False)
+                    # PeftModel.from_pretrained's two steps, apart: the wrapper (LoRA layers injected in
+                    # place) is kept before the weights are read, so that a failed read is undone.
+                    config = PeftConfig.from_pretrained(folder)
+                    config.inference_mode = True
+                    self._peft = PeftModel(self._model, config, adapter_name=peft_name(name)).eval()
+                self._peft.load_adapter(folder, adapter_name=peft_name(name), is_trainable=False)
             except Exception as exc:
                 self._discard(name)
                 raise InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: {exc}", param="model") from exc
@@ -54,15 +63,15 @@ class LoraAdapters:
 
     def _discard(self, name: str) -> None:
         """Whatever a failed load left of `name` removed, so that the model is as it was."""
-        if self._peft is not None and name in self._peft.peft_config:
+        if self._peft is not None and peft_name(name) in self._peft.peft_config:
             with contextlib.suppress(Exception):
-                self._peft.delete_adapter(name)
+                self._peft.delete_adapter(peft_name(name))
 
     def unload(self, name: str) -> None:
         with self._lock:
             if name not in self.loaded:
                 return
-            self._peft.delete_adapter(name)
+            self._peft.delete_adapter(peft_name(name))
             self.loaded.discard(name)
             logger.info("LoRA adapter %s unloaded", name)
 
@@ -75,8 +84,8 @@ class LoraAdapters:
             if self._peft is None:
                 yield
                 return
-            names = [BASE if a is None else a for a in adapters]
-            if unknown := set(names) - self.loaded - {BASE}:
+            if unknown := {a for a in adapters if a is not None} - self.loaded:
                 raise InvalidRequestError(f"LoRA adapter(s) not loaded: {sorted(unknown)}", param="model")
+            names = [BASE if a is None else peft_name(a) for a in adapters]
             with self._peft.base_model._enable_peft_forward_hooks(adapter_names=names):
                 yield

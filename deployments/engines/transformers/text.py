@@ -23,7 +23,7 @@ from deployments.engines.extensions import template_variables
 from deployments.engines.transformers.base import TransformersDecoder
 from deployments.engines.transformers.chat_template import marker_token_ids, raw_prompt_ids, resolve_tool_rendering
 from deployments.engines.transformers.constraints import RequestConstraints, build_constraints
-from deployments.errors import ConfigError
+from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, TextMessage, TokenizeInput
 from deployments.roles import Role
 from deployments.tools.prompt import template_message
@@ -100,13 +100,19 @@ class TransformersTextEngine(TransformersDecoder):
         the rendered text too; `template_kwargs`: vLLM's `chat_template_kwargs`, the template's extra
         variables."""
         chat, extra = self.tools.chat([template_message(m) for m in messages], tools)
-        text = self.tokenizer.apply_chat_template(
-            chat,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=False,
-            **{**template_variables(template_kwargs), **extra},
-        )
+        variables = template_variables(template_kwargs)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                chat,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **{**variables, **extra},
+            )
+        except TypeError as exc:  # a variable that collides with one of transformers' own arguments
+            if not variables:
+                raise
+            raise InvalidRequestError(f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
     def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from deployments.config import BatchesConfig
@@ -35,24 +35,16 @@ class FileStore:
         self.records = Records(storage, "files", owners, "file")
         self._config = config
 
-    def create(self, filename: str, data: bytes, purpose: str, caller: Caller) -> dict[str, Any]:
-        """Keep an uploaded file; its object."""
+    def create(self, filename: str, data: bytes | Iterable[bytes], purpose: str, caller: Caller) -> dict[str, Any]:
+        """Keep an uploaded file (its bytes, or chunks of them: streamed to the storage root, the caps
+        checked as they come); its object."""
         if purpose not in UPLOAD_PURPOSES:
             raise InvalidRequestError(
                 f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}; got {purpose!r}.", param="purpose"
             )
-        if len(data) > self._config.max_file_bytes:
-            raise PayloadTooLargeError(f"The file exceeds {self._config.max_file_bytes} bytes.")
-        if purpose == "batch":
-            count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
-            if count > self._config.max_file_lines:
-                raise InvalidRequestError(
-                    f"A batch file holds at most {self._config.max_file_lines} lines; this one has {count}.",
-                    param="file",
-                )
-        file_id = new_file_id()
-        self.storage.write(data_path(file_id), data)
-        return self.keep(file_id, filename, purpose, len(data), self.records.owners.tag(caller))
+        file_id, upload = new_file_id(), _Upload(self._config, purpose == "batch")
+        self.storage.write(data_path(file_id), upload.checked(data))  # nothing kept when a cap is passed
+        return self.keep(file_id, filename, purpose, upload.size, self.records.owners.tag(caller))
 
     def keep(self, file_id: str, filename: str, purpose: str, size: int, owner: str | None) -> dict[str, Any]:
         """Record the object of a file whose bytes are at `data_path(file_id)`."""
@@ -83,3 +75,29 @@ class FileStore:
         self.records.remove(file_id)
         self.storage.delete(data_path(file_id))
         return {"id": file_id, "object": "file", "deleted": True}
+
+
+class _Upload:
+    """An upload's bytes as they pass: its size and lines, against the caps (a batch file's lines only)."""
+
+    def __init__(self, config: BatchesConfig, count_lines: bool) -> None:
+        self._config = config
+        self._count_lines = count_lines
+        self.size = 0
+        self._newlines = 0
+        self._last = b""
+
+    def checked(self, data: bytes | Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in (data,) if isinstance(data, bytes) else data:
+            self.size += len(chunk)
+            if self.size > self._config.max_file_bytes:
+                raise PayloadTooLargeError(f"The file exceeds {self._config.max_file_bytes} bytes.")
+            if chunk:
+                self._newlines += chunk.count(b"\n")
+                self._last = chunk[-1:]
+            lines = self._newlines + (self._last not in (b"", b"\n"))  # a last line without its end counts
+            if self._count_lines and lines > self._config.max_file_lines:
+                raise InvalidRequestError(
+                    f"A batch file holds at most {self._config.max_file_lines} lines; this one has more.", param="file"
+                )
+            yield chunk

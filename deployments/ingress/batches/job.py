@@ -28,14 +28,18 @@ from deployments.monitoring.metrics import Recorder
 
 logger = logging.getLogger("ray.serve")
 
-Send = Callable[[str, dict[str, Any], str], Awaitable[dict[str, Any]]]
-"""How a line is run: (endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
+Send = Callable[[str, str, dict[str, Any], str], Awaitable[dict[str, Any]]]
+"""How a line is run: (batch id, endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
 
 BATCH_PRIORITY = 10
 """vLLM's request `priority` of every batch line (lower runs earlier; interactive requests have 0), so
 that batches take the decoders' idle capacity."""
 
 TRANSPORT_TRIES = 3
+EXPIRED = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
 
 
 def prioritized(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -187,14 +191,20 @@ class BatchJob:
             if self._metrics is not None:
                 self._metrics.inc("batch_lines_done", 1, {"outcome": "completed" if ok else "failed"})
 
+        broken: list[BaseException] = []  # a line whose answer could not be written (the storage root failing)
+
         def finished(task: asyncio.Task[None]) -> None:
             in_flight.discard(task)
             self.running -= 1
             self._slots.release()
+            if not task.cancelled() and (failure := task.exception()) is not None:
+                broken.append(failure)
 
         try:
             stop = False
             for _, raw in lines(self._storage, data_path(batch.input_file_id)):
+                if broken:
+                    break
                 line = json.loads(raw)
                 if line["custom_id"] in progress.done:
                     continue
@@ -215,6 +225,8 @@ class BatchJob:
         finally:  # the job itself cancelled (the runner stopping): its lines in flight too
             for task in in_flight:
                 task.cancel()
+        if broken:  # the runner retries the job later; resuming skips the lines written
+            raise broken[0]
         return self.batch
 
     async def _slot(self, batch: Batch) -> bool:
@@ -244,7 +256,9 @@ class BatchJob:
         """The line's answer; a failure to reach the ingress is retried, then the line's error."""
         for attempt in range(TRANSPORT_TRIES):
             try:
-                return await asyncio.wait_for(self._send(endpoint, body, request_id), self._line_timeout_s)
+                return await asyncio.wait_for(
+                    self._send(self.batch_id, endpoint, body, request_id), self._line_timeout_s
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -260,8 +274,33 @@ class BatchJob:
                 await asyncio.sleep(2**attempt)
         raise AssertionError("unreachable")
 
+    def _expire_the_rest(self, batch: Batch, progress: Progress) -> None:
+        """OpenAI's expiry: each line that did not run gets a line in the error file, `batch_expired`
+        (and counts as failed); written a megabyte at a time, the input read streamed."""
+        source, error = data_path(batch.input_file_id), data_path(self._record["files"]["error"])
+        if self._storage.size(source) is None:
+            return
+        pending = bytearray()
+        for _, raw in lines(self._storage, source):
+            custom_id = json.loads(raw)["custom_id"]
+            if custom_id in progress.done:
+                continue
+            line = output_line(custom_id, uuid.uuid4().hex, None, None, EXPIRED)
+            pending += (json.dumps(line) + "\n").encode()
+            progress.count(line, ok=False)
+            if len(pending) >= 2**20:
+                self._storage.append(error, bytes(pending))
+                pending.clear()
+        if pending:
+            self._storage.append(error, bytes(pending))
+
     async def _finish(self, batch: Batch, progress: Progress) -> Batch:
         done = progress.completed + progress.failed
+        # Past the window with lines unrun, or their batch_expired lines already written (a restart mid-way).
+        unrun = done < batch.request_counts.total or progress.expired > 0
+        expired = not self._cancel_requested() and unrun and self._expired(batch)
+        if expired:
+            await asyncio.to_thread(self._expire_the_rest, batch, progress)
         batch = batch.model_copy(
             update={"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
         )
@@ -269,7 +308,7 @@ class BatchJob:
             final = "cancelled"
             if batch.status != "cancelling":
                 batch = self._move(batch, "cancelling")
-        elif done < batch.request_counts.total and self._expired(batch):
+        elif expired:
             final = "expired"
         else:
             final = "completed"

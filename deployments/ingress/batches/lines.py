@@ -19,7 +19,7 @@ from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.owners import Caller
 from deployments.ingress.served_models import ServedModels
-from deployments.monitoring.access_log import RequestRecord
+from deployments.monitoring.access_log import RequestRecord, log_access
 
 logger = logging.getLogger("ray.serve")
 
@@ -46,14 +46,21 @@ async def _answer(served: ServedModels, endpoint: str, body: dict[str, Any], rec
     raise ValueError(f"not a batch endpoint: {endpoint}")
 
 
-async def run_line(served: ServedModels, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+async def run_line(
+    served: ServedModels, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str
+) -> dict[str, Any]:
     """`{"status_code", "body"}` of one line: the endpoint's answer (200), or its error as the route
-    would send it."""
-    record = RequestRecord(request_id=request_id, method="POST", path=endpoint)
+    would send it. Its access-log line is an HTTP request's, with `batch=<batch id>`."""
+    record = RequestRecord(request_id=request_id, method="POST", path=endpoint, batch=batch_id)
     try:
-        return {"status_code": 200, "body": await _answer(served, endpoint, body, record)}
+        answer = await _answer(served, endpoint, body, record)
+        record.status = 200
+        return {"status_code": 200, "body": answer}
     except Exception as exc:  # every failure is the line's answer, as the route maps it
         status, error, _ = to_openai_error(exc, request_id)
         if status >= 500 and not isinstance(exc, ServiceError):
             logger.exception("batch line %s to %s failed", request_id, endpoint)
+        record.status, record.error = status, str(error["error"].get("code") or error["error"].get("type"))
         return {"status_code": status, "body": error}
+    finally:
+        log_access(record)

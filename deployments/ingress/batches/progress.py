@@ -23,6 +23,7 @@ class Progress:
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    expired: int = 0  # of the failed: lines the window's end left unrun (`batch_expired`)
 
     def count(self, line: dict[str, Any], ok: bool) -> None:
         """One finished line (`ok`: written to the output file)."""
@@ -34,6 +35,7 @@ class Progress:
             self.output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
         else:
             self.failed += 1
+            self.expired += (line.get("error") or {}).get("code") == "batch_expired"
 
     def counts(self, total: int) -> RequestCounts:
         return RequestCounts(total=total, completed=self.completed, failed=self.failed)

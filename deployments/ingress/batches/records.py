@@ -19,13 +19,13 @@ RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what this service 
 
 
 def stored_owners(storage: Storage) -> Owners:
-    """The owner tags of this storage root, under the secret kept there (made by the first to need it;
-    read back after writing, so that replicas that start together settle on one)."""
+    """The owner tags of this storage root, under the secret kept there: made by the first to need it,
+    created only where there is none, then read back, so that replicas that start together (the
+    ingress and the batch runner) settle on one."""
+    storage.create(SECRET, secrets.token_bytes(32))
     secret = storage.read(SECRET)
     if not secret:
-        storage.write(SECRET, secrets.token_bytes(32))
-        secret = storage.read(SECRET)
-    assert secret
+        raise OSError(f"the storage root's {SECRET} is empty")
     return Owners(secret)
 
 

@@ -25,10 +25,7 @@ from ray import serve
 
 from deployments.config import BatchesConfig
 from deployments.ingress.apis.batches.protocol import TERMINAL, Batch
-from deployments.ingress.batches.files import FileStore
 from deployments.ingress.batches.job import BatchJob, Send
-from deployments.ingress.batches.records import stored_owners
-from deployments.ingress.batches.storage import open_storage
 from deployments.ingress.batches.store import BatchStore, cancel_marker
 from deployments.ingress.batches.validation import ServedNames
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
@@ -46,6 +43,8 @@ class BatchRunnerConfig(BaseModel):
     batches: BatchesConfig
     chat_models: list[str]
     embedding_models: list[str] = []
+    adapters: dict[str, list[str]] = {}  # each chat model's listed LoRA adapters
+    dynamic_adapters: list[str] = []  # the chat models with a lora.dynamic_path
     ingress_deployment: str = "Ingress"
     line_timeout_s: float = 330.0  # a line's answer through the handle: the request deadline and a margin
 
@@ -54,13 +53,16 @@ class BatchRuntime:
     """The runner's loop over the storage root, apart from Serve (unit tests drive it with a fake `send`)."""
 
     def __init__(self, config: BatchRunnerConfig, send: Send, metrics: Recorder | None = None) -> None:
-        storage = open_storage(config.batches.storage_root)
-        owners = stored_owners(storage)
-        self.batches = BatchStore(FileStore(storage, owners, config.batches))
+        self.batches = BatchStore.open(config.batches)
         self._config = config
         self._send = send
         self._metrics = metrics
-        self._served = ServedNames(frozenset(config.chat_models), frozenset(config.embedding_models))
+        self._served = ServedNames(
+            frozenset(config.chat_models),
+            frozenset(config.embedding_models),
+            config.adapters,
+            frozenset(config.dynamic_adapters),
+        )
         self._slots = asyncio.Semaphore(config.batches.max_concurrency)
         self._jobs: dict[str, tuple[BatchJob, asyncio.Task[Batch]]] = {}
         self._final: set[str] = set()
@@ -163,11 +165,11 @@ class BatchRunner:
             "batch runner: storage %s, %d lines at once", config.batches.storage_root, config.batches.max_concurrency
         )
 
-    async def _send_line(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    async def _send_line(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         if self._ingress is None:
             app = serve.get_replica_context().app_name
             self._ingress = serve.get_deployment_handle(self._ingress_name, app_name=app)
-        result: dict[str, Any] = await self._ingress.batch_line.remote(endpoint, body, request_id)
+        result: dict[str, Any] = await self._ingress.batch_line.remote(batch_id, endpoint, body, request_id)
         return result
 
     async def wake(self) -> None:

@@ -13,9 +13,10 @@ alone does not install it, and a local directory needs nothing but the standard 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -29,8 +30,9 @@ class Storage(Protocol):
         """The whole object (None: there is none)."""
         ...
 
-    def write(self, path: str, data: bytes) -> None:
-        """Replace the object at once (atomic where the filesystem moves atomically)."""
+    def write(self, path: str, data: bytes | Iterable[bytes]) -> None:
+        """Replace the object at once (atomic where the filesystem moves atomically); `data` its bytes,
+        or chunks of them (an upload streamed: an exception while they are read leaves nothing)."""
         ...
 
     def append(self, path: str, data: bytes) -> None: ...
@@ -45,6 +47,11 @@ class Storage(Protocol):
         """Keep the object's first `size` bytes (a torn last line dropped on resume)."""
         ...
 
+    def create(self, path: str, data: bytes) -> bool:
+        """Write the object only if there is none (True), else leave it (False): atomic on a local
+        directory; on an object store, checked then written (two writers at the same instant may both win)."""
+        ...
+
     def delete(self, path: str) -> None:
         """Remove the object, if it is there."""
         ...
@@ -52,6 +59,10 @@ class Storage(Protocol):
     def names(self, directory: str) -> list[str]:
         """The names of the objects directly under `directory` (none when it does not exist)."""
         ...
+
+
+def _chunked(data: bytes | Iterable[bytes]) -> Iterable[bytes]:
+    return (data,) if isinstance(data, bytes) else data
 
 
 def lines(storage: Storage, path: str) -> Iterator[tuple[int, bytes]]:
@@ -85,12 +96,17 @@ class LocalStorage:
         except FileNotFoundError:
             return None
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | Iterable[bytes]) -> None:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, target)
+        try:
+            with temporary.open("wb") as f:
+                for chunk in _chunked(data):
+                    f.write(chunk)
+            os.replace(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
 
     def append(self, path: str, data: bytes) -> None:
         target = self._path(path)
@@ -112,6 +128,19 @@ class LocalStorage:
 
     def truncate(self, path: str, size: int) -> None:
         os.truncate(self._path(path), size)
+
+    def create(self, path: str, data: bytes) -> bool:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        temporary.write_bytes(data)
+        try:
+            os.link(temporary, target)  # fails when the target exists: one creator wins, whole
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            temporary.unlink()
 
     def delete(self, path: str) -> None:
         self._path(path).unlink(missing_ok=True)
@@ -150,12 +179,18 @@ class ArrowStorage:
             data: bytes = f.read()
         return data
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | Iterable[bytes]) -> None:
         target = self._path(path)
         self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
         temporary = f"{target.rsplit('/', 1)[0]}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open_output_stream(temporary) as f:
-            f.write(data)
+        try:
+            with self.fs.open_output_stream(temporary) as f:
+                for chunk in _chunked(data):
+                    f.write(chunk)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(temporary)
+            raise
         self.fs.move(temporary, target)
 
     def append(self, path: str, data: bytes) -> None:
@@ -180,6 +215,12 @@ class ArrowStorage:
         with self.fs.open_input_stream(self._path(path)) as f:
             kept: bytes = f.read(size)
         self.write(path, kept)
+
+    def create(self, path: str, data: bytes) -> bool:
+        if not self._missing(path):
+            return False
+        self.write(path, data)
+        return True
 
     def delete(self, path: str) -> None:
         if not self._missing(path):

@@ -13,10 +13,12 @@ import time
 import uuid
 from typing import Any
 
+from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError
 from deployments.ingress.apis.batches.protocol import COMPLETION_WINDOW_S, TERMINAL, Batch, BatchCreateRequest
 from deployments.ingress.batches.files import FileStore
-from deployments.ingress.batches.records import Records, page
+from deployments.ingress.batches.records import Records, page, stored_owners
+from deployments.ingress.batches.storage import open_storage
 from deployments.ingress.owners import Caller
 
 logger = logging.getLogger("ray.serve")
@@ -28,6 +30,12 @@ def cancel_marker(batch_id: str) -> str:
 
 class BatchStore:
     """The batches of one storage root (the files' service reads their input files)."""
+
+    @classmethod
+    def open(cls, config: BatchesConfig) -> BatchStore:
+        """The files and batches of `config.storage_root` (the ingress's and the runner's alike)."""
+        storage = open_storage(config.storage_root)
+        return cls(FileStore(storage, stored_owners(storage), config))
 
     def __init__(self, files: FileStore) -> None:
         self.files = files

@@ -6,12 +6,13 @@ set of custom_ids (bounded by `server.batches.max_file_lines`) and the first err
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from deployments.config.lora import named_adapter
 from deployments.errors import validation_message
 from deployments.ingress.apis.batches.protocol import BatchError
 from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
@@ -38,13 +39,25 @@ class Validated:
 
 @dataclass(frozen=True)
 class ServedNames:
-    """The models a batch line may name: chat models (chat, completions, responses) and embedding models."""
+    """The models a batch line may name: chat models (chat, completions, responses), with their LoRA
+    adapters named as a request names them (`adapters`: each chat model's listed ones; `dynamic`: those
+    with a `dynamic_path`), and embedding models."""
 
     chat: frozenset[str]
     embedding: frozenset[str]
+    adapters: Mapping[str, Collection[str]] = field(default_factory=dict)
+    dynamic: frozenset[str] = frozenset()
 
     def for_endpoint(self, endpoint: str) -> frozenset[str]:
         return self.embedding if endpoint == "/v1/embeddings" else self.chat
+
+    def serves(self, endpoint: str, model: object) -> bool:
+        if not isinstance(model, str):
+            return False
+        if endpoint == "/v1/embeddings":
+            return model in self.embedding
+        taken = self.chat | self.embedding
+        return model in self.chat or named_adapter(model, self.adapters, self.dynamic, taken) is not None
 
 
 def check_line(raw: bytes, endpoint: str, served: ServedNames) -> tuple[str, dict[str, Any]] | BatchError:
@@ -78,8 +91,8 @@ def check_line(raw: bytes, endpoint: str, served: ServedNames) -> tuple[str, dic
     except ValidationError as exc:
         message, param = validation_message([dict(e) for e in exc.errors()])
         return BatchError(code="invalid_request", message=message, param=f"body.{param}" if param else "body")
-    names = served.for_endpoint(endpoint)
-    if body.get("model") not in names:
+    if not served.serves(endpoint, body.get("model")):
+        names = served.for_endpoint(endpoint)
         return BatchError(
             code="model_not_found",
             message=f"The model {body.get('model')!r} is not served for {endpoint} "

@@ -18,7 +18,7 @@ from deployments.engines import create_text_engine
 from deployments.engines.transformers.static.engine import StaticTextEngine
 from deployments.errors import ConfigError, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, TextMessage
-from tests.support.lora_adapters import build_gguf_lora, build_lora, build_merged
+from scripts.bench.lora_adapters import build_gguf_lora, build_lora, build_merged
 
 PROMPT = "Tell me about the sea"
 
@@ -132,6 +132,23 @@ def test_unloaded_adapters_leave_the_base_as_it_was(tiny_llm_dir, adapters):
         assert asyncio.run(tokens(built, ask())) == base
         built.unload_adapter("a")
         assert asyncio.run(tokens(built, ask())) == base
+    finally:
+        built.close()
+
+
+def test_a_first_adapter_that_cannot_load_leaves_the_base_as_it_was(tiny_llm_dir, adapters, tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "adapter_config.json").write_text((adapters["a"] / "adapter_config.json").read_text())
+    (corrupt / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    built = create_text_engine(lora_model(tiny_llm_dir, adapters, batching="sequential"))
+    try:
+        base = asyncio.run(tokens(built, ask()))
+        with pytest.raises(InvalidRequestError, match="corrupt"):
+            built.load_adapter("corrupt", str(corrupt))  # the first load of the engine's life
+        assert asyncio.run(tokens(built, ask())) == base
+        built.load_adapter("a", str(adapters["a"]))
+        assert asyncio.run(tokens(built, ask("a"))) != base and asyncio.run(tokens(built, ask())) == base
     finally:
         built.close()
 

@@ -166,9 +166,10 @@ async def test_the_chat_rendering_takes_template_variables_and_continues_a_final
         started = [*chat, TextMessage(role="assistant", content="The answer is")]
         kept = await prompt(messages=started, add_generation_prompt=False, continue_final_message=True)
         assert kept.endswith("<assistant>The answer is")
-        with pytest.raises(InvalidRequestError) as caught:
-            await prompt(messages=chat, chat_template_kwargs={"tokenize": True})
-        assert caught.value.param == "chat_template_kwargs"
+        for taken in ("tokenize", "conversations", "sanitize_control_tokens"):  # the rendering's own: 400s
+            with pytest.raises(InvalidRequestError) as caught:
+                await prompt(messages=chat, chat_template_kwargs={taken: True})
+            assert caught.value.param == "chat_template_kwargs"
     finally:
         tokenizer.chat_template = saved
 

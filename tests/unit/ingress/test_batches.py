@@ -5,7 +5,10 @@ key seeing only its own files and batches."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from deployments.ingress.batches import storage as storage_module
 from deployments.ingress.batches.files import data_path
 from deployments.ingress.batches.job import prioritized
 from deployments.ingress.batches.progress import resume
+from deployments.ingress.batches.records import stored_owners
 from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime
 from deployments.ingress.batches.storage import LocalStorage, lines, open_storage
 from deployments.ingress.batches.validation import ServedNames, validate
@@ -58,6 +62,18 @@ def test_storage_reads_writes_appends_lists_and_truncates(tmp_path, kind):
     storage.write("a/x.json", b"{}")
     storage.write("a/x.json", b'{"v": 1}')
     assert storage.read("a/x.json") == b'{"v": 1}'
+
+    def cut_short() -> Any:
+        yield b"half of it"
+        raise OSError("the client went away")
+
+    with pytest.raises(OSError):
+        storage.write("a/cut.jsonl", cut_short())  # nothing kept, no temporary left
+    storage.write("a/w.jsonl", iter([b"in ", b"chunks"]))
+    assert storage.read("a/w.jsonl") == b"in chunks"
+    storage.delete("a/w.jsonl")
+    assert storage.create("b/once", b"first") and not storage.create("b/once", b"second")
+    assert storage.read("b/once") == b"first" and storage.names("b") == ["once"]
     storage.append("a/y.jsonl", b"one\n")
     storage.append("a/y.jsonl", b"two\n")
     assert b"".join(storage.chunks("a/y.jsonl")) == b"one\ntwo\n"
@@ -67,6 +83,20 @@ def test_storage_reads_writes_appends_lists_and_truncates(tmp_path, kind):
     storage.delete("a/x.json")
     storage.delete("a/x.json")  # twice: nothing to do
     assert storage.names("a") == ["y.jsonl"]
+
+
+def test_replicas_starting_together_settle_on_one_owners_secret(tmp_path):
+    for attempt in range(5):  # eight at the same instant, five times: a race shows in most attempts
+        storage = LocalStorage(str(tmp_path / str(attempt)))
+        barrier = threading.Barrier(8)
+
+        def one(_: int, storage: LocalStorage = storage, barrier: threading.Barrier = barrier) -> str:
+            barrier.wait()
+            return stored_owners(storage).tag(ALICE) or ""
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            tags = set(pool.map(one, range(8)))
+        assert len(tags) == 1 and stored_owners(storage).tag(ALICE) in tags
 
 
 def test_a_10000_line_file_is_read_streamed(tmp_path, monkeypatch):
@@ -149,6 +179,21 @@ def test_embedding_lines_name_embedding_models_and_caps_apply():
     assert [e.code for e in validate([], CHAT, SERVED, 2, 10).errors] == ["empty_file"]
 
 
+def test_lines_name_lora_adapters_as_requests_do():
+    served = ServedNames(
+        frozenset({"echo", "plain"}), frozenset({"embed"}), {"echo": ["sql"], "plain": []}, frozenset({"echo"})
+    )
+
+    def errors(model: str) -> list[str]:
+        line = json.dumps(chat_line("x") | {"body": {"model": model, "messages": [{"role": "user", "content": "x"}]}})
+        return [e.code for e in validate([(1, line.encode())], CHAT, served, 10, 10).errors]
+
+    for model in ("echo:sql", "sql", "echo:any-under-dynamic-path"):
+        assert errors(model) == [], model
+    for model in ("plain:sql", "nope", "embed"):
+        assert errors(model) == ["model_not_found"], model
+
+
 def test_a_batch_line_waits_behind_interactive_requests():
     """vLLM's `priority` (lower first; interactive requests 0): every chat or completions line gets the
     batches' own, or a later one it asked for, never an earlier one."""
@@ -173,7 +218,7 @@ class FakeIngress:
         self.hold_after = hold_after
         self.gate = asyncio.Event()
 
-    async def send(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    async def send(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         self.calls += 1
         if self.hold_after is not None and self.calls > self.hold_after:
             await self.gate.wait()
@@ -300,6 +345,27 @@ async def test_a_runner_killed_mid_batch_resumes_every_line_exactly_once(tmp_pat
     assert len(fake.sent) == 30  # the 12 finished lines were not sent again
 
 
+async def test_a_line_whose_answer_cannot_be_written_is_run_again_not_lost(tmp_path, monkeypatch):
+    fake = FakeIngress()
+    runtime = BatchRuntime(config(tmp_path), fake.send)
+    batch_id = submit(runtime, jsonl([chat_line(f"r{i}") for i in range(4)]))
+    storage, append, failures = runtime.batches.storage, runtime.batches.storage.append, []
+
+    def append_failing_once(path: str, data: bytes) -> None:
+        if path.startswith("file-data/") and not failures:
+            failures.append(path)
+            raise OSError("the storage root went away")
+        append(path, data)
+
+    monkeypatch.setattr(storage, "append", append_failing_once)
+    batch = await settled(runtime, batch_id)
+    assert failures and batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+    assert sorted(line["custom_id"] for line in written(runtime, batch["output_file_id"])) == [
+        f"r{i}" for i in range(4)
+    ]
+
+
 def test_resume_cuts_a_torn_line_and_counts_what_is_written(tmp_path):
     storage = LocalStorage(str(tmp_path))
     ok = {
@@ -315,16 +381,38 @@ def test_resume_cuts_a_torn_line_and_counts_what_is_written(tmp_path):
     assert resume(storage, "missing", "err").failed == 1
 
 
-async def test_a_batch_past_its_window_expires(tmp_path):
-    fake = FakeIngress()
-    runtime = BatchRuntime(config(tmp_path), fake.send)
-    batch_id = submit(runtime, jsonl([chat_line("a")]))
+def expiring(runtime: BatchRuntime, batch_id: str, at: int) -> None:
     record = runtime.batches.records.load(batch_id)
     assert record is not None
-    record["object"]["expires_at"] = 1  # long past
+    record["object"]["expires_at"] = at
     runtime.batches.records.save(batch_id, record)
+
+
+async def test_a_batch_past_its_window_expires_each_unrun_line_batch_expired(tmp_path):
+    fake = FakeIngress()
+    runtime = BatchRuntime(config(tmp_path), fake.send)
+    batch_id = submit(runtime, jsonl([chat_line("a"), chat_line("b")]))
+    expiring(runtime, batch_id, 1)  # long past
     batch = await settled(runtime, batch_id)
     assert batch["status"] == "expired" and batch["expired_at"] and fake.sent == []
+    assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 2} and batch["output_file_id"] is None
+    errors = written(runtime, batch["error_file_id"])
+    assert sorted(line["custom_id"] for line in errors) == ["a", "b"]
+    assert all(line["response"] is None and line["error"]["code"] == "batch_expired" for line in errors)
+
+
+async def test_a_batch_expiring_mid_run_keeps_its_finished_lines(tmp_path):
+    fake = FakeIngress(hold_after=1)  # "a" answers; the lines after it never do
+    runtime = BatchRuntime(config(tmp_path), fake.send)
+    batch_id = submit(runtime, jsonl([chat_line("a"), chat_line("b"), chat_line("c")]))
+    expiring(runtime, batch_id, int(time.time()) + 2)  # whole seconds, as OpenAI's
+    batch = await settled(runtime, batch_id)
+    assert batch["status"] == "expired"
+    assert batch["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    assert [line["custom_id"] for line in written(runtime, batch["output_file_id"])] == ["a"]
+    errors = written(runtime, batch["error_file_id"])
+    assert sorted(line["custom_id"] for line in errors) == ["b", "c"]
+    assert {line["error"]["code"] for line in errors} == {"batch_expired"}
 
 
 # -- owners -------------------------------------------------------------------------------------
@@ -364,6 +452,14 @@ def test_uploads_are_capped_in_bytes_lines_and_purpose(tmp_path):
         files.create("f", b"{}\n{}\n{}", "batch", ALICE)
     with pytest.raises(InvalidRequestError):
         files.create("f", b"{}", "fine-tune", ALICE)
+    # Streamed (the route's chunks): the caps hold as the chunks come, and a refused upload keeps nothing.
+    with pytest.raises(PayloadTooLargeError):
+        files.create("f", iter([b"x" * 600, b"x" * 600]), "batch", ALICE)
+    with pytest.raises(InvalidRequestError, match="at most 2 lines"):
+        files.create("f", iter([b"{}\n{", b"}\n{}"]), "batch", ALICE)
+    assert files.storage.names("file-data") == [] and files.list(ALICE, None, 10, None, "desc")["data"] == []
+    streamed = files.create("in.jsonl", iter([b'{"a"', b": 1}\n", b"{}"]), "batch", ALICE)
+    assert streamed["bytes"] == 11 and b"".join(files.content(streamed["id"], ALICE)) == b'{"a": 1}\n{}'
     kept = files.create("notes.txt", b"a\nb\nc\n", "user_data", ALICE)
     assert kept["object"] == "file" and kept["bytes"] == 6 and kept["purpose"] == "user_data"
     assert files.delete(kept["id"], ALICE)["deleted"] is True

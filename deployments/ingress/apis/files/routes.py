@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, File, Form, Query, Request, UploadFile
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from deployments.ingress.apis.files.protocol import FileDeleted, FileList, FileObject, UploadPurpose
 from deployments.ingress.batches.files import FileStore
+from deployments.ingress.batches.storage import CHUNK_BYTES
 from deployments.ingress.routing import ERRORS, caller
 
 
@@ -22,9 +24,10 @@ def attach(api: FastAPI, files: FileStore | None) -> None:
     async def upload_file(
         request: Request, file: Annotated[UploadFile, File()], purpose: Annotated[UploadPurpose, Form()]
     ) -> Any:
-        data = await file.read()
+        # Starlette has spooled the part to a temporary file; it goes to the storage root a chunk at a time.
+        chunks = iter(functools.partial(file.file.read, CHUNK_BYTES), b"")
         who = caller(request)
-        created = await asyncio.to_thread(files.create, file.filename or "upload.jsonl", data, purpose, who)
+        created = await asyncio.to_thread(files.create, file.filename or "upload.jsonl", chunks, purpose, who)
         return JSONResponse(created)
 
     @api.get("/v1/files", responses={200: {"model": FileList}, **ERRORS})

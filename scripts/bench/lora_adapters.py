@@ -1,5 +1,6 @@
-"""Random PEFT LoRA adapters for the tiny Llama the tests build (`build_tiny_llm`): non-zero lora_B,
-so that an adapter changes the answer; nothing downloaded."""
+"""Random LoRA adapters for small models, nothing downloaded: PEFT ones for the tiny Llama the tests build
+(`build_tiny_llm`), GGUF ones for a GGUF model (the offline default). Non-zero lora_B, so that an adapter
+changes the answer. The tests' fixtures and the `lora` benchmark's adapters."""
 
 from __future__ import annotations
 
