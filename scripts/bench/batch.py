@@ -6,9 +6,10 @@
    tokens over the wall time of each (the batch's from `batches.create` to `completed`), and their ratio;
 2. interactive beside a batch: `--interactive` streamed chats one at a time, their time to first token
    on the idle service, then again while a batch runs (cancelled after them);
-3. the runner killed mid-batch (`--kill-at`, the share of lines done): its replica killed as a crash
-   would (`ray.kill`), Serve replaces it, the batch resumes; each custom_id's count across the output
-   and error files (every one exactly once: none lost, none twice).
+3. the runner killed mid-batch (a batch of `--kill-lines`, killed at `--kill-at` of them done): its
+   replica killed as a crash would (`ray.kill`), Serve replaces it, the batch resumes; each
+   custom_id's count across the output and error files (every one exactly once: none lost, none
+   twice).
 
     .venv/bin/python -m scripts.bench batch
     .venv/bin/python -m scripts.bench batch --lines 40 --interactive 4  # a smoke run
@@ -136,9 +137,9 @@ def killed_mid_batch(client: OpenAI, model: str, args: Any) -> dict[str, Any]:
     import ray
 
     start = time.perf_counter()
-    batch_id = submit(client, lines("resume", args.lines, args.max_tokens, model))
+    batch_id = submit(client, lines("resume", args.kill_lines, args.max_tokens, model))
     while (batch := client.batches.retrieve(batch_id)).request_counts is None or (
-        batch.request_counts.completed < args.kill_at * args.lines
+        batch.request_counts.completed < args.kill_at * args.kill_lines
     ):
         time.sleep(0.25)
     done_at_kill = batch.request_counts.completed
@@ -156,10 +157,10 @@ def killed_mid_batch(client: OpenAI, model: str, args: Any) -> dict[str, Any]:
         for line in client.files.content(file_id).text.splitlines() if file_id else []:
             custom_id = json.loads(line)["custom_id"]
             seen[custom_id] = seen.get(custom_id, 0) + 1
-    wanted = {line["custom_id"] for line in lines("resume", args.lines, args.max_tokens, model)}
+    wanted = {line["custom_id"] for line in lines("resume", args.kill_lines, args.max_tokens, model)}
     return {
         "mode": "runner killed mid-batch",
-        "lines": args.lines,
+        "lines": args.kill_lines,
         "done_when_killed": done_at_kill,
         "runners_killed": len(runners),
         "status": batch.status,
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8, help="the client's, and the runner's lines at once")
     parser.add_argument("--interactive", type=int, default=10, help="chats one at a time, idle and beside a batch")
+    parser.add_argument("--kill-lines", type=int, default=300, help="lines of the batch whose runner is killed")
     parser.add_argument("--kill-at", type=float, default=0.3, help="share of lines done when the runner is killed")
     parser.add_argument("--settle-s", type=float, default=10)
     parser.add_argument("--port", type=int, default=8100)
