@@ -36,7 +36,7 @@ def test_ingress_conforms_to_its_spec(api_schema, mode):
             continue  # nothing to make invalid in a GET or a POST without a body (an id is any string)
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case):
             if mode is GenerationMode.POSITIVE:
                 assume(not breaks_a_rule_across_fields(case.body, case.path))
