@@ -112,10 +112,15 @@ def turn_log_of(state: Any) -> Callable[[RequestRecord], None]:
     return log if callable(log) else (lambda record: None)
 
 
+def error_code(body: dict[str, Any]) -> str:
+    """An OpenAI error body's `error` field in the access log: its code, else its type."""
+    error = body["error"]
+    return str(error.get("code") or error.get("type"))
+
+
 def _error_of(body: bytes) -> str | None:
     try:
-        error = json.loads(body)["error"]
-        return str(error.get("code") or error.get("type"))
+        return error_code(json.loads(body))
     except Exception:
         return None
 

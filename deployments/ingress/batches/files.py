@@ -13,7 +13,7 @@ from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError, PayloadTooLargeError
 from deployments.ingress.apis.files.protocol import FileObject
 from deployments.ingress.batches.records import Records, page
-from deployments.ingress.batches.storage import Storage
+from deployments.ingress.batches.storage import Storage, as_chunks
 from deployments.ingress.owners import Caller, Owners
 
 UPLOAD_PURPOSES = ("batch", "user_data")
@@ -88,7 +88,7 @@ class _Upload:
         self._last = b""
 
     def checked(self, data: bytes | Iterable[bytes]) -> Iterator[bytes]:
-        for chunk in (data,) if isinstance(data, bytes) else data:
+        for chunk in as_chunks(data):
             self.size += len(chunk)
             if self.size > self._config.max_file_bytes:
                 raise PayloadTooLargeError(f"The file exceeds {self._config.max_file_bytes} bytes.")

@@ -19,7 +19,7 @@ from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.owners import Caller
 from deployments.ingress.served_models import ServedModels
-from deployments.monitoring.access_log import RequestRecord, log_access
+from deployments.monitoring.access_log import RequestRecord, error_code, log_access
 
 logger = logging.getLogger("ray.serve")
 
@@ -60,7 +60,7 @@ async def run_line(
         status, error, _ = to_openai_error(exc, request_id)
         if status >= 500 and not isinstance(exc, ServiceError):
             logger.exception("batch line %s to %s failed", request_id, endpoint)
-        record.status, record.error = status, str(error["error"].get("code") or error["error"].get("type"))
+        record.status, record.error = status, error_code(error)
         return {"status_code": status, "body": error}
     finally:
         log_access(record)

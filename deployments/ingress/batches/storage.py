@@ -61,7 +61,8 @@ class Storage(Protocol):
         ...
 
 
-def _chunked(data: bytes | Iterable[bytes]) -> Iterable[bytes]:
+def as_chunks(data: bytes | Iterable[bytes]) -> Iterable[bytes]:
+    """An object's bytes as chunks: whole bytes are one."""
     return (data,) if isinstance(data, bytes) else data
 
 
@@ -102,7 +103,7 @@ class LocalStorage:
         temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         try:
             with temporary.open("wb") as f:
-                for chunk in _chunked(data):
+                for chunk in as_chunks(data):
                     f.write(chunk)
             os.replace(temporary, target)
         finally:
@@ -185,7 +186,7 @@ class ArrowStorage:
         temporary = f"{target.rsplit('/', 1)[0]}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
         try:
             with self.fs.open_output_stream(temporary) as f:
-                for chunk in _chunked(data):
+                for chunk in as_chunks(data):
                     f.write(chunk)
         except BaseException:
             with contextlib.suppress(OSError):
