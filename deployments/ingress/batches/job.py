@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchErrors, output_line
+from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, TERMINAL, Batch, BatchErrors, output_line
 from deployments.ingress.batches.files import data_path, new_file_id
 from deployments.ingress.batches.progress import Progress, resume
 from deployments.ingress.batches.storage import lines
@@ -36,10 +36,6 @@ BATCH_PRIORITY = 10
 that batches take the decoders' idle capacity."""
 
 TRANSPORT_TRIES = 3
-EXPIRED = {
-    "code": "batch_expired",
-    "message": "This request could not be executed before the completion window expired.",
-}
 
 
 def prioritized(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -285,7 +281,7 @@ class BatchJob:
             custom_id = json.loads(raw)["custom_id"]
             if custom_id in progress.done:
                 continue
-            line = output_line(custom_id, uuid.uuid4().hex, None, None, EXPIRED)
+            line = output_line(custom_id, uuid.uuid4().hex, None, None, EXPIRED_LINE)
             pending += (json.dumps(line) + "\n").encode()
             progress.count(line, ok=False)
             if len(pending) >= 2**20:

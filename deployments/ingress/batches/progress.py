@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.ingress.apis.batches.protocol import BatchUsage, RequestCounts
+from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, BatchUsage, RequestCounts
 from deployments.ingress.batches.storage import Storage, lines
 
 
@@ -35,7 +35,7 @@ class Progress:
             self.output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
         else:
             self.failed += 1
-            self.expired += (line.get("error") or {}).get("code") == "batch_expired"
+            self.expired += (line.get("error") or {}).get("code") == EXPIRED_LINE["code"]
 
     def counts(self, total: int) -> RequestCounts:
         return RequestCounts(total=total, completed=self.completed, failed=self.failed)

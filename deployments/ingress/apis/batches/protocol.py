@@ -83,6 +83,13 @@ class BatchList(BaseModel):
     has_more: bool = False
 
 
+EXPIRED_LINE = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
+"""The error of a line the completion window's end left unrun, as OpenAI writes it."""
+
+
 def output_line(
     custom_id: str, request_id: str, status_code: int | None, body: dict[str, Any] | None, error: Any = None
 ) -> dict[str, Any]:
