@@ -178,6 +178,15 @@ class CaptionRequest(BaseModel):
     prompts: list[str]
 
 
+class CaptionResult(BaseModel):
+    """VisionCaptioner -> ingress: one caption per image, or why it cannot caption now (its model
+    is not loaded: the expected offline case). That is an answer, not an error: raised, Serve would
+    log a traceback per degraded image request. Any other failure raises."""
+
+    captions: list[str] = Field(default_factory=list)
+    unavailable: str | None = None
+
+
 class ComponentStatus(BaseModel):
     """What a deployment says about itself on /health."""
 

@@ -38,7 +38,7 @@ from deployments.engines.batcher import Batcher
 from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
 from deployments.monitoring.metrics import CAPTIONER_METRICS, ENGINE_METRICS, Recorder
-from deployments.protocol.replica import CaptionRequest, ComponentStatus
+from deployments.protocol.replica import CaptionRequest, CaptionResult, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.serve_health import own_deployment, startup_hold_s
 from deployments.roles import Role
@@ -99,7 +99,8 @@ class VisionCaptioner:
             self._slot.load()
             self._slot.start()
 
-    async def caption(self, request: CaptionRequest) -> list[str]:
+    async def caption(self, request: CaptionRequest) -> CaptionResult:
+        """The captions, or (while the model is not loaded) why not; any other failure raises."""
         started = time.monotonic()
         try:
             if self._slot is None:
@@ -108,10 +109,12 @@ class VisionCaptioner:
             captions = list(await asyncio.gather(*(self._batcher.submit(item) for item in items)))
         except Exception as exc:
             self.metrics.inc("caption_failures", tags={"kind": failure_kind(exc)})
+            if isinstance(exc, CaptionerUnavailable):
+                return CaptionResult(unavailable=exc.message)
             raise
         self.metrics.observe("caption_latency_seconds", time.monotonic() - started)
         self.metrics.inc("images_captioned", len(captions))
-        return captions
+        return CaptionResult(captions=captions)
 
     async def _caption_batch(self, items: list[tuple[bytes, str]]) -> list[str]:
         assert self._slot is not None

@@ -14,6 +14,7 @@ from tests.serve.conftest import (
     deploy,
     echo_with_captioner,
     image_chat,
+    replica_log_lines,
     undeploy,
     wait_until,
     write_models,
@@ -55,8 +56,11 @@ def test_text_requests_unaffected(service, http):
 
 
 def test_image_request_degrades_visibly(service, http):
+    failed_before = replica_log_lines("VisionCaptioner", "Request failed", app="vision")
     response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()), text="see?"))
     assert response.status_code == 200
+    # The captioner answered that it cannot caption yet: no "Request failed" and traceback in its log.
+    assert replica_log_lines("VisionCaptioner", "Request failed", app="vision") == failed_before
     assert response.headers["x-vision-degraded"] == "captioner-unavailable"
     prompt = response.json()["choices"][0]["message"]["content"]
     assert prompt == f"user: see?\nImage 1: {unseen_marker('captioner_unavailable')}"

@@ -54,7 +54,7 @@ def answer(http, url: str, text: str = "What is in this picture?") -> str:
 def caption_directly(image: bytes, user_text: str) -> str:
     handle = serve.get_deployment_handle("VisionCaptioner", app_name="vision")
     request = CaptionRequest(images=[image], prompts=[TEMPLATE.format(user_text=user_text)])
-    return handle.caption.remote(request).result(timeout_s=60)[0]
+    return handle.caption.remote(request).result(timeout_s=60).captions[0]
 
 
 def test_caption_reaches_the_decoder_prompt(service, http):

@@ -36,7 +36,7 @@ from deployments.ingress.serve_status import FAILED, DeploymentView, app_state, 
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol.replica import CaptionRequest, ComponentStatus
+from deployments.protocol.replica import CaptionRequest, CaptionResult, ComponentStatus
 from deployments.roles import Role
 
 logger = logging.getLogger("ray.serve")
@@ -117,7 +117,7 @@ class CaptionerClient:
         if time.monotonic() < self._down_until:
             raise CaptionerUnavailable(f"The vision captioner is unavailable: {self.reason}")
         try:
-            captions = await self._watch(self._handle().caption.remote(request))
+            result = await self._watch(self._handle().caption.remote(request))
         except TimeoutError:
             reason = f"no answer within {self._vision.timeout_s:g}s ({await self._app_state()})"
             raise self._mark_down(reason, CaptionerTimeout) from None
@@ -127,18 +127,19 @@ class CaptionerClient:
                 raise from_serve(cause) from None
             if isinstance(cause, _ServeSaysDown):  # Serve's words: with the captioner's own last cause
                 reason = self._with_known_cause(cause.message)
-            elif isinstance(cause, CaptionerUnavailable):  # the replica's own words (its loader's error)
-                reason = self._last_reason = cause.message[:500]
             else:
                 reason = f"{type(cause).__name__}: {cause}"
             raise self._mark_down(reason[:500]) from None
+        if result.unavailable is not None:  # the replica's own words (its loader's error)
+            self._last_reason = result.unavailable[:500]
+            raise self._mark_down(self._last_reason)
         self._mark_up()
-        return captions
+        return result.captions
 
     async def _app_state(self) -> str:
         return await asyncio.to_thread(app_state, self._app, self._deployment)
 
-    async def _watch(self, response: DeploymentResponse) -> list[str]:
+    async def _watch(self, response: DeploymentResponse) -> CaptionResult:
         """The answer; `CaptionerUnavailable` once Serve reports the captioner unhealthy, or
         TimeoutError after `timeout_s`. Either way the call is cancelled."""
         deadline = time.monotonic() + self._vision.timeout_s

@@ -23,6 +23,7 @@ from deployments.errors import CaptionerTimeout, CaptionerUnavailable
 from deployments.ingress.serve_status import DeploymentView
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.collect import ImageInput
+from deployments.protocol.replica import CaptionRequest, CaptionResult
 
 
 class PendingMethod:
@@ -103,3 +104,25 @@ async def test_a_call_given_up_leaves_no_unretrieved_task(view, timeout_s, error
     del responses
     never_retrieved = [e for e in await settle_and_collect(loop_errors) if "never retrieved" in e]
     assert never_retrieved == []
+
+
+class AnsweringMethod:
+    """A handle method answered at once by a replica that says it cannot caption."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def remote(self, request: CaptionRequest) -> CaptionResult:
+        return CaptionResult(unavailable=self.reason)
+
+
+async def test_a_replica_that_answers_unavailable_degrades_with_its_words():
+    view = DeploymentView("HEALTHY", "Serve reports VisionCaptioner HEALTHY")
+    client = ClientWithFakeServe(view, ProxyVisionConfig())
+    reason = "captioner 'cap' is not loaded (OSError: no weights in /models/cap)"
+    client.handle.caption = AnsweringMethod(reason)
+    with pytest.raises(CaptionerUnavailable) as raised:
+        await client.caption([image()])
+    assert not isinstance(raised.value, CaptionerTimeout)
+    assert raised.value.message == f"The vision captioner is unavailable: {reason}"
+    assert client.reason == reason and client._last_reason == reason  # /health's cause while Serve replaces it
