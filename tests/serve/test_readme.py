@@ -44,6 +44,10 @@ READY = re.compile(
 )
 BLOCK_TIMEOUT_S = 180  # a hang guard, not a measurement
 VISION = re.compile(r"^mmserve vision: (ok|degraded \(.+\))$")
+# What a new user must not find in the terminal of a working offline start, its examples and its stop
+# (the README names the WARNING lines that are expected): a traceback, an ERROR line, Ray's stack dump on
+# SIGTERM, an asyncio task nobody awaited, Serve's slow-start warning.
+ALARM = re.compile(r"Traceback|\bERROR\b|SIGTERM received|never retrieved|taken more than \d+s to initialize")
 READY_TIMEOUT_S = 300
 
 
@@ -115,6 +119,8 @@ class Service:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            # As `./scripts/run.sh &` in a script starts it: SIGINT ignored (stop.sh must stop it all the same).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -197,6 +203,10 @@ def test_readme_commands_run_as_written():
         assert still_running(processes) == []
         assert not port_in_use(port)
         assert sum(bool(READY.match(line)) for line in service.lines) == 1
+        # Stopped the graceful way (Serve shuts its applications down), not killed.
+        assert any("Got KeyboardInterrupt, shutting down" in line for line in service.lines), service.lines[-30:]
+        alarms = [line for line in service.lines if ALARM.search(line)]
+        assert alarms == [], "\n".join(alarms[:40])
     finally:
         if service.proc.poll() is None:
             service.kill()
