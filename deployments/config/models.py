@@ -38,9 +38,9 @@ class FakeEngineConfig(StrictModel):
     )
     tool_call: FakeToolCall | None = Field(
         None,
-        description="When a request brings `tools`, answer with this call instead of the echo, written in the "
-        "entry's capabilities.tool_call_format (auto: Hermes, "
-        '`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`): tool-call parsing tests.',
+        description="When a request brings `tools` and its chat holds no tool result yet, answer with this call "
+        "instead of the echo, written in the entry's capabilities.tool_call_format (auto: Hermes, "
+        '`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`): tool-call parsing tests and agent tool loops.',
     )
 
 

@@ -14,7 +14,8 @@ torch, so a test (or a laptop) can run the whole service in seconds.
   `json_schema`: the schema's `example` or first `examples` entry, else a minimal instance, see
   `minimal_instance`; a schema that is not a JSON object is a 400); a request with `tools` gets
   `fake.tool_call`, when set, written in the model's `capabilities.tool_call_format` (`auto`: Hermes,
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; see `call_text`).
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; see `call_text`), until the chat holds
+  a tool's result: then the echo, so that an agent's tool loop (call, result, answer) ends.
   vLLM's extensions: `ignore_eos` goes on with `` tick`` tokens up to the length limit, `min_tokens`
   up to that many tokens; `structured_outputs`' `choice` answers its first choice (its `regex` and
   `grammar` are 400s here); the sampling ones are ignored, as the fake ignores temperature.
@@ -184,7 +185,7 @@ class FakeTextEngine(TextEngine):
         if request.grammar is not None:
             return _grammar_document(request.grammar), False
         call = self.settings.tool_call
-        if request.tools and call is not None:
+        if request.tools and call is not None and not any(m.role == "tool" for m in request.messages):
             return call_text(self.tool_format, call.name, call.arguments), False
         return echoed_prompt(request), True
 

@@ -92,6 +92,17 @@ async def test_answers_with_the_configured_tool_call_when_given_tools():
     text = "".join(p.text for p in await pieces(engine, ask("Weather?", tools=tools)))
     assert text == '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
     assert "".join(p.text for p in await pieces(engine, ask("hi"))) == "user: hi"  # no tools: the echo
+    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
+    answered = GenerateRequest(
+        messages=[
+            TextMessage(role="user", content="Weather?"),
+            TextMessage(role="assistant", content="", tool_calls=[call]),
+            TextMessage(role="tool", content="18C", tool_call_id="call_1"),
+        ],
+        tools=tools,
+    )
+    text = "".join(p.text for p in await pieces(engine, answered))  # the call's result is in: the loop ends
+    assert text.endswith("tool (call_1): 18C") and "<tool_call>" not in text
 
 
 @pytest.mark.parametrize(
