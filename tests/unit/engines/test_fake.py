@@ -64,19 +64,21 @@ async def test_echoes_a_legacy_prompt_as_it_is():
     assert "".join(p.text for p in ids) == "5 7 11"
 
 
+def tool_call_history(tools: list[dict]) -> GenerateRequest:
+    """A chat in which get_weather was called and its result came back."""
+    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
+    messages = [
+        TextMessage(role="user", content="Weather?"),
+        TextMessage(role="assistant", content="", tool_calls=[call]),
+        TextMessage(role="tool", content="18C", tool_call_id="call_1"),
+    ]
+    return GenerateRequest(messages=messages, tools=tools)
+
+
 async def test_echoes_tools_and_a_tool_call_history():
     engine = create_text_engine(ModelConfig(name="echo", engine="fake"))
-    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
-    request = GenerateRequest(
-        messages=[
-            TextMessage(role="user", content="Weather?"),
-            TextMessage(role="assistant", content="", tool_calls=[call]),
-            TextMessage(role="tool", content="18C", tool_call_id="call_1"),
-        ],
-        tools=[
-            {"type": "function", "function": {"name": "get_weather"}},
-            {"type": "function", "function": {"name": "f"}},
-        ],
+    request = tool_call_history(
+        [{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "f"}}]
     )
     text = "".join(p.text for p in await pieces(engine, request))
     assert text == (
@@ -92,15 +94,7 @@ async def test_answers_with_the_configured_tool_call_when_given_tools():
     text = "".join(p.text for p in await pieces(engine, ask("Weather?", tools=tools)))
     assert text == '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
     assert "".join(p.text for p in await pieces(engine, ask("hi"))) == "user: hi"  # no tools: the echo
-    call = ToolCall(id="call_1", function=ToolCallFunction(name="get_weather", arguments='{"city": "Paris"}'))
-    answered = GenerateRequest(
-        messages=[
-            TextMessage(role="user", content="Weather?"),
-            TextMessage(role="assistant", content="", tool_calls=[call]),
-            TextMessage(role="tool", content="18C", tool_call_id="call_1"),
-        ],
-        tools=tools,
-    )
+    answered = tool_call_history(tools)
     text = "".join(p.text for p in await pieces(engine, answered))  # the call's result is in: the loop ends
     assert text.endswith("tool (call_1): 18C") and "<tool_call>" not in text
 
