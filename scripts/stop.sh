@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stop the service on this machine, and the Ray it runs on:
 # - scripts/run.sh of this checkout: SIGINT, as Ctrl-C (Serve shuts its applications down, then Ray;
-#   run.sh never ignores SIGINT, even started with `&` from a script). The Ray processes it started
-#   exit with it (any still there 30 s later are killed);
+#   run.sh never ignores SIGINT, even started with `&` from a script; SIGTERM to one that does, from
+#   an older checkout). The Ray processes it started exit with it (any still there 30 s later are killed);
 # - a cluster started here with `ray start` (docs/clusters.md, or run.sh --address=auto):
 #   `serve shutdown`, then `ray stop` (run `ray stop` on the other nodes yourself).
 set -euo pipefail
@@ -17,7 +17,8 @@ stopped=
 pid=$(cat .mmserve.pid 2>/dev/null || true)
 if [ -n "$pid" ] && alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "serve run"; then
   mapfile -t ray_pids < <(descendants "$pid")
-  kill -INT "$pid"
+  ignored=$(awk '/^SigIgn:/ {print $2}' "/proc/$pid/status")  # mask 0x2: SIGINT, ignored by an older run.sh
+  if (((0x$ignored & 2) == 0)); then kill -INT "$pid"; else kill -TERM "$pid"; fi
   wait_gone 60 "$pid" || { echo "stop.sh: scripts/run.sh (pid $pid) still running after 60 s: killing it" >&2; kill -KILL "$pid"; }
   if ! wait_gone 30 "${ray_pids[@]}"; then
     left=$(for p in "${ray_pids[@]}"; do alive "$p" && echo "$p"; done)

@@ -65,6 +65,11 @@ class GrammarSpec(BaseModel):
     param: str = "response_format"
 
 
+BACKGROUND_PRIORITY = 10
+"""vLLM's `priority` at or past which a request is background work (every batch line has it): it runs
+on a decoder replica's idle capacity (`engines.admission.Sequences`)."""
+
+
 class GenerateRequest(BaseModel):
     """Ingress -> PrimaryDecoder. Unset sampling fields take the model's configured defaults.
 
@@ -102,7 +107,11 @@ class GenerateRequest(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = Field(0, description="Admission order when requests wait: lower first, FIFO among equals.")
+    priority: int = Field(
+        0,
+        description="Admission order when requests wait: lower first, FIFO among equals; BACKGROUND_PRIORITY "
+        "or later: background work, on the replica's idle capacity.",
+    )
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -16,7 +16,7 @@ from ray import serve
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.engines import TextEngine, create_text_engine
-from deployments.engines.admission import Budget
+from deployments.engines.admission import Sequences
 from deployments.errors import DecoderUnavailable, ModelNotFoundError
 from deployments.merge import MergedStreams
 from deployments.monitoring.metrics import DECODER_METRICS, ENGINE_METRICS, DecoderRequestTimer, Recorder
@@ -53,8 +53,9 @@ class PrimaryDecoder:
         if not self._slot.load():
             raise RuntimeError(f"primary decoder {model.name!r} failed to load: {self._slot.reason}")
         self._slot.start()
-        # `max_num_seqs` sequences at once; the others wait by priority (vLLM's), then in arrival order.
-        self._seqs = Budget(model.params.max_num_seqs)
+        # `max_num_seqs` sequences at once; the others wait by priority (vLLM's), then in arrival order,
+        # and background work (batch lines) runs on idle capacity.
+        self._seqs = Sequences(model.params.max_num_seqs)
         self._interval_s = model.params.stream_interval_ms / 1000
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:

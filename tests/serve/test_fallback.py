@@ -59,7 +59,10 @@ def test_image_request_degrades_visibly(service, http):
     failed_before = replica_log_lines("VisionCaptioner", "Request failed", app="vision")
     response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()), text="see?"))
     assert response.status_code == 200
-    # The captioner answered that it cannot caption yet: no "Request failed" and traceback in its log.
+    # The captioner was asked, and answered that it cannot caption yet: no "Request failed" and
+    # traceback in its log.
+    asked = replica_log_lines("VisionCaptioner", response.headers["x-request-id"], app="vision")
+    assert any("CALL" in line for line in asked), asked
     assert replica_log_lines("VisionCaptioner", "Request failed", app="vision") == failed_before
     assert response.headers["x-vision-degraded"] == "captioner-unavailable"
     prompt = response.json()["choices"][0]["message"]["content"]

@@ -111,16 +111,15 @@ class Service:
     def __init__(self, block: Block, env: dict[str, str]) -> None:
         self.lines: list[str] = []
         self._ready = threading.Event()
+        # As `./scripts/run.sh &` in a script starts it: SIGINT ignored (stop.sh must stop it all the same).
         self.proc = subprocess.Popen(
-            ["bash", "-euo", "pipefail", "-c", block.code],
+            ["bash", "-c", "trap '' INT; exec bash -euo pipefail -c \"$0\"", block.code],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
-            # As `./scripts/run.sh &` in a script starts it: SIGINT ignored (stop.sh must stop it all the same).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -206,7 +206,7 @@ def agent(model: str, **settings: object):
 
 @pytest.mark.parametrize(("model", "settings"), [(ECHO, {}), (SMOL, {"tool_choice": "required"})])
 async def test_an_agents_sdk_agent_calls_its_tool_whole_and_streamed(client, model, settings):
-    """The fake calls the tool whenever a request has tools. The offline default (135M) is made to:
+    """The fake calls the tool when a request has tools and no tool result yet. The offline default (135M) is made to:
     unforced, it answers in words ("The weather in Paris is quite unique."), and once it has the
     tool's output it tends to ramble on to max_tokens, which the SDK takes as a failed turn."""
     from agents import Runner

@@ -25,15 +25,16 @@ from deployments.ingress.batches.storage import lines
 from deployments.ingress.batches.store import BatchStore, cancel_marker
 from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.monitoring.metrics import Recorder
+from deployments.protocol.replica import BACKGROUND_PRIORITY
 
 logger = logging.getLogger("ray.serve")
 
 Send = Callable[[str, str, dict[str, Any], str], Awaitable[dict[str, Any]]]
 """How a line is run: (batch id, endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
 
-BATCH_PRIORITY = 10
-"""vLLM's request `priority` of every batch line (lower runs earlier; interactive requests have 0), so
-that batches take the decoders' idle capacity."""
+BATCH_PRIORITY = BACKGROUND_PRIORITY
+"""vLLM's request `priority` of every batch line (lower runs earlier; interactive requests have 0): background
+work, which takes the decoders' idle capacity (`engines.admission.Sequences`)."""
 
 TRANSPORT_TRIES = 3
 

@@ -1,10 +1,12 @@
-"""`Budget`: units reserved per request, waiting in arrival order, cancellable, released early on demand."""
+"""`Budget`: units reserved per request, waiting in arrival order, cancellable, released early on demand.
+`Sequences`: a decoder's sequences, background work (batch lines) on idle capacity only."""
 
 import asyncio
 
 import pytest
 
-from deployments.engines.admission import Budget
+from deployments.engines.admission import Budget, Sequences
+from deployments.protocol.replica import BACKGROUND_PRIORITY
 
 
 async def hold(room: Budget, need: int, started: list[int], release: asyncio.Event, name: int) -> None:
@@ -110,3 +112,85 @@ async def test_a_waiter_of_a_better_priority_that_fits_goes_past_the_queue():
     assert started == [0, 9]
     release.set()
     await asyncio.gather(*tasks)
+
+
+async def run_in(seqs: Sequences, priority: int, started: list[str], name: str, done: asyncio.Event) -> None:
+    async with seqs.reserve(1, priority):
+        started.append(name)
+        await done.wait()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_background_work_yields_to_foreground_work_until_the_replica_is_quiet():
+    seqs, started = Sequences(8, quiet_s=1.0, busy_share=1), []
+    chat_done, lines_done = asyncio.Event(), asyncio.Event()
+    alone = [asyncio.create_task(run_in(seqs, BACKGROUND_PRIORITY, started, f"early{i}", lines_done)) for i in range(2)]
+    await settle()
+    assert started == ["early0", "early1"]  # an idle replica: background work takes what it leaves
+    lines_done.set()
+    await asyncio.gather(*alone)
+    lines_done.clear()
+
+    chat = asyncio.create_task(run_in(seqs, 0, started, "chat", chat_done))
+    await settle()
+    lines = [
+        asyncio.create_task(run_in(seqs, BACKGROUND_PRIORITY + 2 - i, started, f"line{i}", lines_done))
+        for i in range(3)
+    ]
+    await settle()
+    assert started[2:] == ["chat", "line0"] and seqs.waiting == 2  # beside a chat: `busy_share` lines at most
+    left = asyncio.get_running_loop().time()  # at most when the chat left
+    chat_done.set()
+    await chat
+    await settle()
+    assert seqs.waiting == 2  # not before the replica has been quiet for `quiet_s`
+    for _ in range(500):
+        if not seqs.waiting:
+            break
+        await asyncio.sleep(0.01)
+    assert asyncio.get_running_loop().time() - left >= seqs.quiet_s
+    assert started[4:] == ["line2", "line1"]  # the earlier priority first
+    lines_done.set()
+    await asyncio.gather(*lines)
+    assert (seqs.foreground, seqs.background, seqs.reserved) == (0, 0, 0)
+
+
+async def test_a_background_request_waiting_for_room_is_held_back_once_a_chat_arrives():
+    """Lines that started on a quiet replica fill it; one more waits for a sequence. A chat arrives
+    and takes the first one freed; the next one freed stays free while a line still runs beside the
+    chat (`busy_share` 1); the waiting line starts once it is the only one."""
+    seqs, started = Sequences(3, quiet_s=10, busy_share=1), []
+    done = {name: asyncio.Event() for name in ("bg0", "bg1", "bg2", "bg3", "chat")}
+    tasks = {
+        name: asyncio.create_task(run_in(seqs, BACKGROUND_PRIORITY, started, name, done[name]))
+        for name in ("bg0", "bg1", "bg2", "bg3")
+    }
+    await settle()
+    tasks["chat"] = asyncio.create_task(run_in(seqs, 0, started, "chat", done["chat"]))
+    await settle()
+    assert started == ["bg0", "bg1", "bg2"] and seqs.waiting == 2
+
+    async def finish(name: str) -> None:
+        done[name].set()
+        await tasks[name]
+        await settle()
+
+    await finish("bg0")
+    assert started[3:] == ["chat"]  # the chat goes first
+    await finish("bg1")
+    assert started[3:] == ["chat"] and seqs.waiting == 1  # bg2 still runs beside the chat: bg3 waits
+    await finish("bg2")
+    assert started[3:] == ["chat", "bg3"]  # the one line beside the chat
+    tasks["late"] = asyncio.create_task(run_in(seqs, BACKGROUND_PRIORITY, started, "late", done["chat"]))
+    await settle()
+    assert seqs.waiting == 1
+    tasks["late"].cancel()  # a waiting line can be cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await tasks.pop("late")
+    for name in ("bg3", "chat"):
+        await finish(name)
+    assert (seqs.foreground, seqs.background, seqs.reserved, seqs.waiting) == (0, 0, 0, 0)

@@ -11,7 +11,7 @@ import pytest
 from deployments.config import EngineParams, Lifecycle, ModelConfig
 from deployments.engines.base import EngineOutput
 from deployments.engines.fake import FakeTextEngine
-from deployments.protocol.replica import GenerateChunk, GenerateRequest, TextMessage
+from deployments.protocol.replica import BACKGROUND_PRIORITY, GenerateChunk, GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.fake_metrics import FakeMetrics
 
@@ -205,3 +205,37 @@ async def test_waiting_sequences_are_admitted_by_priority_then_in_arrival_order(
             await asyncio.sleep(0.001)
     await asyncio.gather(*tasks)
     assert admitted == ["a", "b", "d", "c"]
+
+
+async def test_batch_lines_run_beside_an_interactive_request_one_at_a_time():
+    """Background work (batch lines) takes the slots an interactive request leaves, one line at a time
+    while that request runs: every running sequence slows each step."""
+    fake = {"token_delay_ms": 5, "fill_to_max_tokens": True}
+    model = ModelConfig(name="echo", engine="fake", params=EngineParams(max_num_seqs=8, max_tokens=400), fake=fake)
+    replica = PrimaryDecoder.func_or_class(model, Lifecycle())  # type: ignore[attr-defined]
+    started: list[int] = []
+    done = asyncio.Event()
+
+    async def line(i: int) -> None:
+        ask = GenerateRequest(messages=[TextMessage(role="user", content=f"line {i}")], priority=BACKGROUND_PRIORITY)
+        async with aclosing(replica.generate(ask)) as stream:
+            await anext(stream)
+            started.append(i)
+            await done.wait()  # the line keeps its sequence
+
+    chat = GenerateRequest(messages=[TextMessage(role="user", content=QUESTION)])
+    async with aclosing(replica.generate(chat)) as stream:
+        await anext(stream)  # an interactive request is running
+        lines = [asyncio.create_task(line(i)) for i in range(3)]
+        for _ in range(500):  # until the lines have settled: without the gate all three start at once
+            if replica._seqs.waiting == 2 or len(started) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert replica._seqs.waiting == 2 and len(started) <= 1  # one line runs; 6 slots stay free
+    for _ in range(1000):  # once the replica is quiet, they all run
+        if len(started) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(started) == [0, 1, 2]
+    done.set()
+    await asyncio.gather(*lines)
