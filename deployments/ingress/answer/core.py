@@ -23,7 +23,13 @@ from deployments.ingress.vision.pipeline import DecoderInput, Degraded, VisionPi
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChatMessage
 from deployments.protocol.openai.common import SamplingFields, StructuredOutputs
-from deployments.protocol.replica import GenerateRequest, GrammarSpec, TokenizedPrompt, TokenizeInput
+from deployments.protocol.replica import (
+    BACKGROUND_PRIORITY,
+    GenerateRequest,
+    GrammarSpec,
+    TokenizedPrompt,
+    TokenizeInput,
+)
 from deployments.tools.plan import ToolPlan
 
 
@@ -171,7 +177,10 @@ class AnswerCore:
 
     async def generate(self, requests: list[GenerateRequest], deadline: Deadline, record: RequestRecord) -> Generation:
         """One decoder call per request (all of the same `n`), read as one answer; `record` gets the
-        time of the first chunk and the token counts."""
+        time of the first chunk and the token counts. A batch line's requests (`record.batch`) are
+        background work: `BACKGROUND_PRIORITY`, or the later priority the line asked for."""
+        if record.batch is not None:
+            requests = [r.model_copy(update={"priority": max(r.priority, BACKGROUND_PRIORITY)}) for r in requests]
         streams = [
             DecoderStream(
                 self._decoder.options(stream=True).generate.remote(request), deadline.at, deadline.error, record

@@ -25,27 +25,13 @@ from deployments.ingress.batches.storage import lines
 from deployments.ingress.batches.store import BatchStore, cancel_marker
 from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.monitoring.metrics import Recorder
-from deployments.protocol.replica import BACKGROUND_PRIORITY
 
 logger = logging.getLogger("ray.serve")
 
 Send = Callable[[str, str, dict[str, Any], str], Awaitable[dict[str, Any]]]
 """How a line is run: (batch id, endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
 
-BATCH_PRIORITY = BACKGROUND_PRIORITY
-"""vLLM's request `priority` of every batch line (lower runs earlier; interactive requests have 0): background
-work, which takes the decoders' idle capacity (`engines.admission.Sequences`)."""
-
 TRANSPORT_TRIES = 3
-
-
-def prioritized(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A batch line's request body as it is sent: the one place where a batch line gets its priority
-    (on the endpoints that take vLLM's `priority`; a line may ask to wait longer, never to go first)."""
-    if endpoint in ("/v1/chat/completions", "/v1/completions"):
-        asked = body.get("priority")
-        return {**body, "priority": max(asked, BATCH_PRIORITY) if isinstance(asked, int) else BATCH_PRIORITY}
-    return body
 
 
 class BatchJob:
@@ -169,7 +155,7 @@ class BatchJob:
 
         async def one(custom_id: str, body: dict[str, Any]) -> None:
             request_id = uuid.uuid4().hex
-            result = await self._sent(batch.endpoint, prioritized(batch.endpoint, body), request_id)
+            result = await self._sent(batch.endpoint, body, request_id)
             ok = result["status_code"] == 200
             if ok:
                 line = output_line(custom_id, request_id, 200, result["body"])

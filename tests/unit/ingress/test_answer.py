@@ -14,7 +14,7 @@ from deployments.ingress.answer.reply import whole
 from deployments.ingress.answer.tally import Tally
 from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.replica import GenerateChunk, GenerateRequest
+from deployments.protocol.replica import BACKGROUND_PRIORITY, GenerateChunk, GenerateRequest
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
 
@@ -60,3 +60,32 @@ async def test_the_vision_pipeline_serves_any_endpoint_and_says_what_was_not_see
     assert down.degraded is not None and down.degraded.headers == {"X-Vision-Degraded": "captioner-unavailable"}
     native = await answer_core(FakeDecoder(), native_max_images=2).vision.prepare(body.messages, RequestRecord())
     assert len(native.images) == 1 and native.messages[0].parts is not None
+
+
+async def read_one(generation) -> None:
+    tally: Tally[str] = Tally(1)
+
+    def feed(chunk: GenerateChunk) -> None:
+        if chunk.finish_reason is not None:
+            tally.end(chunk, chunk.finish_reason)
+
+    await whole(generation, tally, feed)
+
+
+async def test_a_batch_lines_requests_are_background_work():
+    """A batch line (its record names its batch) reaches the decoder at `BACKGROUND_PRIORITY`, or the
+    later priority it asked for, never an earlier one; any other request keeps its own."""
+    decoder = FakeDecoder(["a"])
+    core = answer_core(decoder)
+    for asked, batch, sent in [
+        (0, None, 0),
+        (-5, None, -5),
+        (0, "batch_1", 10),
+        (-5, "batch_1", 10),
+        (99, "batch_1", 99),
+    ]:
+        generation = await core.generate(
+            [GenerateRequest(prompt="x", priority=asked)], core.deadline(), RequestRecord(batch=batch)
+        )
+        await read_one(generation)
+        assert decoder.requests[-1].priority == sent == max(asked, BACKGROUND_PRIORITY if batch else asked)

@@ -19,10 +19,8 @@ from starlette.types import Scope
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
 from deployments.ingress.apis.batches.protocol import BatchCreateRequest
-from deployments.ingress.batches import job as job_module
 from deployments.ingress.batches import storage as storage_module
 from deployments.ingress.batches.files import data_path
-from deployments.ingress.batches.job import prioritized
 from deployments.ingress.batches.progress import resume
 from deployments.ingress.batches.records import stored_owners
 from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime
@@ -192,17 +190,6 @@ def test_lines_name_lora_adapters_as_requests_do():
         assert errors(model) == [], model
     for model in ("plain:sql", "nope", "embed"):
         assert errors(model) == ["model_not_found"], model
-
-
-def test_a_batch_line_waits_behind_interactive_requests():
-    """vLLM's `priority` (lower first; interactive requests 0): every chat or completions line gets the
-    batches' own, or a later one it asked for, never an earlier one."""
-    body = chat_line("p")["body"]
-    assert prioritized(CHAT, body) == {**body, "priority": job_module.BATCH_PRIORITY} != body
-    assert prioritized(CHAT, {**body, "priority": -5})["priority"] == job_module.BATCH_PRIORITY
-    assert prioritized(CHAT, {**body, "priority": 99})["priority"] == 99
-    embed = {"model": "e", "input": "x"}
-    assert prioritized("/v1/embeddings", embed) == embed  # no priority field there
 
 
 # -- the runner over a fake ingress -------------------------------------------------------------
