@@ -13,6 +13,7 @@
 
     .venv/bin/python -m scripts.bench batch
     .venv/bin/python -m scripts.bench batch --lines 40 --interactive 4  # a smoke run
+    .venv/bin/python -m scripts.bench batch --only beside --lines 150 --interactive 20
 
 Every line and chat starts with its own nonce, so no run reuses another's cached prefix. Prints one
 JSON line per measurement.
@@ -128,6 +129,8 @@ def beside_a_batch(client: OpenAI, base_url: str, model: str, args: Any) -> dict
         "ttft_p50_idle_s": round(p50_idle, 3),
         "ttft_p50_beside_batch_s": round(p50_busy, 3),
         "ratio": round(p50_busy / p50_idle, 2),
+        "ttft_idle_s": [round(t, 3) for t in idle],
+        "ttft_beside_batch_s": [round(t, 3) for t in busy],
         "batch_still_running": during.status == "in_progress",
         "batch_lines_done_by_then": during.request_counts.completed if during.request_counts else None,
     }
@@ -180,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kill-at", type=float, default=0.3, help="share of lines done when the runner is killed")
     parser.add_argument("--settle-s", type=float, default=10)
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument(
+        "--only", choices=["throughput", "beside", "killed"], help="run one of the three measurements, not all"
+    )
     args = parser.parse_args(argv)
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
@@ -197,15 +203,18 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(args.settle_s)
         asyncio.run(by_client(server.base_url, lines("warm", 8, 4, model), 8))
         client = OpenAI(base_url=f"{server.base_url}/v1", api_key="bench", max_retries=0, timeout=600)
-        direct = asyncio.run(
-            by_client(server.base_url, lines("client", args.lines, args.max_tokens, model), args.concurrency)
-        )
-        emit({**direct, "tok_s": round(direct["tokens"] / direct["wall_s"], 1)})
-        batched = as_batch(client, lines("batch", args.lines, args.max_tokens, model), args.concurrency)
-        emit({**batched, "tok_s": round(batched["tokens"] / batched["wall_s"], 1)})
-        ratio = (batched["tokens"] / batched["wall_s"]) / (direct["tokens"] / direct["wall_s"])
-        emit({"batch_over_client_tok_s": round(ratio, 2)})
-        emit(beside_a_batch(client, server.base_url, model, args))
-        emit(killed_mid_batch(client, model, args))
+        if args.only in (None, "throughput"):
+            direct = asyncio.run(
+                by_client(server.base_url, lines("client", args.lines, args.max_tokens, model), args.concurrency)
+            )
+            emit({**direct, "tok_s": round(direct["tokens"] / direct["wall_s"], 1)})
+            batched = as_batch(client, lines("batch", args.lines, args.max_tokens, model), args.concurrency)
+            emit({**batched, "tok_s": round(batched["tokens"] / batched["wall_s"], 1)})
+            ratio = (batched["tokens"] / batched["wall_s"]) / (direct["tokens"] / direct["wall_s"])
+            emit({"batch_over_client_tok_s": round(ratio, 2)})
+        if args.only in (None, "beside"):
+            emit(beside_a_batch(client, server.base_url, model, args))
+        if args.only in (None, "killed"):
+            emit(killed_mid_batch(client, model, args))
     finally:
         server.stop()
