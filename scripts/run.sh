@@ -13,9 +13,6 @@ echo $$ >.mmserve.pid  # for scripts/stop.sh: after the exec below, $$ is `serve
 # A shell that starts run.sh with `&` (a script, CI) makes it ignore SIGINT, and an ignored signal stays
 # ignored across exec: SIGTERM would then be the only way to stop it, which Ray answers with a stack
 # dump and no graceful Serve shutdown. So SIGINT is set back to its default before `serve run` starts.
-# Ray logs its slow-start warning for replicas not up within 30 s; on a small CPU machine, five
-# replicas importing torch at once take about that long: warn after 120 s (a value you set wins: whole
-# seconds, Ray reads an int; with --address=auto the cluster's own environment decides).
-export RAY_SERVE_SLOW_STARTUP_WARNING_S=${RAY_SERVE_SLOW_STARTUP_WARNING_S:-120}
+source scripts/ray_env.sh  # Ray's and Serve's settings for this service (the reasons are there)
 exec .venv/bin/python -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
   .venv/bin/serve run serve_config.yaml "$@"

@@ -10,11 +10,12 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -126,6 +127,13 @@ class Server:
         raise SystemExit(f"{self.name} still answers on {self.base_url} a minute after it was stopped")
 
 
+def ray_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """scripts/ray_env.sh's settings as run.sh exports them from `environ` (a value set there wins)."""
+    lines = (ROOT / "scripts/ray_env.sh").read_text().splitlines()
+    found = (re.fullmatch(r'export (\w+)="\$\{\1:-(.*)\}"', line) for line in lines)
+    return {m[1]: environ.get(m[1], m[2]) for m in found if m}
+
+
 def start_ours(
     models_file: Path,
     port: int,
@@ -134,8 +142,9 @@ def start_ours(
     name: str = "ours",
     vision: bool = True,
 ) -> Server:
-    """`serve run` with the repository's serve_config.yaml. `decoder_replicas` > 0: that many decoder
-    replicas on a CPU-only machine, sharing its cores (`decoder_cpu_replicas`; 0: as shipped).
+    """`serve run` with the repository's serve_config.yaml, in run.sh's environment (`ray_env`).
+    `decoder_replicas` > 0: that many decoder replicas on a CPU-only machine, sharing its cores
+    (`decoder_cpu_replicas`; 0: as shipped).
     `vision`: ready only once a captioner is (False: `models_file` serves no vision)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
@@ -152,7 +161,7 @@ def start_ours(
         [str(ROOT / ".venv/bin/serve"), "run", str(path)],
         f"http://127.0.0.1:{port}",
         "/health",
-        {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
+        {**ray_env(), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
     )
 
     def ready(response: httpx.Response) -> bool:

@@ -31,6 +31,7 @@ import psutil
 import pytest
 import yaml
 
+from scripts.bench.common import ray_env
 from tests.serve.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,6 +156,13 @@ class Service:
         self.proc.wait(30)
 
 
+def command_line(process: psutil.Process) -> str:
+    """A process's command line; empty for one gone or a zombie (a replica that failed to start)."""
+    with contextlib.suppress(psutil.Error):
+        return " ".join(process.cmdline())
+    return ""
+
+
 def still_running(processes: list[psutil.Process]) -> list[str]:
     left = []
     for p in processes:
@@ -197,6 +205,9 @@ def test_readme_commands_run_as_written():
             assert wait_until(lambda: any(map(VISION.match, service.lines)), 120, 1), service.lines[-30:]
         processes = service.tree()
         assert len(processes) > 3, [p.cmdline() for p in processes]  # serve run and Ray's processes
+        # run.sh's Ray settings (scripts/ray_env.sh) reach Serve's controller, which reads them at its start.
+        [controller] = [p for p in processes if "ServeController" in command_line(p)]
+        assert ray_env(env).items() <= controller.environ().items()
         run_block(stop, env)
         service.proc.wait(BLOCK_TIMEOUT_S)  # run.sh itself has exited
         assert still_running(processes) == []
