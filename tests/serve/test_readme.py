@@ -204,7 +204,7 @@ def test_readme_commands_run_as_written():
         if ready["vision"].startswith("loading"):  # then one more line says how the captioner's start ended
             assert wait_until(lambda: any(map(VISION.match, service.lines)), 120, 1), service.lines[-30:]
         processes = service.tree()
-        assert len(processes) > 3, [p.cmdline() for p in processes]  # serve run and Ray's processes
+        assert len(processes) > 3, [command_line(p) for p in processes]  # serve run and Ray's processes
         # run.sh's Ray settings (scripts/ray_env.sh) reach Serve's controller, which reads them at its start.
         [controller] = [p for p in processes if "ServeController" in command_line(p)]
         assert ray_env(env).items() <= controller.environ().items()
