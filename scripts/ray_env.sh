@@ -18,3 +18,6 @@ export LOG_NAME_UPDATE_INTERVAL_S="${LOG_NAME_UPDATE_INTERVAL_S:-5}"
 # Ray's "taken more than 30s to initialize" warning: five replicas importing torch at once on a small CPU
 # machine take about that long; warn after 120 s (whole seconds: Ray reads an int)
 export RAY_SERVE_SLOW_STARTUP_WARNING_S="${RAY_SERVE_SLOW_STARTUP_WARNING_S:-120}"
+# ...and repeat it every 5 minutes, not every 30 s: a captioner that cannot load waits in its constructor,
+# retrying in place (Serve shows it STARTING, never HEALTHY), and says why once per attempt itself
+export RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S="${RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S:-300}"

@@ -2,9 +2,8 @@
 # `serve status` of the service on this machine (applications, deployments, replicas), with Ray's token
 # auth (scripts/env.sh), then the service's own /health, then the captioner's state on one line, in the
 # ready line's words (scripts/ready.py --vision-only): state, model, attempt, next attempt, cause.
-# A captioner whose weights cannot be reached (offline) is a RUNNING replica in Serve's view (it is up
-# and retrying) and `degraded` on /health and that line; one that fails for another reason is
-# UNHEALTHY in Serve's view too, with the loader's error in VisionCaptioner's message.
+# A captioner that cannot load is a STARTING replica in Serve's view (it waits in its constructor and
+# retries; VisionCaptioner UPDATING, the vision application DEPLOYING) and `degraded` on /health and that line.
 # Arguments go to `serve status`, e.g. --name default. MMSERVE_URL: the service (http://127.0.0.1:8000).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -125,16 +125,6 @@ class Lifecycle(StrictModel):
     load_retry_s: float = Field(
         15.0, gt=0, description="First retry after a model failed to load; doubles up to 5 minutes."
     )
-    unhealthy_restart_s: float = Field(
-        300.0,
-        ge=0,
-        description="A captioner that cannot load (for a reason other than weights that cannot be reached, which "
-        "it retries quietly in its own replica) shows UNHEALTHY, with the loader's error, in `serve status` and the "
-        "Ray dashboard: its replica fails Serve's health check and Serve replaces it, at most once per this many "
-        "seconds while the load keeps failing (the replica retries it meanwhile, after `load_retry_s`, so weights "
-        "that appear load without a replacement). Each replacement is a new process whose imports take a core for "
-        "seconds: at 60 s they cost 8% of 2 cores on the offline default (docs/monitoring.md).",
-    )
 
 
 class ModelsFile(Lifecycle):

@@ -70,8 +70,9 @@ class EngineParams(StrictModel):
         False,
         description="llama.cpp: a greedy answer is the same whatever runs beside it (docs/reliability.md, Greedy "
         "answers and the batch): q8_0 KV cells, a stream per slot. It costs prompt-reading speed (2.7-4x at 2,000 "
-        "to 6,600 prompt tokens on 2 cores). Refused with kv_cache_dtype f16 or a `mem` below max_num_seqs x "
-        "max_model_len (a shared pool), which cannot hold it. /health and the effective config say which is on.",
+        "to 6,600 prompt tokens on 2 cores). Refused with kv_cache_dtype f16, a `mem` below "
+        "max_num_seqs x max_model_len (a shared pool) or `lora`, which cannot hold it. /health and the effective "
+        "config say which is on.",
     )
     prefill_chunk_size: int | None = Field(
         None,
@@ -122,6 +123,13 @@ class EngineParams(StrictModel):
         None,
         description="Compute threads on CPU (torch's, or llama.cpp's): a number, all (the cores; a decoder "
         "shares them among its CPU replicas), or null (transformers: Ray's num_cpus; llama.cpp: as all).",
+    )
+    cpu_threads_batch: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
+        None,
+        description="llama.cpp: threads of batched steps (a prompt's chunks, several sequences decoded together; "
+        "llama-server's -tb), where cpu_threads (-t) run the one-token steps of a lone sequence. A number, all "
+        "(as for cpu_threads), or null: as cpu_threads. On a small CPU machine one thread fewer for one-token "
+        "steps leaves a core to Ray's processes (docs/benchmarks.md, Threads by step kind).",
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."
@@ -197,6 +205,13 @@ class EngineParams(StrictModel):
             raise ValueError(
                 "batch_invariant needs q8_0 KV cells (llama.cpp's attention takes f16 cells by kernels that depend on "
                 "the batch's shape): set kv_cache_dtype auto or q8_0, or batch_invariant false"
+            )
+        if self.batch_invariant and self.lora is not None:
+            raise ValueError(
+                "batch_invariant cannot hold with lora: llama.cpp batches the requests of one adapter together and "
+                "computes the adapter's products with kernels that follow how many rows share the step, so a greedy "
+                "answer with an adapter can change with the load (docs/lora.md): set batch_invariant false, or serve "
+                "the adapters from another entry"
             )
         return self
 

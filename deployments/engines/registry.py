@@ -173,7 +173,9 @@ ENGINES: dict[str, EngineSpec] = {
             LLAMA_CPP,
             _llama_cpp_text,
             _llama_cpp_caption,
-            settings=frozenset({"kv_cache_dtype", "batch_invariant", "enable_prefix_caching", "lora"}),
+            settings=frozenset(
+                {"kv_cache_dtype", "batch_invariant", "enable_prefix_caching", "lora", "cpu_threads_batch"}
+            ),
             cpu_replicas=1,
             threads_are_cores=True,
             replica_env=OPENMP_ENV,

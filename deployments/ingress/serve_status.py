@@ -21,8 +21,8 @@ def _value(status: object) -> str:
 
 
 def brief(message: str) -> str:
-    """Serve's message on one line, a replica's traceback in it cut to the exception at its end
-    (a captioner that cannot load fails its start with the loader's words: `replicas.serve_health`)."""
+    """Serve's message on one line, a replica's traceback in it cut to the exception at its end (a
+    replica that failed its start or its health check: Serve's message ends with the exception)."""
     lines = ANSI.sub("", message).splitlines()
     frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
     if frames:

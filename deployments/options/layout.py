@@ -107,10 +107,13 @@ def decoder_layout(
                 "each CPU decoder replica needs at least one core (its threads are cores // max_replicas)",
             )
         count = {"autoscaling_config": autoscaling}
-    threads = model.params.cpu_threads
+    share = max(1, cores // replicas)
+    threads, batch = model.params.cpu_threads, model.params.cpu_threads_batch
+    update: dict[str, Any] = {"cpu_threads_batch": share} if batch == "all" else {}
     if threads == "all" or (threads is None and engine_spec(model.engine).threads_are_cores):
-        params = model.params.model_copy(update={"cpu_threads": max(1, cores // replicas)})
-        model = model.model_copy(update={"params": params})
+        update["cpu_threads"] = share
+    if update:
+        model = model.model_copy(update={"params": model.params.model_copy(update=update)})
     return {"ray_actor_options": {"num_cpus": cpus / replicas, "num_gpus": 0}, **count}, model
 
 

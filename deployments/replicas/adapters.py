@@ -124,6 +124,7 @@ class ReplicaAdapters:
     async def _checked(self, name: str) -> str:
         """Where adapter `name` is, found and checked (config, rank, base); else the 404 or the 400,
         counted and logged."""
+        path = None
         try:
             path = adapter_path(self._lora, name)
             if path is None:
@@ -134,18 +135,25 @@ class ReplicaAdapters:
             self._metrics.inc("lora_adapter_loads", tags={"outcome": "not_found"})
             logger.warning("model %s: LoRA adapter %s not found: %s", self._model.name, name, exc)
             raise ModelNotFoundError(
-                f"The model '{self._model.name}:{name}' does not exist: no LoRA adapter {name!r} ({exc}).",
-                param="model",
+                f"The model '{self._model.name}:{name}' does not exist: no LoRA adapter {name!r}.", param="model"
             ) from None
         except (AdapterError, OSError) as exc:
-            raise self._failed(name, exc) from None
+            raise self._failed(name, exc, path) from None
 
-    def _failed(self, name: str, exc: Exception) -> InvalidRequestError:
+    def _failed(self, name: str, exc: Exception, *places: object) -> InvalidRequestError:
+        """The 400 for an adapter that cannot be loaded: the log line has the whole cause, the client's
+        answer never the adapter's location (`places`: its path or storage URI, its local copy)."""
         self._metrics.inc("lora_adapter_loads", tags={"outcome": "failed"})
         logger.warning("model %s: LoRA adapter %s cannot be loaded: %s", self._model.name, name, exc)
         if isinstance(exc, InvalidRequestError):
-            return exc
-        return InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: {exc}", param="model")
+            text = exc.message
+        else:
+            why = str(exc) if isinstance(exc, AdapterError) else "its files cannot be read"
+            text = f"The LoRA adapter {name!r} cannot be loaded: {why}"
+        for place in places:
+            if place:
+                text = text.replace(str(place), "the adapter")
+        return InvalidRequestError(text, param="model")
 
     async def _load(self, name: str) -> _Lease:
         if (dropping := self._dropping.get(name)) is not None:  # dropped a moment ago: load it after that
@@ -162,7 +170,7 @@ class ReplicaAdapters:
                 raise InvalidRequestError(f"The LoRA adapter {name!r} cannot be loaded: the model is not loaded")
             await asyncio.to_thread(engine.load_adapter, name, str(folder))
         except (OSError, InvalidRequestError) as exc:
-            raise self._failed(name, exc) from None
+            raise self._failed(name, exc, path, folder) from None
         finally:
             if folder is not None and is_uri(path):  # the URI's temporary copy: read by now
                 await asyncio.to_thread(shutil.rmtree, folder, True)

@@ -1,19 +1,24 @@
 """VisionCaptioner: the GPU-pinned VLM that turns images into captions.
 
 It runs as its own Serve application so that its failure never takes the main application down.
-A load failure (OOM, missing weights, no hub) does not raise from the constructor: the replica
-reports "unavailable" and why through `status` (state, model, cause, next attempt) and retries
-loading in the background.
 
-Weights that cannot be reached (`weights_unreachable`: no hub offline, a missing or empty
-directory) are the expected offline case: one WARNING line per attempt, no traceback, and the
-health check passes, so that Serve neither logs a traceback per check nor replaces the replica (each
-replacement a new process importing torch): the replica's own retries load the weights once they
-appear. Serve then shows the replica RUNNING (its process is up and answers); whether it can caption
-is what `status`, /health and the ready line say: never ready until it has loaded. Any other load
-error (a real crash) logs its traceback and fails the health check with the loader's words, so that
-`serve status` and the Ray dashboard show the deployment UNHEALTHY and why, and Serve replaces the
-replica at most once per `unhealthy_restart_s` until one loads (`serve_health`).
+A replica is RUNNING in Serve's view only with its model loaded: its constructor loads the model
+and, while that fails (OOM, missing weights, no hub offline), retries in place with backoff
+(`load_retry_s`, doubling up to 5 minutes) and does not return. So `serve status`, `serve.status()`
+and the Ray dashboard show the deployment not HEALTHY (UPDATING, its replica STARTING; the
+`vision` application DEPLOYING) for as long as it cannot caption, and HEALTHY once it has loaded,
+with no replacement process and no health-check traceback: one log line per attempt, with the
+cause and the next attempt's time (a WARNING without traceback when the weights cannot be reached,
+the expected offline case; an ERROR with the traceback for any other failure). Ray Serve 2.60 lets
+no replica set its deployment's status or message (its controller sets them from replica starts
+and health checks only: `deployment_state.py`, `record_replica_startup_failure` and
+`_stop_replica_mark_unhealthy_if_target_version`), so the cause is published on the load board
+(`monitoring.load_board`), where the ingress reads it for /health, the ready line and degraded
+answers. Failing the health check instead would show UNHEALTHY only by having Serve replace the
+replica (a new process importing torch) with a traceback per failed check.
+
+Once loaded, a model that fails to load again (after an idle unload) fails the health check, and
+Serve replaces the replica; the replacement waits in its constructor as above.
 
 Images from concurrent requests are captioned together (`Batcher`): up to `max_batch_size` of
 them go through the model in one forward pass; those that arrive while a batch runs form the next,
@@ -37,10 +42,10 @@ from deployments.engines import CaptionEngine, create_caption_engine
 from deployments.engines.batcher import Batcher
 from deployments.engines.images import decode_rgb
 from deployments.errors import CaptionerUnavailable
+from deployments.monitoring import load_board
 from deployments.monitoring.metrics import CAPTIONER_METRICS, ENGINE_METRICS, Recorder
 from deployments.protocol.replica import CaptionRequest, CaptionResult, ComponentStatus
 from deployments.replicas.lifecycle import EngineSlot
-from deployments.replicas.serve_health import own_deployment, startup_hold_s
 from deployments.roles import Role
 
 NOT_CONFIGURED = "no captioner configured (vision_mode is not proxy in models.yaml)"
@@ -73,10 +78,9 @@ def weights_unreachable(model: ModelConfig) -> Callable[[Exception], bool]:
 class VisionCaptioner:
     def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle, *others: DeploymentHandle) -> None:
         """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
-        unused: bound here only so that Serve deploys them with this one."""
+        unused: bound here only so that Serve deploys them with this one. Returns once the model has
+        loaded (see the module's docstring)."""
         self._slot: EngineSlot[CaptionEngine] | None = None
-        self._restart_s = lifecycle.unhealthy_restart_s
-        self._started = False  # the first health check, Serve's at the replica's start, has run
         # The replica's recorder; a test or a benchmark may swap it for its own.
         self.metrics = Recorder(
             CAPTIONER_METRICS + ENGINE_METRICS, model.name if model else "none", tags={"role": Role.CAPTIONER}
@@ -96,7 +100,9 @@ class VisionCaptioner:
                 sample=self._sample,
                 expected=weights_unreachable(model),
             )
-            self._slot.load()
+            board = load_board.this_replica()
+            if self._slot.wait_loaded(lambda: board.publish(self.status()), load_board.REFRESH_S):
+                board.clear()
             self._slot.start()
 
     async def caption(self, request: CaptionRequest) -> CaptionResult:
@@ -137,22 +143,9 @@ class VisionCaptioner:
         self.metrics.set("engine_loaded", float(self._slot.state == "ready"))
 
     async def check_health(self) -> None:
-        """Raises `CaptionerUnavailable` with the loader's error while the model cannot load for an
-        unexpected reason; passes while it loads, once it has loaded, while its weights cannot be
-        reached (the replica retries; `status` says why), and without a captioner configured. At the
-        replica's start it may first keep retrying the load, or pass anyway (`serve_health.startup_hold_s`)."""
-        if self._slot is None or self._slot.error is None or self._slot.expected_failure:
-            self._started = True
-            return
-        if not self._started:
-            self._started = True
-            hold_s = startup_hold_s(await asyncio.to_thread(own_deployment), self._restart_s)
-            if hold_s is None:
-                return
-            deadline = time.monotonic() + hold_s
-            while self._slot.error is not None and time.monotonic() < deadline:
-                await asyncio.sleep(0.5)
-        if self._slot.error is not None:
+        """Raises `CaptionerUnavailable` with the loader's error once a model that had loaded has
+        failed to load again (after an idle unload): Serve then replaces the replica."""
+        if self._slot is not None and self._slot.state == "failed":
             raise CaptionerUnavailable(f"captioner {self._slot.name!r} cannot load: {self._slot.error}")
 
     def __del__(self) -> None:

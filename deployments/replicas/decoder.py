@@ -218,7 +218,7 @@ class PrimaryDecoder:
         only sees the sequences let in, so a full batch with more behind it would show none waiting."""
         status = self._slot.status()
         if self._adapters is not None:
-            status.details["lora_adapters"] = sorted(self._adapters.held)
+            status.details["lora_adapters_held"] = len(self._adapters.held)  # names are callers': not on an open page
         if "waiting" in status.details:
             status.details["waiting"] += self._queued
         return status

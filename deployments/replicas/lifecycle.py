@@ -109,6 +109,20 @@ class EngineSlot(Generic[E]):
             logger.error(line, *args, exc_info=exc)
         self._retry_in = min(self._retry_in * 2, RETRY_MAX_S)
 
+    def wait_loaded(self, waiting: Callable[[], None], tick_s: float) -> bool:
+        """Load now and, while that fails, again at each retry time, blocking: `waiting` is called after
+        each failed attempt and every `tick_s` until the next. False if `stop` ended the wait first."""
+        while not self.load():
+            while not self._stop.is_set():
+                waiting()
+                left = self._next_retry - time.monotonic()
+                if left <= 0:
+                    break
+                self._stop.wait(min(tick_s, left))
+            if self._stop.is_set():
+                return False
+        return True
+
     def start(self, tick_s: float = 1.0) -> None:
         """Start the background thread that retries failed loads and unloads idle engines."""
         threading.Thread(target=self._maintain, args=(tick_s,), name=f"{self.role}-slot", daemon=True).start()

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from deployments.app import build_app, build_captioner_app
+from deployments.monitoring import load_board
 from deployments.monitoring.metrics import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,10 +70,24 @@ def echo_with_captioner(captioner_path: Path | None, max_tokens: int = 4096, **c
 
 
 def deploy(models_file: Path, *, wait_for_captioner: bool = True, main: str = "default", route: str = "/", **args):
-    """Deploy the captioner application and the main application, as serve_config.yaml does."""
+    """Deploy the captioner application and the main application, as serve_config.yaml does;
+    `wait_for_captioner`: first wait until the captioner has settled (`captioner_settled`)."""
     args = {"models_file": str(models_file), **args}
-    serve._run(build_captioner_app(args), name="vision", route_prefix=None, _blocking=wait_for_captioner)
+    serve._run(build_captioner_app(args), name="vision", route_prefix=None, _blocking=False)
+    if wait_for_captioner:
+        assert wait_until(lambda: captioner_settled("vision"), timeout_s=300), serve.status().applications.get("vision")
     serve.run(build_app(args), name=main, route_prefix=route)
+
+
+def captioner_settled(app: str) -> bool:
+    """The captioner application is RUNNING (its models loaded), or a replica of it waits for a model
+    that failed to load and said so on the load board (it is not RUNNING until the model loads)."""
+    application = serve.status().applications.get(app)
+    if application is None or not application.deployments:
+        return False
+    if getattr(application.status, "value", application.status) in ("RUNNING", "DEPLOY_FAILED"):
+        return True
+    return any(load_board.read(app, name) is not None for name in application.deployments)
 
 
 def undeploy(*names: str) -> None:

@@ -1,11 +1,18 @@
 """Graceful fallback: a captioner that cannot load (its weights are missing) never takes the main
-application down; image requests degrade (or are rejected, by policy), /health says why, and the
-service uses the captioner again, without a restart, once it can load."""
+application down; image requests degrade (or are rejected, by policy), /health says why, Serve's own
+status (what `serve status` prints and the Ray dashboard draws) never calls it HEALTHY, and the
+service uses the captioner again, without a restart of any replica, once it can load."""
 
 import json
+import re
 import shutil
+import time
+from datetime import datetime
+from pathlib import Path
 
 import pytest
+import ray
+from ray import serve
 
 from deployments.ingress.vision.rewrite import unseen_marker
 from tests.conftest import data_url, png_bytes
@@ -14,7 +21,6 @@ from tests.serve.conftest import (
     deploy,
     echo_with_captioner,
     image_chat,
-    replica_log_lines,
     undeploy,
     wait_until,
     write_models,
@@ -38,13 +44,48 @@ def models_file(weights_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(models_file):
-    deploy(models_file)
-    yield
+    deployed = time.time()
+    deploy(models_file)  # returns once the captioner's replica has said its load failed
+    yield deployed
     undeploy("default", "vision", "strict")
+
+
+def captioner_in_serve() -> tuple[str, dict[str, int]]:
+    """Serve's status of the captioner deployment and its replicas by state, as `serve status` shows them."""
+    deployment = serve.status().applications["vision"].deployments["VisionCaptioner"]
+    states = {getattr(k, "value", str(k)): n for k, n in deployment.replica_states.items() if n}
+    return str(getattr(deployment.status, "value", deployment.status)), states
+
+
+def replica_starts(since: float) -> list[float]:
+    """When each captioner replica started after `since`: the time stamp of its log's first line."""
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+    starts = []
+    for path in logs.glob("replica_vision_VisionCaptioner_*.log"):
+        with path.open() as log:
+            stamp = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", log.readline())
+        if stamp and (start := datetime.strptime(stamp.group(), "%Y-%m-%d %H:%M:%S,%f").timestamp()) >= since - 1:
+            starts.append(start)
+    return sorted(starts)
 
 
 def test_main_application_stays_running(service):
     assert app_status("default") == "RUNNING"
+
+
+def test_serve_never_shows_a_captioner_that_cannot_load_healthy(service):
+    """Its one replica waits in its constructor, retrying (load_retry_s 1): STARTING, the deployment
+    UPDATING and the vision application DEPLOYING for as long as the load fails; not replaced."""
+    seen = set()
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        status, replicas = captioner_in_serve()
+        seen.add(status)
+        assert replicas == {"STARTING": 1}, replicas
+        time.sleep(0.5)
+    assert seen == {"UPDATING"}, seen
+    assert app_status("vision") == "DEPLOYING" and app_status("default") == "RUNNING"
+    assert len(replica_starts(service)) == 1, replica_starts(service)
 
 
 def test_text_requests_unaffected(service, http):
@@ -55,19 +96,15 @@ def test_text_requests_unaffected(service, http):
     assert response.json()["choices"][0]["message"]["content"] == "user: hi"
 
 
-def test_image_request_degrades_visibly(service, http):
-    failed_before = replica_log_lines("VisionCaptioner", "Request failed", app="vision")
+def test_image_request_degrades_visibly(service, weights_dir, http):
     response = http.post("/v1/chat/completions", json=image_chat("echo", data_url(png_bytes()), text="see?"))
     assert response.status_code == 200
-    # The captioner was asked, and answered that it cannot caption yet: no "Request failed" and
-    # traceback in its log.
-    asked = replica_log_lines("VisionCaptioner", response.headers["x-request-id"], app="vision")
-    assert any("CALL" in line for line in asked), asked
-    assert replica_log_lines("VisionCaptioner", "Request failed", app="vision") == failed_before
     assert response.headers["x-vision-degraded"] == "captioner-unavailable"
     prompt = response.json()["choices"][0]["message"]["content"]
     assert prompt == f"user: see?\nImage 1: {unseen_marker('captioner_unavailable')}"
-    assert response.json()["vision"]["unseen_images"][0]["reason"] == "captioner_unavailable"
+    [unseen] = response.json()["vision"]["unseen_images"]
+    # No replica could be asked: the waiting one's own words (from the load board) say why.
+    assert unseen["reason"] == "captioner_unavailable" and str(weights_dir) in unseen["message"], unseen
 
 
 def test_streaming_image_request_degrades_too(service, http):
@@ -90,18 +127,14 @@ def test_health_says_why(service, weights_dir, http):
     health = response.json()
     assert health["status"] == "degraded"
     captioner = health["components"]["captioner"]
-    assert not captioner["ready"]
-    # The loader's own words, naming the empty directory: the replica's, or Serve's while Serve replaces
-    # the failing replica (tests/serve/test_captioner_health.py), after the last cause this ingress
-    # heard. An ingress that never reached a running replica hears it once Serve's message carries
-    # the failed start's traceback (seconds after the replacement starts).
-    reason = lambda: http.get("/health").json()["components"]["captioner"]["reason"]  # noqa: E731
-    assert wait_until(lambda: str(weights_dir) in reason(), timeout_s=90), reason()
+    assert not captioner["ready"] and captioner["model"] == "cap", captioner
+    details = captioner["details"]
+    assert details["state"] == "failed" and details["attempts"] >= 1 and details["replicas"] == {"STARTING": 1}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", details["next_retry_at"]), details
+    assert str(weights_dir) in captioner["reason"] and "Traceback" not in captioner["reason"], captioner
 
 
 def test_reject_policy_answers_503(service, models_file, http):
-    from ray import serve
-
     from deployments.app import build_app
 
     # The one fake GPU is already packed with this module's decoder and captioner (0.5 each).
@@ -126,6 +159,8 @@ def test_recovers_without_restart(service, weights_dir, tiny_vlm_dir, http):
         return http.get("/health").json()["components"]["captioner"]["ready"]
 
     assert wait_until(captioner_ready, timeout_s=120)
+    assert captioner_in_serve() == ("HEALTHY", {"RUNNING": 1}) and app_status("vision") == "RUNNING"
+    assert len(replica_starts(service)) == 1  # the waiting replica loaded the weights itself
     assert wait_until(
         lambda: (
             "x-vision-degraded"

@@ -153,12 +153,19 @@ def test_unknown_adapters_are_404_and_unloadable_ones_400_naming_them(http, mode
     response = chat(http, model)
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert says in error["message"]
+    assert says in error["message"] and "lora-serve" not in error["message"]  # no server path in an answer
     if status == 404:
         assert error["code"] == "model_not_found"
     assert answer(http, f"{TINY}:a") == a
     if model != f"{TINY}:corrupt":  # refused before Serve makes room for it: no held adapter was evicted
         assert loads() == before
+
+
+def test_health_counts_the_adapters_held_without_naming_them(http):
+    """/health is open to anyone, and a name under dynamic_path is a caller's choice: a count only."""
+    answer(http, f"{TINY}:c")
+    details = http.get("/health").json()["components"]["decoder"]["details"]
+    assert isinstance(details["lora_adapters_held"], int) and "lora_adapters" not in details, details
 
 
 def test_adapter_loads_are_counted(http):

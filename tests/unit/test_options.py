@@ -50,6 +50,14 @@ def test_cpu_decoders_share_the_cores(cores, replicas, threads):
     assert placed.params.model_dump(exclude={"cpu_threads"}) == model().params.model_dump(exclude={"cpu_threads"})
 
 
+def test_threads_of_batched_steps_share_the_cores_too():
+    """`cpu_threads_batch: all` is a replica's share of the cores, as `cpu_threads: all`; a number is kept."""
+    _, placed = layout(16, model(cpu_threads=1, cpu_threads_batch="all"), decoder_gpus=0)
+    assert (placed.params.cpu_threads, placed.params.cpu_threads_batch) == (1, 8)
+    _, kept = layout(16, model(cpu_threads="all", cpu_threads_batch=3), decoder_gpus=0)
+    assert (kept.params.cpu_threads, kept.params.cpu_threads_batch) == (8, 3)
+
+
 def test_cpu_replicas_and_threads_that_are_set_are_kept():
     options, placed = layout(16, model(cpu_threads=3), decoder_gpus=0, decoder_cpu_replicas=4)
     assert options["num_replicas"] == 4

@@ -61,15 +61,21 @@ DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
 LLAMA_N_BATCH = 2048  # llama.cpp's default n_batch: the prefill budget when prefill_chunk_size is unset
 
 
-def llama_threads(params: EngineParams) -> int:
-    """Threads of llama.cpp's decode steps: `cpu_threads` (all: the cores this process may run on),
-    else OMP_NUM_THREADS (Ray sets it to the replica's num_cpus), else the cores."""
-    if params.cpu_threads == "all":
-        return cpu_cores()
-    if isinstance(params.cpu_threads, int):
-        return params.cpu_threads
-    omp = os.environ.get("OMP_NUM_THREADS", "")
-    return int(omp) if omp.isdigit() and int(omp) > 0 else cpu_cores()
+def llama_threads(params: EngineParams) -> tuple[int, int]:
+    """Threads of llama.cpp's one-token steps and of its batched steps (llama-server's -t and -tb):
+    `cpu_threads` (all: the cores this process may run on), else OMP_NUM_THREADS (Ray sets it to the
+    replica's num_cpus), else the cores; batched steps `cpu_threads_batch`, else as one-token steps."""
+
+    def threads(setting: int | str | None) -> int:
+        if setting == "all":
+            return cpu_cores()
+        if isinstance(setting, int):
+            return setting
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        return int(omp) if omp.isdigit() and int(omp) > 0 else cpu_cores()
+
+    single = threads(params.cpu_threads)
+    return single, single if params.cpu_threads_batch is None else threads(params.cpu_threads_batch)
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                 "raise mem or drop it, lower max_num_seqs or max_model_len, or set batch_invariant false"
             )
         self.batch_invariant = self.params.batch_invariant
-        self.cpu_threads = llama_threads(self.params)
+        self.cpu_threads, self.cpu_threads_batch = llama_threads(self.params)
         # xllamacpp's call holds a thread for a whole stream: one per slot, and as many again for
         # cancelled streams that wait for their next token to stop.
         self.streams = 2 * self.params.max_num_seqs
@@ -135,6 +141,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                     n_ctx=self.kv_cells,
                     kv_unified=self.kv_unified,
                     threads=self.cpu_threads,
+                    threads_batch=self.cpu_threads_batch,
                     n_batch=self.params.prefill_chunk_size,
                     mmproj_path=None if self.projector is None else str(self.projector),
                     http_streams=self.streams if self.takes_images else 0,
@@ -166,7 +173,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             f"llama.cpp server in this process: {shape.architecture or 'unknown'} GGUF as it is, "
             f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
             f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
-            f"{self.kv_cache_type} cells, {self.cpu_threads} threads; greedy answers "
+            f"{self.kv_cache_type} cells, {self.cpu_threads} threads ({self.cpu_threads_batch} for batched steps); "
+            "greedy answers "
             f"{'independent of the load (batch_invariant)' if self.batch_invariant else 'may change with the load'}",
         )
         progress.finished()
@@ -194,6 +202,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             "kv_unified": self.kv_unified,
             "kv_cache_type": self.kv_cache_type,
             "cpu_threads": self.cpu_threads,
+            "cpu_threads_batch": self.cpu_threads_batch,
             "vocab_size": self.vocab_size,
             "tool_call_format": self.tool_format,
         }

@@ -48,7 +48,8 @@ class ServerSettings:
     n_parallel: int
     n_ctx: int  # KV-cache cells in all: n_parallel streams of n_ctx / n_parallel, or one shared pool
     kv_unified: bool
-    threads: int
+    threads: int  # one-token steps (llama-server's -t)
+    threads_batch: int | None = None  # batched steps: prompt chunks, several sequences (-tb); None: `threads`
     n_batch: int | None = None  # most tokens per decode step (prompt chunks + one per running slot)
     mmproj_path: str | None = None  # a vision model's projector (llama.cpp's mtmd): images in prompts
     http_streams: int = 0  # streams read over HTTP at once (`stream_native`), beside the route calls
@@ -69,7 +70,7 @@ class LlamaServer:
         params.n_ctx = settings.n_ctx
         params.kv_unified = settings.kv_unified
         params.cpuparams.n_threads = settings.threads
-        params.cpuparams_batch.n_threads = settings.threads
+        params.cpuparams_batch.n_threads = settings.threads_batch or settings.threads
         if settings.n_batch is not None:
             params.n_batch = settings.n_batch
             params.n_ubatch = min(params.n_ubatch, settings.n_batch)

@@ -8,15 +8,17 @@ skipped for `retry_after_s` (cached captions are still served); the next call af
 again, so the service uses a recovered captioner without a restart.
 
 A call that has been waiting for `WATCH_AFTER_S` is watched through Serve's own view of the
-captioner: once Serve reports it unhealthy (a replica died and its replacement is still loading,
-which takes as long as loading the model), the call is given up and image requests degrade at
-once rather than wait for the replacement.
+captioner and the load board (`monitoring.load_board`): once Serve reports it unhealthy (a replica
+died and its replacement is still loading, which takes as long as loading the model), or no replica
+runs and a waiting one has published that its model failed to load, the call is given up and image
+requests degrade at once rather than wait. After a failure, the next call looks first.
 
 A captioner that scales to zero (`deployment.autoscaling.min_replicas: 0`) is started by the
 first call that finds no replica: that call waits for the cold start within `timeout_s`, like any
 other. `status` asks a replica only while Serve shows one running; otherwise (idle at zero, loading,
-being replaced) it answers from Serve's view at once, so that /health polls neither keep an idle
-captioner up nor wait out a timeout while one loads.
+being replaced) it answers at once, with the waiting replica's own status from the load board or
+else Serve's view, so that /health polls neither keep an idle captioner up nor wait out a timeout
+while one loads.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serv
 from deployments.ingress.serve_status import FAILED, DeploymentView, app_state, deployment_view
 from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
+from deployments.monitoring import load_board
 from deployments.monitoring.metrics import Recorder
 from deployments.protocol.replica import CaptionRequest, CaptionResult, ComponentStatus
 from deployments.roles import Role
@@ -77,7 +80,7 @@ class CaptionerClient:
         self._down_until = 0.0
         self.reason: str | None = None
         self._last_reason: str | None = None  # the captioner's own last words on why it is not ready
-        self._view: tuple[float, asyncio.Future[DeploymentView]] | None = None  # Serve's, shared by waiting calls
+        self._view: tuple[float, asyncio.Future[_View]] | None = None  # shared by waiting calls and /health
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
     def _handle(self):
@@ -116,6 +119,8 @@ class CaptionerClient:
     async def _call(self, request: CaptionRequest) -> list[str]:
         if time.monotonic() < self._down_until:
             raise CaptionerUnavailable(f"The vision captioner is unavailable: {self.reason}")
+        if self.reason is not None and (failed := _load_failure(*await self._serve_view())) is not None:
+            raise self._mark_down(failed)  # still no replica: no call that would wait for one
         try:
             result = await self._watch(self._handle().caption.remote(request))
         except TimeoutError:
@@ -127,6 +132,8 @@ class CaptionerClient:
                 raise from_serve(cause) from None
             if isinstance(cause, _ServeSaysDown):  # Serve's words: with the captioner's own last cause
                 reason = self._with_known_cause(cause.message)
+            elif isinstance(cause, _ReplicaSaysDown):  # the waiting replica's own words
+                reason = cause.message
             else:
                 reason = f"{type(cause).__name__}: {cause}"
             raise self._mark_down(reason[:500]) from None
@@ -152,9 +159,11 @@ class CaptionerClient:
                 done, _ = await asyncio.wait({call}, timeout=min(WATCH_AFTER_S, left))
                 if done:
                     return call.result()
-                view = await self._serve_view()
+                view, waiting = await self._serve_view()
                 if view.status in FAILED:
                     raise _ServeSaysDown(view.words)
+                if (failed := _load_failure(view, waiting)) is not None:
+                    raise _ReplicaSaysDown(failed)
         finally:
             if not call.done():
                 # Serve's response ends a cancelled call's task with RequestCancelledError, not as
@@ -163,12 +172,13 @@ class CaptionerClient:
                 call.cancel()
                 response.cancel()
 
-    async def _serve_view(self) -> DeploymentView:
-        """Serve's view of the captioner, asked at most once per `WATCH_AFTER_S` however many calls
-        (caption calls waiting, /health polls) want it."""
+    async def _serve_view(self) -> _View:
+        """Serve's view of the captioner and, while no replica runs, a waiting replica's status from the
+        load board; asked at most once per `WATCH_AFTER_S` however many calls (caption calls waiting,
+        /health polls) want them."""
         now = time.monotonic()
         if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
-            self._view = (now, asyncio.ensure_future(asyncio.to_thread(deployment_view, self._app, self._deployment)))
+            self._view = (now, asyncio.ensure_future(asyncio.to_thread(_look, self._app, self._deployment)))
         return await asyncio.shield(self._view[1])
 
     def _with_known_cause(self, state: str) -> str:
@@ -180,9 +190,14 @@ class CaptionerClient:
         return state if not known or not cause or cause in state else f"{known} ({state})"
 
     async def status(self) -> ComponentStatus:
-        view = await self._serve_view()
+        view, waiting = await self._serve_view()
         if view.scaled_to_zero:  # any call, a status call too, makes Serve start a replica: idle stays idle
             return ComponentStatus(ready=True, model=self._name, details={"state": "scaled_to_zero", "replicas": 0})
+        if waiting is not None:  # a replica waits for its model: its own words, and Serve's count of replicas
+            if waiting.reason:
+                self._last_reason = waiting.reason
+            waiting.details["replicas"] = view.replicas
+            return waiting
         if view.status != "UNKNOWN" and not view.running:
             # No replica can answer (one is loading, or Serve is replacing a failed one): a call would
             # wait out STATUS_TIMEOUT_S for nothing, and /health with it. Serve's words, at once.
@@ -208,3 +223,23 @@ class CaptionerClient:
 
 class _ServeSaysDown(CaptionerUnavailable):
     """Serve reports the captioner deployment failed while a call waits: Serve's words, not the replica's."""
+
+
+class _ReplicaSaysDown(CaptionerUnavailable):
+    """No replica runs, and a waiting one published that its model failed to load: its words."""
+
+
+_View = tuple[DeploymentView, ComponentStatus | None]
+
+
+def _look(app: str, deployment: str) -> _View:
+    """Serve's view of the deployment and, when no replica of it runs, a waiting replica's status."""
+    view = deployment_view(app, deployment)
+    return view, (None if view.running else load_board.read(app, deployment))
+
+
+def _load_failure(view: DeploymentView, waiting: ComponentStatus | None) -> str | None:
+    """Why image requests cannot be captioned now, when no replica runs and a waiting one said its load failed."""
+    if view.running or waiting is None or waiting.details.get("state") != "failed":
+        return None
+    return (waiting.reason or "the captioner's model failed to load")[:500]

@@ -257,7 +257,15 @@ async def test_constraints_apply_only_to_new_tokens_while_prompts_are_prefilled_
 def smollm2_engine(smollm2) -> TextEngine:
     """The real offline default in float32 (batch-invariant: a sequence's answer does not depend on
     its neighbours)."""
-    model = ModelConfig(name="smollm2", engine="transformers", local_path=str(smollm2.parent), weight_file=smollm2.name)
+    model = ModelConfig(
+        name="smollm2",
+        engine="transformers",
+        local_path=str(smollm2.parent),
+        weight_file=smollm2.name,
+        # KV room for 2 x 2048 tokens: the default 8 x 8192 float32 tokens (3 GB) is more than transformers'
+        # continuous batching finds on a machine whose NUMA node is small (it counts that node's memory only)
+        params={"max_num_seqs": 2, "max_model_len": 2048},
+    )
     engine = create_text_engine(model)
     yield engine
     engine.close()

@@ -17,11 +17,13 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import EngineParams, Lifecycle, ModelConfig, load_models_file
+from deployments.config import EngineParams, Lifecycle, ModelConfig, cpu_cores, load_models_file
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppTextEngine
+from deployments.engines.llamacpp.engine import llama_threads
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.kv_cache import kv_layout
+from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
 from deployments.errors import ConfigError, ContextLengthError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 from deployments.replicas.lifecycle import EngineSlot
@@ -324,7 +326,7 @@ def test_describe_and_settings(engine):
     described = engine.describe()
     assert described["engine"] == "llama.cpp" and described["slots"] == 4
     assert described["max_model_len"] == 512 and described["kv_cache_tokens"] == 4 * 512
-    assert described["kv_unified"] is False and described["cpu_threads"] == 2
+    assert described["kv_unified"] is False and described["cpu_threads"] == described["cpu_threads_batch"] == 2
     assert described["kv_cache_type"] == "f16" and described["batch_invariant"] is False  # speed by default
     assert described["vocab_size"] == 49152
 
@@ -379,7 +381,8 @@ def test_the_load_logs_its_steps_with_time_and_bytes(smollm2, caplog):
         rf"source local GGUF {re.escape(str(smollm2))} \({size}\)",
         rf"step=download \d+\.\d s \(local, {size} on disk\)",
         r"step=load \d+\.\d s \(llama.cpp server in this process: llama GGUF as it is, 2 slots, 1024 KV cells, "
-        r"\d+\.\d MB \(512 per slot\), f16 cells, 2 threads; greedy answers may change with the load\)",
+        r"\d+\.\d MB \(512 per slot\), f16 cells, 2 threads \(2 for batched steps\); "
+        r"greedy answers may change with the load\)",
         r"done in \d+\.\d s \(rss \d+\.\d [MG]B\)",
     ]
     assert len(lines) == len(patterns), lines
@@ -533,3 +536,39 @@ def test_batch_invariant_is_refused_where_it_cannot_hold(smollm2):
         llamacpp_model(smollm2, batch_invariant=True, kv_cache_dtype="f16")
     with pytest.raises(ConfigError, match=r"batch_invariant needs a stream of KV cells per slot, and mem: 1 MB"):
         create_text_engine(llamacpp_model(smollm2, batch_invariant=True, mem=1))
+
+
+def test_batch_invariant_is_refused_with_lora_adapters(smollm2, tmp_path):
+    """Rows of one adapter batched together are not invariant on llama.cpp (docs/lora.md): three
+    greedy requests for one random adapter at once answered differently from alone. Refused at build."""
+    from scripts.bench.lora_adapters import build_gguf_lora
+
+    lora = build_gguf_lora(smollm2, tmp_path / "x.gguf", seed=1)
+    with pytest.raises(ValidationError, match=r"batch_invariant cannot hold with lora: llama\.cpp batches"):
+        llamacpp_model(smollm2, batch_invariant=True, lora={"adapters": {"x": str(lora)}})
+    assert llamacpp_model(smollm2, lora={"adapters": {"x": str(lora)}}).params.lora is not None
+
+
+def test_one_token_steps_and_batched_steps_take_their_own_threads(smollm2, monkeypatch):
+    """cpu_threads for one-token steps, cpu_threads_batch for batched ones: the settings llama.cpp gets
+    (its -t and -tb), the engine's effective config and its load line say both."""
+    import deployments.engines.llamacpp.engine as engine_module
+
+    given: list[ServerSettings] = []
+    server_class = engine_module.LlamaServer
+
+    def recording(settings: ServerSettings) -> LlamaServer:
+        given.append(settings)
+        return server_class(settings)
+
+    monkeypatch.setattr(engine_module, "LlamaServer", recording)
+    built = create_text_engine(llamacpp_model(smollm2, cpu_threads=1, cpu_threads_batch="all", max_num_seqs=2))
+    try:
+        assert (given[0].threads, given[0].threads_batch) == (1, cpu_cores())
+        described = built.describe()
+        assert (described["cpu_threads"], described["cpu_threads_batch"]) == (1, cpu_cores())
+        assert asyncio.run(complete(built, ask(max_tokens=2)))[1][-1].finish_reason is not None
+    finally:
+        built.close()
+    assert llama_threads(EngineParams(cpu_threads=3)) == (3, 3)  # unset: as cpu_threads
+    assert llama_threads(EngineParams(cpu_threads=1, cpu_threads_batch=4)) == (1, 4)

@@ -23,7 +23,7 @@ from deployments.errors import CaptionerTimeout, CaptionerUnavailable
 from deployments.ingress.serve_status import DeploymentView
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.collect import ImageInput
-from deployments.protocol.replica import CaptionRequest, CaptionResult
+from deployments.protocol.replica import CaptionRequest, CaptionResult, ComponentStatus
 
 
 class PendingMethod:
@@ -47,16 +47,18 @@ class PendingHandle:
 class ClientWithFakeServe(CaptionerClient):
     """The real client, with Serve's handle and Serve's view of the captioner replaced."""
 
-    def __init__(self, view: DeploymentView, vision: ProxyVisionConfig) -> None:
+    def __init__(self, view: DeploymentView, vision: ProxyVisionConfig, waiting: ComponentStatus | None = None) -> None:
+        """`waiting`: what a replica waiting for its model published on the load board."""
         super().__init__("vision", ModelConfig(name="cap", hf_id="org/cap"), vision)
         self.handle = PendingHandle()
         self.view = view
+        self.waiting = waiting
 
     def _handle(self) -> Any:
         return self.handle
 
-    async def _serve_view(self) -> DeploymentView:
-        return self.view
+    async def _serve_view(self) -> tuple[DeploymentView, ComponentStatus | None]:
+        return self.view, (None if self.view.running else self.waiting)
 
     async def _app_state(self) -> str:
         return "Serve application 'vision' is UNHEALTHY"
@@ -126,3 +128,35 @@ async def test_a_replica_that_answers_unavailable_degrades_with_its_words():
     assert not isinstance(raised.value, CaptionerTimeout)
     assert raised.value.message == f"The vision captioner is unavailable: {reason}"
     assert client.reason == reason and client._last_reason == reason  # /health's cause while Serve replaces it
+
+
+async def test_a_replica_waiting_for_its_model_degrades_image_requests_with_its_words(monkeypatch):
+    """No replica runs; the one waiting in its constructor published that its load failed: the first
+    call degrades at its first look (not at its deadline), later ones without calling at all, and
+    /health's status is the waiting replica's own, with Serve's count of replicas."""
+    monkeypatch.setattr("deployments.ingress.vision.client.WATCH_AFTER_S", 0.01)
+    view = DeploymentView("UPDATING", "Serve reports VisionCaptioner UPDATING", {"STARTING": 1})
+    reason = "OSError: no weights in /models/cap"
+    waiting = ComponentStatus(
+        ready=False, model="cap", reason=reason, details={"state": "failed", "attempts": 2, "next_retry_at": "x"}
+    )
+    client = ClientWithFakeServe(view, ProxyVisionConfig(timeout_s=30, retry_after_s=0.01), waiting)
+    with pytest.raises(CaptionerUnavailable) as raised:
+        await client.caption([image()])
+    assert not isinstance(raised.value, CaptionerTimeout) and raised.value.message.endswith(reason)
+    await asyncio.sleep(0.02)  # past retry_after_s: the next call looks before it calls
+    with pytest.raises(CaptionerUnavailable, match=reason):
+        await client.caption([image()])
+    assert len(client.handle.caption.responses) == 1
+    status = await client.status()
+    assert not status.ready and status.reason == reason
+    assert status.details == {"state": "failed", "attempts": 2, "next_retry_at": "x", "replicas": {"STARTING": 1}}
+
+
+async def test_a_replica_still_on_its_first_load_makes_calls_wait():
+    """Loading, not failed (nothing published yet): a call waits for the replica, up to its deadline."""
+    view = DeploymentView("UPDATING", "Serve reports VisionCaptioner UPDATING", {"STARTING": 1})
+    loading = ComponentStatus(ready=False, model="cap", reason="loading", details={"state": "loading"})
+    client = ClientWithFakeServe(view, ProxyVisionConfig(timeout_s=0.05), loading)
+    with pytest.raises(CaptionerTimeout):
+        await client.caption([image()])

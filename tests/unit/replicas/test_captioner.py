@@ -1,21 +1,25 @@
-"""The captioner deployment's metrics, on the shipped fake engine and without Ray: the deployment
-class is constructed directly."""
+"""The captioner replica without Ray (the deployment class constructed directly, on a thread where its
+constructor waits for the model): its metrics on the shipped fake engine, and how it waits for a model
+that cannot load, on the tiny VLM."""
+
+from __future__ import annotations
 
 import asyncio
 import logging
 import re
 import shutil
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from deployments.config import Lifecycle, ModelConfig
 from deployments.errors import CaptionerUnavailable
-from deployments.protocol.replica import CaptionRequest
-from deployments.replicas import captioner as captioner_module
+from deployments.monitoring import load_board
+from deployments.protocol.replica import CaptionRequest, ComponentStatus
 from deployments.replicas.captioner import VisionCaptioner, failure_kind, weights_unreachable
-from deployments.replicas.serve_health import ServeView, startup_hold_s
 from tests.conftest import png_bytes
 from tests.unit.fake_metrics import FakeMetrics
 
@@ -48,94 +52,121 @@ async def test_failures_are_counted_by_kind():
     assert failure_kind(RuntimeError("bad")) == "error"
 
 
-def failing(tmp_path, *, corrupt: bool = False, **lifecycle) -> VisionCaptioner:
-    """A captioner whose weights are missing (an empty directory: the expected offline case), or
-    with `corrupt`, broken (a config.json that is not JSON: a real failure). Its load fails, and each retry."""
-    if corrupt:
-        (tmp_path / "config.json").write_text("{not json")
-    model = ModelConfig(name="cap", local_path=str(tmp_path))
-    replica = VisionCaptioner.func_or_class(model, Lifecycle(**lifecycle))  # type: ignore[attr-defined]
-    replica.metrics = FakeMetrics()
-    return replica
+class RecordingBoard:
+    """The load board as a list: what a waiting replica published, and whether it cleared its entry."""
+
+    def __init__(self) -> None:
+        self.published: list[ComponentStatus] = []
+        self.cleared = False
+
+    def publish(self, status: ComponentStatus) -> None:
+        self.published.append(status)
+
+    def clear(self) -> None:
+        self.cleared = True
 
 
-@pytest.mark.parametrize(
-    ("view", "hold"),
-    [
-        (None, None),  # Serve cannot tell: never risk a final DEPLOY_FAILED
-        (ServeView("UPDATING", "Deploying..."), None),  # no replica of this version has run yet
-        (ServeView("UNHEALTHY", "A replica's health check failed. This deployment will be UNHEALTHY"), 0.0),
-        (ServeView("UPSCALING"), None),  # e.g. from zero: failing its first start would be final too
-        (ServeView("HEALTHY"), None),
-        (ServeView("UNHEALTHY", "A replica failed to start with exception. Retrying. Error:\n..."), 60.0),
-        (ServeView("UNHEALTHY", "The deployment failed to start 3 times in a row. This may be..."), 60.0),
-    ],
-)
-def test_startup_hold_follows_what_serve_shows(view, hold):
-    assert startup_hold_s(view, 60.0) == hold
+@pytest.fixture
+def board(monkeypatch) -> RecordingBoard:
+    recording = RecordingBoard()
+    monkeypatch.setattr(load_board, "this_replica", lambda: recording)
+    return recording
 
 
-async def test_unreachable_weights_pass_the_health_check_and_are_said_once_per_attempt(tmp_path, monkeypatch, caplog):
+class Starting:
+    """A captioner replica constructed on a thread, as Serve's replica constructs it: the
+    constructor returns only once the model has loaded."""
+
+    def __init__(self, weights: Path, *, corrupt: bool = False, **lifecycle) -> None:
+        if corrupt:  # a config.json that is not JSON: a real failure, not weights that cannot be reached
+            (weights / "config.json").write_text("{not json")
+        model = ModelConfig(name="cap", local_path=str(weights))
+        self.replicas: list[VisionCaptioner] = []
+        self.thread = threading.Thread(
+            target=lambda: self.replicas.append(VisionCaptioner.func_or_class(model, Lifecycle(**lifecycle))),  # type: ignore[attr-defined]
+            daemon=True,
+        )
+        self.thread.start()
+
+    def returned(self, timeout_s: float) -> VisionCaptioner | None:
+        self.thread.join(timeout_s)
+        return self.replicas[0] if self.replicas else None
+
+
+def give_weights(weights: Path, tiny_vlm_dir: Path) -> None:
+    for item in tiny_vlm_dir.iterdir():
+        shutil.copy(item, weights / item.name)
+
+
+def test_a_replica_whose_weights_cannot_be_reached_waits_in_its_constructor_and_says_why(
+    tmp_path, tiny_vlm_dir, board, caplog
+):
+    """Serve shows a replica RUNNING (and the deployment HEALTHY) once its constructor returns: while
+    the weights cannot be reached it does not return, and retries in place, one WARNING line without
+    traceback per attempt; its status is on the load board meanwhile. Once the weights appear it
+    loads them, clears its entry and returns."""
     caplog.set_level(logging.INFO, logger="ray.serve")
-    replica = failing(tmp_path, load_retry_s=30, unhealthy_restart_s=0.2)
-    try:
-        monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UNHEALTHY", "failed to start"))
-        for _ in range(3):  # no traceback in Serve's log, no replacement: the replica retries by itself
-            await replica.check_health()
-        status = replica.status()
-        assert not status.ready and status.model == "cap", status  # never called ready while it cannot caption
-        assert status.details["state"] == "failed" and status.details["attempts"] == 1, status
-        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", status.details["next_retry_at"]), status
-        assert str(tmp_path) in status.reason and status.reason.count(str(tmp_path)) == 1, status.reason
-        # An answer, not an exception: raised, Serve's replica would log "Request failed" and a
-        # traceback for every image request that degrades as documented.
-        result = await replica.caption(CaptionRequest(images=[png_bytes()], prompts=["describe"]))
-        assert result.captions == [] and "not loaded" in result.unavailable and str(tmp_path) in result.unavailable
-    finally:
-        replica.__del__()
+    starting = Starting(tmp_path, load_retry_s=0.3)
+    assert starting.returned(1.5) is None
+    assert board.published and not board.cleared
+    status = board.published[-1]
+    assert not status.ready and status.model == "cap" and status.details["state"] == "failed", status
+    assert status.details["attempts"] >= 2  # retried in place, not replaced
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", status.details["next_retry_at"]), status
+    assert str(tmp_path) in status.reason and status.reason.count(str(tmp_path)) == 1, status.reason
     said = [r for r in caplog.records if "cannot load" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelno == logging.WARNING and said[0].exc_info is None, said
-    line = said[0].getMessage()
-    assert "attempt 1" in line and str(tmp_path) in line and f"at {status.details['next_retry_at']}" in line, line
+    assert len(said) == status.details["attempts"] or len(said) == status.details["attempts"] + 1, said
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in said), said
+    assert "attempt 1" in said[0].getMessage() and " at " in said[0].getMessage()
     assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text
 
-
-async def test_a_real_failure_logs_its_traceback_and_fails_the_health_check(tmp_path, monkeypatch, caplog):
-    replica = failing(tmp_path, corrupt=True, unhealthy_restart_s=0.2)
+    give_weights(tmp_path, tiny_vlm_dir)
+    replica = starting.returned(60)
+    assert replica is not None and board.cleared
     try:
-        monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UPDATING"))
-        await replica.check_health()  # the start of a first deploy: passes, else Serve would give up for good
-        with pytest.raises(CaptionerUnavailable, match=r"captioner 'cap' cannot load: .*not a valid JSON"):
-            await replica.check_health()  # every later check fails: Serve shows UNHEALTHY and replaces it
-    finally:
-        replica.__del__()
-    said = [r for r in caplog.records if "cannot load" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelno == logging.ERROR and said[0].exc_info is not None, said
-
-
-async def test_a_replacement_retries_for_unhealthy_restart_s_then_fails_its_start(tmp_path, monkeypatch):
-    replica = failing(tmp_path, corrupt=True, unhealthy_restart_s=0.6)
-    try:
-        monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UNHEALTHY", "failed to start"))
-        started = time.monotonic()
-        with pytest.raises(CaptionerUnavailable, match="cannot load"):
-            await replica.check_health()
-        assert time.monotonic() - started >= 0.6
-    finally:
-        replica.__del__()
-
-
-async def test_a_replacement_that_loads_while_it_waits_passes(tmp_path, monkeypatch, tiny_vlm_dir):
-    replica = failing(tmp_path, corrupt=True, load_retry_s=0.2, unhealthy_restart_s=30)
-    try:
-        monkeypatch.setattr(captioner_module, "own_deployment", lambda: ServeView("UNHEALTHY", "failed to start"))
-        for item in tiny_vlm_dir.iterdir():
-            shutil.copy(item, tmp_path / item.name)
-        await asyncio.wait_for(replica.check_health(), 30)  # the background retry loads it: no exception
         assert replica.status().ready
-        await replica.check_health()
     finally:
         replica.__del__()
+
+
+def test_a_real_failure_logs_its_traceback_and_waits_too(tmp_path, tiny_vlm_dir, board, caplog):
+    starting = Starting(tmp_path, corrupt=True, load_retry_s=0.5)
+    assert starting.returned(1.0) is None
+    said = [r for r in caplog.records if "cannot load" in r.getMessage()]
+    assert said and all(r.levelno == logging.ERROR and r.exc_info is not None for r in said), said
+    assert "JSON" in (board.published[-1].reason or ""), board.published[-1]
+    give_weights(tmp_path, tiny_vlm_dir)  # good weights over the broken ones: loaded at the next attempt
+    replica = starting.returned(60)
+    assert replica is not None and board.cleared
+    replica.__del__()
+
+
+async def test_a_model_that_fails_to_load_again_fails_the_health_check(tmp_path, tiny_vlm_dir, board):
+    """Loaded, unloaded when idle, and its weights gone at the reload: Serve must replace the replica."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    give_weights(weights, tiny_vlm_dir)
+    replica = Starting(weights, idle_unload_s=0.5, load_retry_s=60).returned(60)
+    assert replica is not None and board.published == [] and board.cleared
+    try:
+        await replica.check_health()
+        assert await wait_for(lambda: replica.status().details["state"] == "unloaded", 10)
+        shutil.rmtree(weights)
+        result = await replica.caption(CaptionRequest(images=[png_bytes()], prompts=["describe"]))
+        assert result.captions == [] and "not loaded" in result.unavailable
+        with pytest.raises(CaptionerUnavailable, match="captioner 'cap' cannot load"):
+            await replica.check_health()
+    finally:
+        replica.__del__()
+
+
+async def wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.1)
+    return condition()
 
 
 def test_which_load_errors_are_the_expected_offline_case(tmp_path):
