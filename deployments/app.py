@@ -121,6 +121,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             dynamic_adapters=[m.name for m in served if m.dynamic_adapters],
             ingress_deployment=Ingress.name,
             line_timeout_s=deadline + 30,
+            max_line_bytes=plan.server.max_body_bytes,
         )
     )
     ingress = Ingress.options(**for_replicas(Ingress.name, INGRESS_OPTIONS, drain_s=deadline))

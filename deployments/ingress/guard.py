@@ -121,7 +121,13 @@ class RequestGuard:
         if scope["type"] == "websocket":  # each message's size is the socket's own check
             await self.app(scope, receive, send)
             return
-        if scope["method"] in _BODY_METHODS:
+        if scope["method"] == "POST" and _route(scope) == FILES_PATH:
+            # An upload streams on to storage (apis/files/form.py caps it as it comes): never held here.
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > settings.cap(scope):
+                await _reject(_too_large(settings.cap(scope)), {"Connection": "close"}, scope, receive, send)
+                return
+        elif scope["method"] in _BODY_METHODS:
             body = await _read_body(headers, receive, settings.cap(scope))
             if body is None:  # the client left
                 return

@@ -19,6 +19,8 @@ configuration (docs/benchmarks.md records the runs).
   layout, through Serve, the engine alone and `llama-server` (`prompts.py`);
 - `batch`: a batch job's tokens/s against the same lines from a concurrency-8 client, and interactive
   time to first token beside a running batch (`batch.py`);
+- `lines`: reading a batch input file's lines, one 32 MB line and many short ones, against the
+  quadratic reader it replaced (`lines.py`);
 - `settle`: concurrency-8 tokens/s at `scripts/run.sh`'s ready line and five minutes later
   (`settle.py`);
 - `lora`: concurrency-8 tokens/s on the base model and spread over four GGUF LoRA adapters (`lora.py`);

@@ -22,6 +22,7 @@ SUBCOMMANDS = (
     "burst",
     "prompts",
     "batch",
+    "lines",
     "settle",
     "lora",
 )

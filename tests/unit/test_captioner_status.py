@@ -1,15 +1,18 @@
 """One captioner status on every surface, for the offline default's case (weights that cannot be
-reached): the replica's own `status` (a real `VisionCaptioner` over an empty directory), through the
-ingress's client and `/health` (`HealthService`), on the ready line (`scripts/ready.py`) and in
-`scripts/status.sh`: the same state, model, attempt, next attempt and cause, the cause once. And while
-no replica runs, /health's answer from Serve's view names the model too and says the cause once."""
+reached): the replica's own status (a real `VisionCaptioner` over an empty directory, waiting in its
+constructor, as it publishes it on the load board), through the ingress's client and `/health`
+(`HealthService`), on the ready line (`scripts/ready.py`) and in `scripts/status.sh`: the same state,
+model, attempt, next attempt and cause, the cause once. And while no replica runs and none has said
+why, /health's answer from Serve's view names the model too and says the cause once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,40 +22,60 @@ import pytest
 from deployments.config import Lifecycle, ModelConfig, ProxyVisionConfig
 from deployments.ingress.health import HealthService
 from deployments.ingress.serve_status import DeploymentView
+from deployments.monitoring import load_board
 from deployments.protocol.replica import ComponentStatus
 from deployments.replicas.captioner import VisionCaptioner
 from scripts.ready import vision_state
-from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder
 from tests.unit.ingress.test_captioner_client import ClientWithFakeServe
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNING = DeploymentView("HEALTHY", "Serve reports VisionCaptioner HEALTHY", {"RUNNING": 1})
+WAITING = DeploymentView("UPDATING", "Serve reports VisionCaptioner UPDATING", {"STARTING": 1})
 
 
-class ReplicaHandle:
-    """The handle's `status` method, answered by a replica object in this process."""
-
-    def __init__(self, replica: VisionCaptioner) -> None:
-        self._replica = replica
-        self.status = self
-
-    async def remote(self) -> ComponentStatus:
-        return self._replica.status()
+class StopWaiting(Exception):
+    """Raised by the board once the test has what it needs: it ends the waiting constructor's thread."""
 
 
 @pytest.fixture
-def offline_replica(tmp_path):
-    """A captioner replica whose weights are not there (an empty directory), its first load failed."""
+def offline_status(tmp_path, monkeypatch):
+    """What a captioner replica whose weights are not there (an empty directory) publishes on the load
+    board after its first failed load, while it waits in its constructor to retry."""
+    published: list[ComponentStatus] = []
+    done = threading.Event()
+
+    class Board:
+        def publish(self, status: ComponentStatus) -> None:
+            if done.is_set():
+                raise StopWaiting
+            published.append(status)
+
+        def clear(self) -> None:
+            pass
+
+    monkeypatch.setattr(load_board, "this_replica", Board)
     model = ModelConfig(name="cap", local_path=str(tmp_path))
-    replica = VisionCaptioner.func_or_class(model, Lifecycle(load_retry_s=30))  # type: ignore[attr-defined]
-    replica.metrics = FakeMetrics()
-    yield replica
-    replica.__del__()
+
+    def construct() -> None:
+        with contextlib.suppress(StopWaiting):
+            VisionCaptioner.func_or_class(model, Lifecycle(load_retry_s=30))  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=construct, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not published and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield published[0]
+    done.set()
 
 
-async def health_body(view: DeploymentView, handle: Any = None, last_reason: str | None = None) -> dict[str, Any]:
-    client = ClientWithFakeServe(view, ProxyVisionConfig())
+async def health_body(
+    view: DeploymentView,
+    handle: Any = None,
+    last_reason: str | None = None,
+    waiting: ComponentStatus | None = None,
+) -> dict[str, Any]:
+    client = ClientWithFakeServe(view, ProxyVisionConfig(), waiting)
     if handle is not None:
         client.handle = handle
     client._last_reason = last_reason
@@ -61,12 +84,13 @@ async def health_body(view: DeploymentView, handle: Any = None, last_reason: str
     return body
 
 
-async def test_health_and_the_ready_line_say_the_replicas_state_model_retry_and_cause_once(offline_replica, tmp_path):
-    body = await health_body(RUNNING, ReplicaHandle(offline_replica))
+async def test_health_and_the_ready_line_say_the_replicas_state_model_retry_and_cause_once(offline_status, tmp_path):
+    body = await health_body(WAITING, waiting=offline_status)
     captioner = body["components"]["captioner"]
     assert body["status"] == "degraded" and not captioner["ready"] and captioner["model"] == "cap", captioner
     details = captioner["details"]
     assert details["state"] == "failed" and details["attempts"] == 1 and details["next_retry_at"], details
+    assert details["replicas"] == {"STARTING": 1}, details
     assert captioner["reason"].count(str(tmp_path)) == 1, captioner["reason"]
     line = vision_state(body)
     assert line.startswith(f"degraded (cap failed, attempt 1, next at {details['next_retry_at']}: ValueError: "), line

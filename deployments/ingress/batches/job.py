@@ -5,7 +5,14 @@ batch and runs nothing) -> `in_progress` (lines sent; each finished line appende
 the error file at once: the progress, `progress.py`) -> `finalizing` (the two files recorded as
 files) -> `completed`; or `cancelling` -> `cancelled` when the cancel marker appears (in-flight lines
 are abandoned, finished ones kept), `expired` past the completion window, `failed` at validation.
-Each change of status is one log line."""
+Each change of status is one log line.
+
+A line fails alone: one that cannot be read while running (not JSON, over the line cap: a file
+validated by an older version, a cap lowered since) gets a line in the error file with its `line`
+number and code, and the others run. A job that cannot go on (an exception no line explains: the
+storage root failing) raises; the runner tries it again a few times, then ends the batch (`end`):
+`failed` with the reason, or `cancelled` when a cancel was asked. The input file is read in a thread,
+a few lines ahead, so that the event loop (other batches, cancels) never waits on it."""
 
 from __future__ import annotations
 
@@ -14,16 +21,24 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, TERMINAL, Batch, BatchErrors, output_line
+from deployments.config import BatchesConfig, ServerConfig
+from deployments.ingress.apis.batches.protocol import (
+    EXPIRED_LINE,
+    TERMINAL,
+    Batch,
+    BatchError,
+    BatchErrors,
+    RequestCounts,
+    output_line,
+)
 from deployments.ingress.batches.files import data_path, new_file_id
 from deployments.ingress.batches.progress import Progress, resume
-from deployments.ingress.batches.storage import lines
+from deployments.ingress.batches.storage import LongLine, lines
 from deployments.ingress.batches.store import BatchStore, cancel_marker
-from deployments.ingress.batches.validation import ServedNames, validate
+from deployments.ingress.batches.validation import ServedNames, read_line, validate
 from deployments.monitoring.metrics import Recorder
 
 logger = logging.getLogger("ray.serve")
@@ -32,6 +47,31 @@ Send = Callable[[str, str, dict[str, Any], str], Awaitable[dict[str, Any]]]
 """How a line is run: (batch id, endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
 
 TRANSPORT_TRIES = 3
+MAX_LINE_BYTES: int = ServerConfig.model_fields["max_body_bytes"].default  # server.max_body_bytes, as shipped
+READ_AHEAD_LINES = 64  # input lines read (and parsed) per trip to the reading thread
+READ_AHEAD_BYTES = 2**20  # or fewer, once this many bytes are read
+
+Read = tuple[str, dict[str, Any]] | BatchError
+"""An input line as the runner reads it: its custom_id and body, or why it cannot run."""
+
+
+def read_ahead(reader: Iterator[tuple[int, bytes | LongLine]]) -> list[tuple[int, Read]]:
+    """The next numbered lines of an input file, read and parsed (run in a thread): up to
+    `READ_AHEAD_LINES`, fewer once `READ_AHEAD_BYTES` are read; none at the file's end."""
+    ahead: list[tuple[int, Read]] = []
+    size = 0
+    for number, raw in reader:
+        ahead.append((number, read_line(raw)))
+        size += len(raw) if isinstance(raw, bytes) else 0
+        if len(ahead) >= READ_AHEAD_LINES or size >= READ_AHEAD_BYTES:
+            break
+    return ahead
+
+
+def unreadable_line(number: int, failure: BatchError) -> dict[str, Any]:
+    """The error-file line of an input line that could not be read: no custom_id, its `line` number."""
+    error = {"code": failure.code, "message": failure.message, "line": number}
+    return output_line(None, uuid.uuid4().hex, None, None, error)
 
 
 class BatchJob:
@@ -47,6 +87,7 @@ class BatchJob:
         slots: asyncio.Semaphore,
         metrics: Recorder | None = None,
         line_timeout_s: float = 330.0,
+        max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
         self.batch_id = batch_id
         self._batches = batches
@@ -57,11 +98,13 @@ class BatchJob:
         self._slots = slots
         self._metrics = metrics
         self._line_timeout_s = line_timeout_s
+        self._max_line_bytes = max_line_bytes
         self._cancelled = asyncio.Event()
         self._record: dict[str, Any] = {}
         self._saved_at = 0.0
         self.running = 0  # lines in flight
         self.queued = 0  # lines not yet sent
+        self.lines_written = 0  # lines this job appended to the output and error files
 
     def cancel(self) -> None:
         """Stop sending lines and abandon those in flight (called when the cancel marker appears)."""
@@ -135,7 +178,7 @@ class BatchJob:
         config = self._config
         checked = await asyncio.to_thread(
             validate,
-            lines(self._storage, source),
+            lines(self._storage, source, self._max_line_bytes),
             batch.endpoint,
             self._served,
             config.max_file_lines,
@@ -168,11 +211,7 @@ class BatchJob:
                     result["body"],
                     {"code": failure.get("code") or failure.get("type"), "message": failure.get("message")},
                 )
-            # On the loop, no await between: a line appended is a line counted, even when cancelled.
-            self._storage.append(output if ok else error, (json.dumps(line) + "\n").encode())
-            progress.count(line, ok)
-            if self._metrics is not None:
-                self._metrics.inc("batch_lines_done", 1, {"outcome": "completed" if ok else "failed"})
+            self._written(line, ok, output if ok else error, progress)
 
         broken: list[BaseException] = []  # a line whose answer could not be written (the storage root failing)
 
@@ -183,22 +222,28 @@ class BatchJob:
             if not task.cancelled() and (failure := task.exception()) is not None:
                 broken.append(failure)
 
+        reader = lines(self._storage, data_path(batch.input_file_id), self._max_line_bytes)
         try:
             stop = False
-            for _, raw in lines(self._storage, data_path(batch.input_file_id)):
-                if broken:
-                    break
-                line = json.loads(raw)
-                if line["custom_id"] in progress.done:
-                    continue
-                if not await self._slot(batch):
-                    stop = True
-                    break
-                self.running += 1
-                task = asyncio.create_task(one(line["custom_id"], line["body"]))
-                in_flight.add(task)
-                task.add_done_callback(finished)
-                self._progress(batch, progress)
+            while not (stop or broken) and (ahead := await asyncio.to_thread(read_ahead, reader)):
+                for number, read in ahead:
+                    if broken:
+                        break
+                    if isinstance(read, BatchError):  # this line fails alone, in the error file
+                        if number not in progress.unreadable:
+                            self._written(unreadable_line(number, read), False, error, progress)
+                        continue
+                    custom_id, body = read
+                    if custom_id in progress.done:
+                        continue
+                    if not await self._slot(batch):
+                        stop = True
+                        break
+                    self.running += 1
+                    task = asyncio.create_task(one(custom_id, body))
+                    in_flight.add(task)
+                    task.add_done_callback(finished)
+                    self._progress(batch, progress)
             while in_flight:
                 if stop or self._cancel_requested() or self._expired(batch):
                     for task in in_flight:
@@ -211,6 +256,15 @@ class BatchJob:
         if broken:  # the runner retries the job later; resuming skips the lines written
             raise broken[0]
         return self.batch
+
+    def _written(self, line: dict[str, Any], ok: bool, path: str, progress: Progress) -> None:
+        """A finished line appended to its file and counted: on the loop, no await between, so that a
+        line appended is a line counted, even when cancelled."""
+        self._storage.append(path, (json.dumps(line) + "\n").encode())
+        progress.count(line, ok)
+        self.lines_written += 1
+        if self._metrics is not None:
+            self._metrics.inc("batch_lines_done", 1, {"outcome": "completed" if ok else "failed"})
 
     async def _slot(self, batch: Batch) -> bool:
         """Wait for a free slot (True), watching for a cancel or the window's end meanwhile (False)."""
@@ -264,11 +318,16 @@ class BatchJob:
         if self._storage.size(source) is None:
             return
         pending = bytearray()
-        for _, raw in lines(self._storage, source):
-            custom_id = json.loads(raw)["custom_id"]
-            if custom_id in progress.done:
+        for number, raw in lines(self._storage, source, self._max_line_bytes):
+            read = read_line(raw)
+            if isinstance(read, BatchError):  # it failed for its own reason, not the window's
+                if number in progress.unreadable:
+                    continue
+                line = unreadable_line(number, read)
+            elif read[0] in progress.done:
                 continue
-            line = output_line(custom_id, uuid.uuid4().hex, None, None, EXPIRED_LINE)
+            else:
+                line = output_line(read[0], uuid.uuid4().hex, None, None, EXPIRED_LINE)
             pending += (json.dumps(line) + "\n").encode()
             progress.count(line, ok=False)
             if len(pending) >= 2**20:
@@ -297,16 +356,54 @@ class BatchJob:
             final = "completed"
             if batch.status != "finalizing":
                 batch = self._move(batch, "finalizing")
-        files = self._record["files"]
+        batch = self._move(batch, final, **self._keep(batch.request_counts))
+        self._storage.delete(cancel_marker(self.batch_id))
+        self.queued = 0
+        return batch
+
+    def _keep(self, counts: RequestCounts) -> dict[str, Any]:
+        """The output and error files recorded as files (those with lines): the batch's fields naming them."""
+        files = self._record.get("files") or {}
         owner = self._record.get("owner")
         kept: dict[str, Any] = {}
-        for kind, count in (("output", progress.completed), ("error", progress.failed)):
-            if count:
+        for kind, count in (("output", counts.completed), ("error", counts.failed)):
+            if count and kind in files:
                 file_id = files[kind]
                 size = self._storage.size(data_path(file_id)) or 0
                 self._batches.files.keep(file_id, f"{self.batch_id}_{kind}.jsonl", "batch_output", size, owner)
                 kept[f"{kind}_file_id"] = file_id
-        batch = self._move(batch, final, **kept)
+        return kept
+
+    async def end(self, reason: BatchError | None) -> Batch:
+        """End the batch without running another line, where its job cannot: `cancelled` when a cancel
+        was asked (its job failing or stuck), else `failed` with `reason` in its errors (the runner gave
+        up on its job). The lines finished so far stay in its output and error files, which it names.
+        Without a cancel or a reason, the batch is left as it is."""
+        record = await asyncio.to_thread(self._batches.records.load, self.batch_id)
+        if record is None:
+            raise LookupError(self.batch_id)
+        self._record = record
+        batch = self.batch
+        cancelled = self._cancel_requested()
+        if batch.status in TERMINAL or not (cancelled or reason):
+            return batch
+        if files := record.get("files"):
+            output, error = data_path(files["output"]), data_path(files["error"])
+            try:
+                progress = await asyncio.to_thread(resume, self._storage, output, error)
+            except Exception:  # the files may be why the job failed: keep the counts last saved
+                logger.warning("batch %s: its output and error files cannot be read back", self.batch_id, exc_info=True)
+            else:
+                update = {"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
+                batch = batch.model_copy(update=update)
+        kept = self._keep(batch.request_counts)
+        if cancelled:
+            if batch.status != "cancelling":
+                batch = self._move(batch, "cancelling")
+            batch = self._move(batch, "cancelled", **kept)
+        else:
+            assert reason is not None
+            batch = self._move(batch, "failed", errors=BatchErrors(data=[reason]), **kept)
         self._storage.delete(cancel_marker(self.batch_id))
         self.queued = 0
         return batch

@@ -1,8 +1,10 @@
 """A batch's progress is its output and error files themselves: a line is appended to one of them as
 soon as it finishes, and nothing else records which lines are done. On resume (a runner restarted,
 the service redeployed) the files are read back, a torn last line (a crash mid-append) is cut off, and
-every custom_id found there is skipped: no finished line runs again and none is lost. The counts and
-usage totals are recomputed from the same lines."""
+every custom_id found there is skipped: no finished line runs again and none is lost. A line that
+could not be read (not JSON, over the line cap) has no custom_id: its error line names its `line`
+number instead, and that number is skipped. The counts and usage totals are recomputed from the same
+lines."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class Progress:
     """What a batch's files say is done."""
 
     done: set[str] = field(default_factory=set)
+    unreadable: set[int] = field(default_factory=set)  # numbers of the lines failed without a custom_id
     completed: int = 0
     failed: int = 0
     input_tokens: int = 0
@@ -27,7 +30,10 @@ class Progress:
 
     def count(self, line: dict[str, Any], ok: bool) -> None:
         """One finished line (`ok`: written to the output file)."""
-        self.done.add(line["custom_id"])
+        if line.get("custom_id") is None:
+            self.unreadable.add(int((line.get("error") or {}).get("line") or 0))
+        else:
+            self.done.add(line["custom_id"])
         if ok:
             self.completed += 1
             usage = ((line.get("response") or {}).get("body") or {}).get("usage") or {}

@@ -1,7 +1,12 @@
 """Owned records in the storage root: a file's or a batch's object as JSON, with its owner's tag
 (`ingress.owners`: found only by the API key that made it; to any other key it does not exist, the
 same 404 as an unknown id, the refusal logged with the request's id). The tags' secret is kept in the
-storage root too (`owners.secret`), so that what a key made stays its own after a restart."""
+storage root too (`owners.secret`), so that what a key made stays its own after a restart.
+
+Each record has a marker in its owner's index (`index/<folder>/<tag, or "anon">/<id>`, empty):
+written before the record and removed after it, so that a list (and a quota) reads only the
+caller's records. A root written before the index existed is indexed once, when a store opens on it
+(`Records.index_existing`)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from deployments.ingress.batches.storage import Storage
 from deployments.ingress.owners import Caller, Owners, refused
 
 SECRET = "owners.secret"
+INDEX = "index"
+ANONYMOUS = "anon"  # the index folder of what was stored with no keys set (a tag is 64 hex digits)
 RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what this service issues (`file-...`, `batch_...`)
 
 
@@ -38,11 +45,19 @@ class Records:
         self.folder = folder
         self.owners = owners
         self.kind = kind
+        self._indexed: set[str] = set()  # ids whose marker this process has written
 
     def _path(self, record_id: str) -> str:
         return f"{self.folder}/{record_id}.json"
 
+    def _index(self, owner: str | None) -> str:
+        return f"{INDEX}/{self.folder}/{owner or ANONYMOUS}"
+
     def save(self, record_id: str, record: dict[str, Any]) -> None:
+        """Write the record, its owner's index marker first (a marker without its record is skipped)."""
+        if record_id not in self._indexed:
+            self.storage.write(f"{self._index(record.get('owner'))}/{record_id}", b"")
+            self._indexed.add(record_id)
         self.storage.write(self._path(record_id), json.dumps(record).encode())
 
     def load(self, record_id: str) -> dict[str, Any] | None:
@@ -62,19 +77,34 @@ class Records:
             raise ObjectNotFoundError(f"No such {self.kind}: {record_id!r}.", param=f"{self.kind}_id")
         return record
 
-    def all(self, caller: Caller | None = None) -> list[dict[str, Any]]:
-        """Every record (of `caller`, when given), in no particular order."""
+    def mine(self, caller: Caller) -> list[dict[str, Any]]:
+        """The caller's records, in no particular order: read through its index, no one else's."""
         found = []
-        for name in self.storage.names(self.folder):
-            if not name.endswith(".json"):
-                continue
-            record = self.load(name.removesuffix(".json"))
-            if record is not None and (caller is None or self.owners.owns(record.get("owner"), caller)):
+        for record_id in self.storage.names(self._index(self.owners.tag(caller))):
+            record = self.load(record_id)
+            if record is not None and self.owners.owns(record.get("owner"), caller):
                 found.append(record)
         return found
 
     def remove(self, record_id: str) -> None:
+        """Remove the record, then its index marker."""
+        record = self.load(record_id)
         self.storage.delete(self._path(record_id))
+        if record is not None:
+            self.storage.delete(f"{self._index(record.get('owner'))}/{record_id}")
+        self._indexed.discard(record_id)
+
+    def index_existing(self) -> None:
+        """Index the records of a root written before the index existed: once per root (a marker
+        `index/<folder>.indexed` says it was done; replicas that start together may both do it)."""
+        done = f"{INDEX}/{self.folder}.indexed"
+        if self.storage.size(done) is not None:
+            return
+        for name in self.storage.names(self.folder):
+            record = self.load(name.removesuffix(".json")) if name.endswith(".json") else None
+            if record is not None:
+                self.storage.write(f"{self._index(record.get('owner'))}/{name.removesuffix('.json')}", b"")
+        self.storage.create(done, b"")
 
 
 def page(objects: list[dict[str, Any]], limit: int, after: str | None) -> dict[str, Any]:

@@ -9,7 +9,12 @@ the HTTP routes, without an HTTP hop), and Serve spreads them over the ingress a
 as it routes any request. At most `server.batches.max_concurrency` lines are in flight, over all
 batches; the input file is read streamed, a line sent only once a slot is free.
 
-The lines of one batch run in its job (`job.py`)."""
+The lines of one batch run in its job (`job.py`). A job that raises (an exception no line explains)
+is tried again after `RETRY_BASE_S`, then four times that; at its `JOB_TRIES`-th failure in a row with
+no line finished in between, the runner gives up: the batch ends `failed`, its `errors` naming the
+exception's type (the traceback in the log). A cancel always ends the batch `cancelled`: at once for
+one whose job is failing (its next try not awaited), and for a job still running `CANCEL_GRACE_S`
+after the cancel (stuck: reading a huge file, its storage hanging), by cancelling that job."""
 
 from __future__ import annotations
 
@@ -20,12 +25,12 @@ import logging
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.protocol import TERMINAL, Batch
-from deployments.ingress.batches.job import BatchJob, Send
+from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchError
+from deployments.ingress.batches.job import MAX_LINE_BYTES, BatchJob, Send
 from deployments.ingress.batches.store import BatchStore, cancel_marker
 from deployments.ingress.batches.validation import ServedNames
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
@@ -33,6 +38,9 @@ from deployments.monitoring.metrics import BATCH_METRICS, Recorder
 logger = logging.getLogger("ray.serve")
 
 RETRY_MAX_S = 60.0  # the longest wait before a batch whose job failed is tried again
+RETRY_BASE_S = 2.0  # the wait after a job's first failure; four times longer after each next one
+JOB_TRIES = 3  # failures in a row, no line finished between, after which the batch fails
+CANCEL_GRACE_S = 10.0  # how long a running job may take to stop once cancelled, before it is cancelled itself
 
 
 class BatchRunnerConfig(BaseModel):
@@ -47,6 +55,7 @@ class BatchRunnerConfig(BaseModel):
     dynamic_adapters: list[str] = []  # the chat models with a lora.dynamic_path
     ingress_deployment: str = "Ingress"
     line_timeout_s: float = 330.0  # a line's answer through the handle: the request deadline and a margin
+    max_line_bytes: int = Field(MAX_LINE_BYTES, gt=0)  # a line's cap: server.max_body_bytes
 
 
 class BatchRuntime:
@@ -68,6 +77,8 @@ class BatchRuntime:
         self._final: set[str] = set()
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
+        self._given_up: dict[str, BatchError] = {}  # batches whose job failed JOB_TRIES times: why
+        self._cancel_seen: dict[str, float] = {}  # running jobs' batches cancelled: when the cancel was seen
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -75,13 +86,15 @@ class BatchRuntime:
 
     def scan(self) -> None:
         """Start a job for each batch not final and not running; tell running ones of a cancel. A
-        batch seen final is not read again; one whose job failed waits before its next try."""
+        batch seen final is not read again; one whose job failed waits before its next try, unless
+        cancelled. A batch cancelled, or given up on, is ended (`BatchJob.end`) instead of run."""
         now = time.monotonic()
         for name in self.batches.storage.names(self.batches.records.folder):
             batch_id = name.removesuffix(".json")
             if not name.endswith(".json") or batch_id in self._final or batch_id in self._jobs:
                 continue
-            if self._retry_at.get(batch_id, 0.0) > now:
+            cancelled = self.batches.storage.size(cancel_marker(batch_id)) is not None
+            if self._retry_at.get(batch_id, 0.0) > now and not cancelled:
                 continue
             record = self.batches.records.load(batch_id)
             if record is None:
@@ -98,32 +111,50 @@ class BatchRuntime:
                 self._slots,
                 self._metrics,
                 self._config.line_timeout_s,
+                self._config.max_line_bytes,
             )
-            task = asyncio.create_task(job.run())
-            task.add_done_callback(functools.partial(self._ended, batch_id))
+            reason = self._given_up.get(batch_id)
+            task = asyncio.create_task(job.end(reason) if cancelled or reason else job.run())
+            task.add_done_callback(functools.partial(self._ended, batch_id, job))
             self._jobs[batch_id] = (job, task)
-        for batch_id, (job, _) in list(self._jobs.items()):
+        for batch_id, (job, task) in list(self._jobs.items()):
             if self.batches.storage.size(cancel_marker(batch_id)) is not None:
                 job.cancel()
+                if now - self._cancel_seen.setdefault(batch_id, now) > CANCEL_GRACE_S:
+                    logger.warning("batch %s: its job did not stop within %gs of the cancel", batch_id, CANCEL_GRACE_S)
+                    task.cancel()  # the next scan ends the batch, cancelled
 
-    def _ended(self, batch_id: str, task: asyncio.Task[Batch]) -> None:
+    def _ended(self, batch_id: str, job: BatchJob, task: asyncio.Task[Batch]) -> None:
         self._jobs.pop(batch_id, None)
+        self._cancel_seen.pop(batch_id, None)
         if task.cancelled():
             return
-        if task.exception() is not None:
-            failures = self._failures[batch_id] = self._failures.get(batch_id, 0) + 1
-            delay = min(RETRY_MAX_S, 2.0**failures)
-            self._retry_at[batch_id] = time.monotonic() + delay
-            logger.error(
-                "batch %s: the runner failed (%d times); it retries in %gs",
-                batch_id,
-                failures,
-                delay,
-                exc_info=task.exception(),
+        failure = task.exception()
+        if failure is None:
+            if task.result().status in TERMINAL:
+                self._final.add(batch_id)
+            for tracked in (self._failures, self._retry_at, self._given_up):
+                tracked.pop(batch_id, None)
+            return
+        # Tries in a row that finished no line: a job that moves on, however slowly, is never given up.
+        failures = self._failures[batch_id] = 1 if job.lines_written else self._failures.get(batch_id, 0) + 1
+        if failures >= JOB_TRIES and batch_id not in self._given_up:
+            self._given_up[batch_id] = BatchError(
+                code="runner_failed",
+                message=f"The batch runner failed {failures} times in a row on this batch, no line finished "
+                f"in between ({type(failure).__name__}); the batch runner's log has the details.",
             )
+            delay = 0.0
         else:
-            self._final.add(batch_id)
-            self._failures.pop(batch_id, None)
+            delay = min(RETRY_MAX_S, RETRY_BASE_S * 4.0 ** (failures - 1))
+        self._retry_at[batch_id] = time.monotonic() + delay
+        logger.error(
+            "batch %s: its job failed (%d in a row); %s",
+            batch_id,
+            failures,
+            "the batch fails" if delay == 0.0 else f"it is tried again in {delay:g}s",
+            exc_info=failure,
+        )
 
     async def loop(self) -> None:
         while True:

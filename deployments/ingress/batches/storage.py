@@ -8,19 +8,35 @@ read streamed (`lines`: a chunk at a time, never the whole file) and appended (`
 filesystem's append stream where it has one; an object store without one rewrites the object, which
 is correct but grows with the file).
 
+A local root is private to the service's user (`LocalStorage`): it must be a directory of that user's,
+writable by no one else, and not a symbolic link (else `ConfigError` at open; one readable by others is
+made 0700); every folder made in it is 0700 and every file 0600, whatever the umask; and no path
+leaves it: `..`, an absolute path and a symbolic link anywhere under the root are refused
+(`UnsafePathError`), each component opened without following one. An object store's access is its own.
+
 pyarrow is imported only for a root that is a URI, or where `backend="arrow"` asks for it: Ray Serve
 alone does not install it, and a local directory needs nothing but the standard library."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
+import stat
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol, overload
+
+from deployments.errors import ConfigError
 
 CHUNK_BYTES = 64 * 1024
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+logger = logging.getLogger("ray.serve")
 
 
 class Storage(Protocol):
@@ -66,91 +82,266 @@ def as_chunks(data: bytes | Iterable[bytes]) -> Iterable[bytes]:
     return (data,) if isinstance(data, bytes) else data
 
 
-def lines(storage: Storage, path: str) -> Iterator[tuple[int, bytes]]:
-    """The object's lines, numbered from 1, without their line ends, read a chunk at a time: at most a
-    chunk and the longest line are held. Blank lines are skipped (their numbers still count)."""
-    pending = b""
+@dataclass(frozen=True)
+class LongLine:
+    """A line longer than the reader's cap, in place of its bytes (skipped, never held whole)."""
+
+    size: int  # bytes, without the line end
+    limit: int  # the cap it passed
+
+
+@overload
+def lines(storage: Storage, path: str, max_line_bytes: None = None) -> Iterator[tuple[int, bytes]]: ...
+@overload
+def lines(storage: Storage, path: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | LongLine]]: ...
+def lines(storage: Storage, path: str, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes | LongLine]]:
+    """The object's lines, numbered from 1, without their line ends, read a chunk at a time in time
+    linear in the bytes (each chunk searched once, a line's pieces joined once). Blank lines are
+    skipped (their numbers still count). With `max_line_bytes`, a longer line is a `LongLine` (its
+    number, its size): its bytes are skipped to its end, so at most a chunk and the cap are held;
+    without it, a chunk and the longest line."""
+    cap = sys.maxsize if max_line_bytes is None else max_line_bytes
+    pieces: list[bytes] = []  # the line read so far, from earlier chunks (none once it is over the cap)
+    held = 0  # its size
     number = 0
     for chunk in storage.chunks(path):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
+        *complete, rest = chunk.split(b"\n")
+        for end in complete:
             number += 1
-            if line.strip():
-                yield number, line.rstrip(b"\r")
-    if pending.strip():
-        yield number + 1, pending.rstrip(b"\r")
+            if held:  # the end of a line begun in earlier chunks
+                if held + len(end) > cap:
+                    yield number, LongLine(held + len(end), cap)
+                elif not (line := b"".join((*pieces, end))).isspace():
+                    yield number, line.rstrip(b"\r")
+                pieces, held = [], 0
+            elif len(end) > cap:
+                yield number, LongLine(len(end), cap)
+            elif end and not end.isspace():
+                yield number, end.rstrip(b"\r")
+        held += len(rest)
+        if held > cap:
+            pieces = []
+        elif rest:
+            pieces.append(rest)
+    if held > cap:
+        yield number + 1, LongLine(held, cap)
+    elif held and not (line := b"".join(pieces)).isspace():
+        yield number + 1, line.rstrip(b"\r")
+
+
+class UnsafePathError(OSError):
+    """A storage path refused: it leaves the root (absolute, `..`) or goes through a symbolic link."""
+
+
+def local_root(root: str) -> Path:
+    """A plain path's directory, absolute: a leading `$XDG_STATE_HOME` is that variable, or
+    `~/.local/state` where it is unset or not absolute (as the XDG spec says); `~` is the user's home."""
+    head, sep, rest = root.partition("/")
+    if head in ("$XDG_STATE_HOME", "${XDG_STATE_HOME}"):
+        state = os.environ.get("XDG_STATE_HOME", "")
+        root = (state if os.path.isabs(state) else "~/.local/state") + sep + rest
+    return Path(os.path.abspath(Path(root).expanduser()))
+
+
+def _make_folders(path: Path) -> None:
+    """`path` and its missing parents, each 0700 (whatever the umask)."""
+    if path.parent != path and not os.path.lexists(path.parent):
+        _make_folders(path.parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return  # made by another replica meanwhile
+    fd = os.open(path, _FOLDER_FLAGS)  # chmod through the folder made, never through a link put there
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 class LocalStorage:
-    """A local (or mounted, shared) directory, through the standard library."""
+    """A local (or mounted, shared) directory, through the standard library, private to the service's
+    user (the rules in the module's docstring). Each call opens the root and each folder under it
+    without following a symbolic link, and works relative to the folder it opened."""
 
     def __init__(self, root: str) -> None:
-        self.root = Path(root).expanduser()
+        self.root = local_root(root)
+        self._check_root()
 
-    def _path(self, path: str) -> Path:
-        return self.root / path
+    def _check_root(self) -> None:
+        root = self.root
+        setting = "name another directory in server.batches.storage_root"
+        if not os.path.lexists(root):
+            _make_folders(root)
+        if os.path.islink(root):
+            raise ConfigError(f"The storage root {root} is a symbolic link: {setting} (the directory itself).")
+        try:
+            fd = os.open(root, _FOLDER_FLAGS)  # the one checked below, even if a link is swapped in meanwhile
+        except NotADirectoryError:
+            raise ConfigError(f"The storage root {root} is not a directory: {setting}.") from None
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid():
+                raise ConfigError(
+                    f"The storage root {root} belongs to uid {info.st_uid}, not to this service's user "
+                    f"(uid {os.geteuid()}): {setting}, one of this user's own (or chown this one)."
+                )
+            mode = stat.S_IMODE(info.st_mode)
+            if mode & 0o022:
+                raise ConfigError(
+                    f"The storage root {root} is writable by others (mode {mode:o}): anything may have been put "
+                    f"there. {setting}, or check what is in it and `chmod 700` it."
+                )
+            if mode & 0o077:
+                os.fchmod(fd, 0o700)
+                logger.warning("storage root %s was readable by others (mode %o): made 0700", root, mode)
+        finally:
+            os.close(fd)
+
+    def _refused(self, path: str, why: str) -> UnsafePathError:
+        return UnsafePathError(errno.EPERM, f"The storage path {path!r} under {self.root} is refused: {why}.")
+
+    def _parts(self, path: str) -> list[str]:
+        parts = path.split("/")
+        if "\0" in path or any(part in ("", ".", "..") for part in parts):
+            raise self._refused(path, "not a plain relative path (an absolute path, `..`, an empty name)")
+        return parts
+
+    def _open_folder(self, folder: int | None, name: str, path: str, create: bool) -> int:
+        """The folder `name` in `folder` (the root, for None), opened without following a link; made 0700
+        where missing when `create`."""
+        try:
+            return os.open(name, _FOLDER_FLAGS, dir_fd=folder)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except NotADirectoryError:  # a file, or a symbolic link (O_NOFOLLOW with O_DIRECTORY says ENOTDIR)
+            if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                raise self._refused(path, "a symbolic link is never followed") from None
+            raise
+        try:
+            os.mkdir(name, 0o700, dir_fd=folder)
+        except FileExistsError:  # made by another writer meanwhile
+            return self._open_folder(folder, name, path, create=False)
+        fd = self._open_folder(folder, name, path, create=False)
+        os.fchmod(fd, 0o700)
+        return fd
+
+    @contextlib.contextmanager
+    def _folder(self, parts: list[str], path: str, create: bool = False) -> Iterator[int]:
+        """The folder of `parts` under the root, opened component by component."""
+        fd = self._open_folder(None, str(self.root), path, create=False)
+        try:
+            for name in parts:
+                child = self._open_folder(fd, name, path, create)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _at(self, path: str, create: bool = False) -> Iterator[tuple[int, str]]:
+        """The folder holding `path` (made when `create`), and the object's name in it."""
+        *folders, name = self._parts(path)
+        with self._folder(folders, path, create) as folder:
+            yield folder, name
+
+    def _file(self, folder: int, name: str, path: str, flags: int) -> BinaryIO:
+        """The file `name` in `folder`, opened (made 0600 with `os.O_CREAT`) without following a link."""
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._refused(path, "a symbolic link is never followed") from None
+            raise
+        try:
+            if flags & os.O_CREAT:
+                os.fchmod(fd, 0o600)
+            writing = (flags & os.O_ACCMODE) != os.O_RDONLY
+            return open(fd, ("ab" if flags & os.O_APPEND else "wb") if writing else "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _new_file(self, folder: int, name: str, path: str, data: bytes | Iterable[bytes]) -> str:
+        """A temporary file beside `name` (0600) holding `data`: its name."""
+        temporary = f".{name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with self._file(folder, temporary, path, os.O_WRONLY | os.O_CREAT | os.O_EXCL) as f:
+                for chunk in as_chunks(data):
+                    f.write(chunk)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=folder)
+            raise
+        return temporary
 
     def read(self, path: str) -> bytes | None:
         try:
-            return self._path(path).read_bytes()
+            with self._at(path) as (folder, name), self._file(folder, name, path, os.O_RDONLY) as f:
+                return f.read()
         except FileNotFoundError:
             return None
 
     def write(self, path: str, data: bytes | Iterable[bytes]) -> None:
-        target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            with temporary.open("wb") as f:
-                for chunk in as_chunks(data):
-                    f.write(chunk)
-            os.replace(temporary, target)
-        finally:
-            temporary.unlink(missing_ok=True)
+        with self._at(path, create=True) as (folder, name):
+            temporary = self._new_file(folder, name, path, data)
+            try:
+                os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)  # keeps its 0600
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary, dir_fd=folder)
 
     def append(self, path: str, data: bytes) -> None:
-        target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("ab") as f:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        with self._at(path, create=True) as (folder, name), self._file(folder, name, path, flags) as f:
             f.write(data)
-            f.flush()
 
     def chunks(self, path: str) -> Iterator[bytes]:
-        with self._path(path).open("rb") as f:
+        with self._at(path) as (folder, name):
+            opened = self._file(folder, name, path, os.O_RDONLY)
+        with opened as f:
             while chunk := f.read(CHUNK_BYTES):
                 yield chunk
 
     def size(self, path: str) -> int | None:
         try:
-            return self._path(path).stat().st_size
+            with self._at(path) as (folder, name):
+                info = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:
             return None
+        if stat.S_ISLNK(info.st_mode):
+            raise self._refused(path, "a symbolic link is never followed")
+        return info.st_size
 
     def truncate(self, path: str, size: int) -> None:
-        os.truncate(self._path(path), size)
+        with self._at(path) as (folder, name), self._file(folder, name, path, os.O_WRONLY) as f:
+            f.truncate(size)
 
     def create(self, path: str, data: bytes) -> bool:
-        target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        temporary.write_bytes(data)
-        try:
-            os.link(temporary, target)  # fails when the target exists: one creator wins, whole
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            temporary.unlink()
+        with self._at(path, create=True) as (folder, name):
+            temporary = self._new_file(folder, name, path, data)
+            try:
+                os.link(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)  # one creator wins, whole
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(temporary, dir_fd=folder)
 
     def delete(self, path: str) -> None:
-        self._path(path).unlink(missing_ok=True)
+        """Remove the object (a symbolic link itself, never what it names), if it is there."""
+        with contextlib.suppress(FileNotFoundError), self._at(path) as (folder, name):
+            os.unlink(name, dir_fd=folder)
 
     def names(self, directory: str) -> list[str]:
-        folder = self._path(directory)
-        if not folder.is_dir():
+        try:
+            with self._folder(self._parts(directory), directory) as fd, os.scandir(fd) as entries:
+                return sorted(
+                    e.name for e in entries if e.is_file(follow_symlinks=False) and not e.name.startswith(".")
+                )
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 class ArrowStorage:
@@ -163,7 +354,7 @@ class ArrowStorage:
         if "://" in root:
             self.fs, base = fs.FileSystem.from_uri(root)
         else:
-            self.fs, base = fs.LocalFileSystem(), str(Path(root).expanduser().resolve())
+            self.fs, base = fs.LocalFileSystem(), str(local_root(root).resolve())
         self.base = base.rstrip("/")
         self.fs.create_dir(self.base, recursive=True)
 
@@ -237,7 +428,8 @@ class ArrowStorage:
 
 def open_storage(root: str, backend: Literal["auto", "local", "arrow"] = "auto") -> Storage:
     """The storage at `root`: a URI through pyarrow.fs, a plain path through the standard library
-    (`auto`), or as `backend` says."""
+    (`auto`: `LocalStorage`, whose rules keep it private to the service's user; `backend="arrow"` on a
+    plain path has none of them), or as `backend` says."""
     if backend == "arrow" or (backend == "auto" and "://" in root and not root.startswith("file://")):
         return ArrowStorage(root)
     return LocalStorage(root.removeprefix("file://"))

@@ -18,7 +18,7 @@ from deployments.errors import InvalidRequestError
 from deployments.ingress.apis.batches.protocol import COMPLETION_WINDOW_S, TERMINAL, Batch, BatchCreateRequest
 from deployments.ingress.batches.files import FileStore
 from deployments.ingress.batches.records import Records, page, stored_owners
-from deployments.ingress.batches.storage import open_storage
+from deployments.ingress.batches.storage import Storage, open_storage
 from deployments.ingress.owners import Caller
 
 logger = logging.getLogger("ray.serve")
@@ -32,10 +32,14 @@ class BatchStore:
     """The batches of one storage root (the files' service reads their input files)."""
 
     @classmethod
-    def open(cls, config: BatchesConfig) -> BatchStore:
-        """The files and batches of `config.storage_root` (the ingress's and the runner's alike)."""
-        storage = open_storage(config.storage_root)
-        return cls(FileStore(storage, stored_owners(storage), config))
+    def open(cls, config: BatchesConfig, storage: Storage | None = None) -> BatchStore:
+        """The files and batches of `config.storage_root` (the ingress's and the runner's alike), or of
+        `storage`; a root written before the owners' index is indexed once."""
+        storage = storage or open_storage(config.storage_root)
+        store = cls(FileStore(storage, stored_owners(storage), config))
+        store.files.records.index_existing()
+        store.records.index_existing()
+        return store
 
     def __init__(self, files: FileStore) -> None:
         self.files = files
@@ -84,7 +88,7 @@ class BatchStore:
 
     def list(self, caller: Caller, limit: int, after: str | None) -> dict[str, Any]:
         """The caller's batches, newest first."""
-        batches = [self._shown(r) for r in self.records.all(caller)]
+        batches = [self._shown(r) for r in self.records.mine(caller)]
         batches.sort(key=lambda b: (b["created_at"], b["id"]), reverse=True)
         return page(batches, limit, after)
 

@@ -1,11 +1,19 @@
 """A batch's input file checked before any line runs: each line's JSON, a unique `custom_id`, `method`
 POST, `url` equal to the batch's endpoint, and a body that the endpoint's own request model accepts
 and that names a model served for it. The file is read streamed (`storage.lines`); what is kept is the
-set of custom_ids (bounded by `server.batches.max_file_lines`) and the first errors."""
+set of custom_ids (bounded by `server.batches.max_file_lines`) and the first errors.
+
+Every failure is one line's (`errors.data[]`: `code`, `message`, `param`, `line`), never the check's:
+a line that is not JSON (nested too deeply to parse, a number too long) is `invalid_json_line`, one
+longer than the request-body cap (`server.max_body_bytes`, read as `LongLine`, never held whole)
+`line_too_large`, and any other exception while checking a line `invalid_request`. The runner reads
+lines with the same `read_line` and the same cap, so a line that fails only while running (a file
+validated by an older version, a cap lowered since) fails alone, in the error file."""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +27,9 @@ from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.apis.completions.protocol import CompletionRequest
 from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
 from deployments.ingress.apis.responses.protocol import ResponseRequest
+from deployments.ingress.batches.storage import LongLine
+
+logger = logging.getLogger("ray.serve")
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
@@ -60,14 +71,49 @@ class ServedNames:
         return model in self.chat or named_adapter(model, self.adapters, self.dynamic, taken) is not None
 
 
-def check_line(raw: bytes, endpoint: str, served: ServedNames) -> tuple[str, dict[str, Any]] | BatchError:
-    """A line's custom_id and body, or why it cannot run (its `line` left for the caller to set)."""
+def too_large(line: LongLine) -> BatchError:
+    return BatchError(
+        code="line_too_large",
+        message=f"This line is {line.size} bytes; a line may be at most {line.limit} bytes "
+        "(the request-body cap, server.max_body_bytes).",
+    )
+
+
+def parse_line(raw: bytes | LongLine) -> dict[str, Any] | BatchError:
+    """A line's JSON object, or why it is none (its `line` left for the caller to set)."""
+    if isinstance(raw, LongLine):
+        return too_large(raw)
     try:
         line = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except RecursionError:
+        return BatchError(code="invalid_json_line", message="This line nests too deeply to parse.")
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, a number of too many digits
         return BatchError(code="invalid_json_line", message="This line is not parseable JSON.")
     if not isinstance(line, dict):
         return BatchError(code="invalid_json_line", message="A line must be a JSON object.")
+    return line
+
+
+def read_line(raw: bytes | LongLine) -> tuple[str, dict[str, Any]] | BatchError:
+    """What the runner needs of a line: its custom_id and body, or why it has none."""
+    line = parse_line(raw)
+    if isinstance(line, BatchError):
+        return line
+    custom_id, body = line.get("custom_id"), line.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        return BatchError(
+            code="missing_required_parameter", message="custom_id must be a non-empty string.", param="custom_id"
+        )
+    if not isinstance(body, dict):
+        return BatchError(code="missing_required_parameter", message="body must be a JSON object.", param="body")
+    return custom_id, body
+
+
+def check_line(raw: bytes | LongLine, endpoint: str, served: ServedNames) -> tuple[str, dict[str, Any]] | BatchError:
+    """A line's custom_id and body, or why it cannot run (its `line` left for the caller to set)."""
+    line = parse_line(raw)
+    if isinstance(line, BatchError):
+        return line
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return BatchError(
@@ -103,9 +149,9 @@ def check_line(raw: bytes, endpoint: str, served: ServedNames) -> tuple[str, dic
 
 
 def validate(
-    lines: Iterable[tuple[int, bytes]], endpoint: str, served: ServedNames, max_lines: int, max_errors: int
+    lines: Iterable[tuple[int, bytes | LongLine]], endpoint: str, served: ServedNames, max_lines: int, max_errors: int
 ) -> Validated:
-    """Check every line (`lines`: numbered, as `storage.lines` reads them)."""
+    """Check every line (`lines`: numbered, as `storage.lines` reads them, with its cap)."""
     found = Validated()
     seen: set[str] = set()
 
@@ -115,7 +161,13 @@ def validate(
 
     for number, raw in lines:
         found.total += 1
-        checked = check_line(raw, endpoint, served)
+        try:
+            checked = check_line(raw, endpoint, served)
+        except Exception as exc:  # a line fails alone, never the batch's check
+            logger.warning("batch line %d could not be checked", number, exc_info=True)
+            checked = BatchError(
+                code="invalid_request", message=f"This line could not be checked ({type(exc).__name__})."
+            )
         if isinstance(checked, BatchError):
             fail(checked, number)
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from deployments.protocol.openai.common import RequestModel
 
@@ -15,11 +15,31 @@ TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancell
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
 
 
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's bounds
+
+
 class BatchCreateRequest(RequestModel):
     input_file_id: str
     endpoint: Endpoint
     completion_window: Literal["24h"] = "24h"
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        """OpenAI's bounds: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
+        if metadata is None:
+            return None
+        if len(metadata) > METADATA_PAIRS:
+            raise ValueError(f"at most {METADATA_PAIRS} pairs; got {len(metadata)}")
+        for key, value in metadata.items():
+            if len(key) > METADATA_KEY_CHARS:
+                raise ValueError(f"keys have at most {METADATA_KEY_CHARS} characters; {key[:16]!r}... has {len(key)}")
+            if len(value) > METADATA_VALUE_CHARS:
+                raise ValueError(
+                    f"values have at most {METADATA_VALUE_CHARS} characters; that of {key!r} has {len(value)}"
+                )
+        return metadata
 
 
 class BatchError(BaseModel):
@@ -91,8 +111,9 @@ EXPIRED_LINE = {
 
 
 def output_line(
-    custom_id: str, request_id: str, status_code: int | None, body: dict[str, Any] | None, error: Any = None
+    custom_id: str | None, request_id: str, status_code: int | None, body: dict[str, Any] | None, error: Any = None
 ) -> dict[str, Any]:
-    """A line of a batch's output or error file, as OpenAI writes it."""
+    """A line of a batch's output or error file, as OpenAI writes it (`custom_id` None: a line that could not
+    be read has none; its `error` names its `line`)."""
     response = None if status_code is None else {"status_code": status_code, "request_id": request_id, "body": body}
     return {"id": f"batch_req_{request_id}", "custom_id": custom_id, "response": response, "error": error}

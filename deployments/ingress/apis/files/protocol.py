@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 UploadPurpose = Literal["batch", "user_data"]
+EXPIRES_ANCHOR, EXPIRES_SECONDS = "expires_after[anchor]", "expires_after[seconds]"  # as OpenAI's clients send them
+
+UPLOAD_FORM: dict[str, Any] = {  # the upload's form, for the OpenAPI schema (the route reads the body itself)
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": ["batch", "user_data"]},
+                        EXPIRES_ANCHOR: {"type": "string", "enum": ["created_at"]},
+                        EXPIRES_SECONDS: {"type": "integer", "minimum": 3600, "maximum": 2592000},
+                    },
+                }
+            }
+        },
+    }
+}
 
 
 class FileObject(BaseModel):
