@@ -5,7 +5,10 @@
 #      captured at start; captures in the timed window counted) and the old engine eager as the baseline,
 #      end-to-end and decode-only tok/s and TTFT, against plain `generate` and the measured bandwidth
 #      roofline, as a table (python -m scripts.bench gpu);
-#   2. the GPU tests: engines on the card, captured steps (the static decoder's captured tokens equal
+#   2. Serve's own cost on the card: the static decoder on the same model alone and through the service
+#      (`serve run`: the proxy, the ingress, the decoder's handle), the TTFT the service adds at c1 and its
+#      tokens/s over the engine's at c32 (python -m scripts.bench overhead);
+#   3. the GPU tests: engines on the card, captured steps (the static decoder's captured tokens equal
 #      `generate`; graphs on and off give the same greedy tokens; a seed reproducible beside other
 #      requests), and the service with the decoder and the captioner packed at half a card each (text, an
 #      image not degraded, a stream, 16 at once, both replicas holding memory on the same card).
@@ -79,8 +82,10 @@ fi
 export MMSERVE_TOKENIZER_DIR=$tokenizer
 
 bench=()
+overhead=(--gpu-shape smollm2-1.7b --concurrency 1 32)
 if [ $rehearse = 1 ]; then
   bench=(--shape tiny --concurrency 1 4 --max-tokens 16)
+  overhead=(--gpu-shape tiny --concurrency 1 4 --max-tokens 16 --rounds 2)
 else
   gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) || {
     note "no NVIDIA GPU here (nvidia-smi failed); on a CPU machine: --rehearse"
@@ -101,6 +106,8 @@ sed 's/^/  /' "$out/versions.log" >>"$summary"
 step bench 270 "$py" -m scripts.bench gpu --tokenizer "$tokenizer" "${bench[@]}"
 # The table: what the benchmark prints after its JSON lines, from its title line on.
 [ -f "$out/bench.log" ] && sed -n '/greedy tokens$/,$p' "$out/bench.log" | tee -a "$summary"
+step overhead 150 "$py" -m scripts.bench overhead --tokenizer "$tokenizer" "${overhead[@]}"
+[ -f "$out/overhead.log" ] && grep -E '"(where|ttft_added_ms)"' "$out/overhead.log" | sed 's/^/  /' | tee -a "$summary"
 # A module that fails to import fails its own tests, not the others'.
 step tests 240 "$py" -m pytest tests/gpu -q -p no:cacheprovider --continue-on-collection-errors
 note "gpu_check: $([ $status = 0 ] && echo passed || echo FAILED) in $SECONDS s"

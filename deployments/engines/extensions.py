@@ -4,7 +4,7 @@ never silently ignoring it (docs/api.md lists which engine honours which)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from deployments.errors import InvalidRequestError
@@ -23,11 +23,15 @@ _ASKED: dict[str, Callable[[GenerateRequest], bool]] = {
 }
 
 
-def refuse_unsupported(request: GenerateRequest, fields: Iterable[str], engine: str) -> None:
-    """A 400 naming the first of `fields` that the request sets (away from its default)."""
+def refuse_unsupported(
+    request: GenerateRequest, fields: Iterable[str], engine: str, why: Mapping[str, str] | None = None
+) -> None:
+    """A 400 naming the first of `fields` that the request sets (away from its default), and why the
+    engine cannot honour it where `why` says."""
     for name in fields:
         if _ASKED[name](request):
-            raise InvalidRequestError(f"{name} is not supported by this model's engine ({engine}).", param=name)
+            reason = f": {why[name]}" if why and name in why else ""
+            raise InvalidRequestError(f"{name} is not supported by this model's engine ({engine}){reason}.", param=name)
 
 
 # A chat rendering's own arguments (transformers' apply_chat_template, llama.cpp's): never a template

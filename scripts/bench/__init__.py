@@ -5,6 +5,7 @@ configuration (docs/benchmarks.md records the runs).
 - `serve`: this service (`serve run`) beside a peer (`transformers serve --continuous-batching`,
   or a `llama-server`) on the same model, prompts and machine (`serve.py`);
 - `engines`: the decoder engines alone, no Serve (`engines.py`);
+- `overhead`: Serve's own cost, one decoder alone and through the service, in one run (`overhead.py`);
 - `native`: a native vision-language primary through Serve, at each concurrency (`native.py`);
 - `ramp`: decoder autoscaling under a load ramp (`ramp.py`);
 - `metrics`: what the metrics and the access log cost a decoder and the ingress (`metrics.py`);

@@ -11,6 +11,7 @@ import scripts.bench
 
 SUBCOMMANDS = (
     "serve",
+    "overhead",
     "engines",
     "native",
     "ramp",

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -158,7 +159,7 @@ def start_ours(
     path.write_text(yaml.safe_dump(config))
     server = Server(
         name,
-        [str(ROOT / ".venv/bin/serve"), "run", str(path)],
+        [sys.executable, "-m", "ray.serve.scripts", "run", str(path)],  # `serve run`, also where no .venv is
         f"http://127.0.0.1:{port}",
         "/health",
         {**ray_env(), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
@@ -188,16 +189,16 @@ def start_peer(model_dir: Path, port: int, dtype: str) -> Server:
 
 
 def start_llama_server(
-    binary: Path, port: int, gguf: Path, slots: int, cells: int, unified: bool, threads: int
+    binary: Path, port: int, gguf: Path, slots: int, cells: int, unified: bool, threads: int, threads_batch: int
 ) -> Server:
     """A `llama-server` built by the user, laid out as the llama.cpp engine runs the same file: `slots`
-    parallel sequences over `cells` KV cells (one pool when `unified`), `threads` threads, and, as the
-    engine, no host-memory prompt cache."""
+    parallel sequences over `cells` KV cells (one pool when `unified`), `threads` threads for one-token
+    steps and `threads_batch` for batched ones, and, as the engine, no host-memory prompt cache."""
     server = Server(
         "llama-server",
         [
             *(str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
-            *("-np", str(slots), "-c", str(cells), "-t", str(threads), "-tb", str(threads)),
+            *("-np", str(slots), "-c", str(cells), "-t", str(threads), "-tb", str(threads_batch)),
             *("--kv-unified" if unified else "--no-kv-unified", "--cache-ram", "0"),
         ],
         f"http://127.0.0.1:{port}",

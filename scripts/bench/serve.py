@@ -224,13 +224,16 @@ def machine() -> dict[str, Any]:
 
 def llama_server_layout(models_file: Path) -> dict[str, Any]:
     """The llama.cpp engine's layout for the primary of `models_file` (slots, KV cells and whether
-    they are one pool, threads of one replica with every core), for a peer that runs the same."""
-    from deployments.config import cpu_cores, load_models_file
-    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path
+    they are one pool, the threads of one-token and of batched steps of one replica with every core),
+    for a peer that runs the same (its -t and -tb)."""
+    from deployments.config import load_models_file
+    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, llama_threads
     from deployments.engines.llamacpp.gguf_meta import describe_gguf
     from deployments.engines.llamacpp.kv_cache import kv_cache_type, kv_layout
 
     model = load_models_file(models_file).models[0]
+    params = model.params if model.params.cpu_threads else model.params.model_copy(update={"cpu_threads": "all"})
+    threads, threads_batch = llama_threads(params)  # one replica with every core, as the engine on CPU
     path = gguf_path(model)
     shape = describe_gguf(path)
     own_len = shape.context_length or DEFAULT_CONTEXT
@@ -244,7 +247,8 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
         "slots": model.params.max_num_seqs,
         "cells": cells,
         "unified": unified,
-        "threads": cpu_cores(),
+        "threads": threads,
+        "threads_batch": threads_batch,
     }
 
 

@@ -46,7 +46,12 @@ from deployments.protocol.openai.common import TokenLogprob, TopLogprob
 from deployments.protocol.replica import GenerateRequest, GrammarSpec
 
 SEED_MODULUS = 0xFFFFFFFF  # llama.cpp's seeds are uint32; this value itself means "random"
-UNSUPPORTED = ("min_tokens", "skip_special_tokens")  # vLLM's extensions refused here (see above)
+# vLLM's extensions refused here, and why (see above)
+UNSUPPORTED = {
+    "min_tokens": "llama.cpp cannot hold the end of generation back for a number of tokens (ignore_eos holds it "
+    "for the whole answer)",
+    "skip_special_tokens": "llama.cpp leaves special tokens out of the text for the whole server, not per request",
+}
 
 
 def sampling_fields(request: GenerateRequest, params: EngineParams, window: int) -> dict[str, Any]:
@@ -110,7 +115,7 @@ def json_schema_field(spec: GrammarSpec | None) -> dict[str, Any]:
 def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: int, context: int) -> dict[str, Any]:
     """Everything of llama.cpp's completion request but the prompt and `n_predict` (`context`: the
     model's context length); raises `InvalidRequestError` for what cannot be honoured."""
-    refuse_unsupported(request, UNSUPPORTED, "llama.cpp")
+    refuse_unsupported(request, UNSUPPORTED, "llama.cpp", UNSUPPORTED)
     check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
     body: dict[str, Any] = {
         "stream": True,

@@ -51,9 +51,12 @@ class ExpiresAfter:
 
     @classmethod
     def parse(cls, anchor: str | None, seconds: str | int | None) -> ExpiresAfter | None:
-        """From the form's `expires_after[anchor]` and `expires_after[seconds]` (None: neither given)."""
+        """From the form's `expires_after[anchor]` and `expires_after[seconds]` (None: neither given; the
+        anchor may be left out, `created_at` being the only one)."""
         if anchor is None and seconds is None:
             return None
+        if anchor is None:
+            anchor = "created_at"
         if anchor != "created_at":
             raise InvalidRequestError(
                 f"expires_after[anchor] must be 'created_at'; got {anchor!r}.", param="expires_after[anchor]"

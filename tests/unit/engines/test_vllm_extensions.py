@@ -177,11 +177,14 @@ async def test_the_chat_rendering_takes_template_variables_and_continues_a_final
 # --------------------------------------------------------------------------- llama.cpp only
 
 
-@pytest.mark.parametrize("field", [{"min_tokens": 2}, {"skip_special_tokens": False}])
-async def test_llamacpp_refuses_what_it_cannot_honour_naming_the_field(llama, field):
+@pytest.mark.parametrize(
+    ("field", "why"),
+    [({"min_tokens": 2}, "cannot hold the end of generation back"), ({"skip_special_tokens": False}, "whole server")],
+)
+async def test_llamacpp_refuses_what_it_cannot_honour_naming_the_field_and_why(llama, field, why):
     with pytest.raises(InvalidRequestError) as caught:
         await complete(llama, ask(max_tokens=4, **field))
-    assert caught.value.param == next(iter(field))
+    assert caught.value.param == next(iter(field)) and why in caught.value.message
 
 
 async def test_llamacpp_passes_template_variables_and_leaves_out_the_generation_prompt(llama, monkeypatch):

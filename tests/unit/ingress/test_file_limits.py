@@ -177,13 +177,16 @@ async def test_expires_after_within_openais_bounds_sets_expires_at_and_outside_i
             ("2592001", "created_at", 400, "expires_after[seconds]"),
             ("soon", "created_at", 400, "expires_after[seconds]"),
             ("3600", "last_active_at", 400, "expires_after[anchor]"),
+            ("3600", None, 200, None),  # created_at, the only anchor, may be left out
+            (None, "created_at", 400, "expires_after[seconds]"),  # an anchor alone says no time
         ]:
-            fields = {"purpose": "user_data", "expires_after[anchor]": anchor, "expires_after[seconds]": seconds}
+            given = {"expires_after[anchor]": anchor, "expires_after[seconds]": seconds}
+            fields = {"purpose": "user_data", **{k: v for k, v in given.items() if v is not None}}
             answer = await http.post("/v1/files", content=form(fields, b"a\n"), headers=auth(KEY_A))
             assert answer.status_code == status, (seconds, anchor, answer.text)
             if status == 200:
                 shown = answer.json()
-                assert shown["expires_at"] == shown["created_at"] + int(seconds)
+                assert shown["expires_at"] == shown["created_at"] + int(seconds or 0)
             else:
                 assert answer.json()["error"]["param"] == param
         # the fields after the file (as some clients send them) are read as well
@@ -197,7 +200,7 @@ async def test_expires_after_within_openais_bounds_sets_expires_at_and_outside_i
             headers=auth(KEY_A),
         )
         assert late.status_code == 200 and late.json()["expires_at"] == late.json()["created_at"] + 7200
-    assert len(batches.files.storage.names("file-data")) == 3  # nothing kept of the refused ones
+    assert len(batches.files.storage.names("file-data")) == 4  # nothing kept of the refused ones
 
 
 def test_a_batch_file_expires_after_30_days_by_default_and_others_never(tmp_path):

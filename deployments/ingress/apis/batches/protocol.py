@@ -22,7 +22,7 @@ class BatchCreateRequest(RequestModel):
     input_file_id: str
     endpoint: Endpoint
     completion_window: Literal["24h"] = "24h"
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = Field(None, json_schema_extra=lambda schema: _bounded_schema(schema))
 
     @field_validator("metadata")
     @classmethod
@@ -40,6 +40,16 @@ class BatchCreateRequest(RequestModel):
                     f"values have at most {METADATA_VALUE_CHARS} characters; that of {key!r} has {len(value)}"
                 )
         return metadata
+
+
+def _bounded_schema(schema: dict[str, Any]) -> None:
+    """The metadata's bounds in the OpenAPI schema too (on its object branch), so that clients and
+    schema-driven tools see them."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "object":
+            branch["maxProperties"] = METADATA_PAIRS
+            branch["propertyNames"] = {"maxLength": METADATA_KEY_CHARS}
+            branch["additionalProperties"] = {"type": "string", "maxLength": METADATA_VALUE_CHARS}
 
 
 class BatchError(BaseModel):

@@ -20,8 +20,15 @@ UPLOAD_FORM: dict[str, Any] = {  # the upload's form, for the OpenAPI schema (th
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
                         "purpose": {"type": "string", "enum": ["batch", "user_data"]},
-                        EXPIRES_ANCHOR: {"type": "string", "enum": ["created_at"]},
-                        EXPIRES_SECONDS: {"type": "integer", "minimum": 3600, "maximum": 2592000},
+                        # With `expires_after[anchor]: created_at` (the only anchor, so it may be left out; not
+                        # declared alone here: an anchor without its seconds is a 400).
+                        EXPIRES_SECONDS: {
+                            "type": "integer",
+                            "minimum": 3600,
+                            "maximum": 2592000,
+                            "description": "The file expires this many seconds after expires_after[anchor] "
+                            "(created_at, the only anchor; it may be left out).",
+                        },
                     },
                 }
             }
