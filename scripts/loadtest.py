@@ -15,7 +15,7 @@ Isolation: every answer must carry its own request id. A calibrated answer is `o
 `drift` (another answer that its own prompt explains token by token, teacher-forced on the same
 weights in float32: batched greedy numerics), `crossed` (another prompt's token count, or tokens its
 own prompt does not explain and another prompt does) or `unexplained` (no prompt explains it); see
-scripts/answer_check.py. Drift is reported on its own, as a rate against concurrency: a sweep before
+scripts/load/answer_check.py. Drift is reported on its own, as a rate against concurrency: a sweep before
 the load sends the text prompts at `--sweep` concurrencies, and the load's answers are bucketed by
 the requests in flight when each was sent.
 
@@ -56,13 +56,13 @@ from PIL import Image
 
 # Clusters started by `serve run` use token auth; Ray reads this when it is first imported.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: scripts.load, scripts.bench
 
 from scripts.bench.common import Server, image_url, start_ours, write_models
-from tests.support.answer_check import DEFAULT_TOL, AnswerScorer, Reference
-from tests.support.faults import TARGETS, Fault, connect_ray, gcs_address, inject
-from tests.support.load_report import Outcome, Spec, drift_rates, report, verdicts
-from tests.support.service_watch import ResourceWatch, health, slots_free_after_s, watch_health, watch_resources
+from scripts.load.answer_check import DEFAULT_TOL, AnswerScorer, Reference
+from scripts.load.faults import TARGETS, Fault, connect_ray, gcs_address, inject
+from scripts.load.report import Outcome, Spec, drift_rates, report, verdicts
+from scripts.load.watch import ResourceWatch, health, slots_free_after_s, watch_health, watch_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -357,7 +357,7 @@ def main() -> None:
         "--models-file", type=Path, default=ROOT / "models.yaml", help="the served models.yaml, for the answer check"
     )
     parser.add_argument("--no-teacher-forcing", action="store_true", help="skip the answer check's model")
-    parser.add_argument("--gap-tol", type=float, default=DEFAULT_TOL, help="logits; see scripts/answer_check.py")
+    parser.add_argument("--gap-tol", type=float, default=DEFAULT_TOL, help="logits; see scripts/load/answer_check.py")
     parser.add_argument("--sweep", type=lambda v: [int(x) for x in v.split(",") if x], default=[1, 2, 4, 8, 16])
     parser.add_argument("--sample-s", type=float, default=60, help="resource samples this often")
     parser.add_argument("--max-growth", type=float, default=0.05, help="replica RSS growth allowed after 5 minutes")

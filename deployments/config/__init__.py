@@ -3,7 +3,8 @@ section (`models`: the file and its entries; `params`: an engine's settings; `vi
 captioning, proxy vision and image input; `chat`: the tool-call formats and the check of a chat
 template file; `serving`: server, deployment, autoscaling and the
 builder's arguments; `strict`: their base), `loading` (reading the file and resolving the arguments
-into a `ServicePlan`) and `machine` (cores).
+into a `ServicePlan`), `machine` (cores) and `gguf` (a GGUF file's header, which the LoRA
+checks and the llama.cpp engine read).
 
 Every section forbids unknown keys and every field has a default and a description. The checks of
 one field, section or entry are in its section (types and bounds; exactly one of hf_id and

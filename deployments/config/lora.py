@@ -12,10 +12,11 @@ import struct
 import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
 from pydantic import Field, field_validator
 
+from deployments.config.gguf import read_gguf
 from deployments.config.strict import StrictModel
 
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # whole names only (`fullmatch`)
@@ -162,57 +163,6 @@ def check_gguf_adapter(path: str, lora: LoraConfig, base_gguf: str | None) -> di
                     f"the adapter's is {[shape[0], b_shape[-1]]}"
                 )
     return {"peft_type": "LORA", "r": max(ranks)}
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, list[int]]]:
-    """A GGUF file's header: its string and scalar metadata (arrays skipped) and each tensor's
-    shape in ggml order (``[in, out]`` for a weight), without reading the tensors (the `gguf`
-    package's reader parses every vocabulary entry: seconds on a model file)."""
-
-    def read(f: BinaryIO, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        data = f.read(size)
-        if len(data) != size:
-            raise ValueError("truncated header")
-        return struct.unpack(fmt, data)[0]
-
-    def string(f: BinaryIO) -> str:
-        return f.read(read(f, "<Q")).decode(errors="replace")
-
-    def skip(f: BinaryIO, kind: int) -> Any:
-        if kind == 8:
-            return string(f)
-        if kind == 9:
-            item, count = read(f, "<I"), read(f, "<Q")
-            if item in _SCALARS:
-                f.seek(struct.calcsize(_SCALARS[item]) * count, 1)
-            else:
-                for _ in range(count):
-                    skip(f, item)
-            return None
-        return read(f, _SCALARS[kind])
-
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError("bad magic")
-        if read(f, "<I") < 2:
-            raise ValueError("GGUF version 1 is not supported")
-        tensors, count = read(f, "<Q"), read(f, "<Q")
-        meta = {}
-        for _ in range(count):
-            key = string(f)
-            meta[key] = skip(f, read(f, "<I"))
-        shapes = {}
-        for _ in range(tensors):
-            name = string(f)
-            dims = [read(f, "<Q") for _ in range(read(f, "<I"))]
-            read(f, "<I")  # type
-            read(f, "<Q")  # offset
-            shapes[name] = dims
-    return meta, shapes
 
 
 def _last_part(name: str) -> str:

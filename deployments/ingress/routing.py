@@ -1,13 +1,16 @@
-"""What the routes of every API share (each API's `routes.py` builds an `APIRouter` with them): the
+"""What the routes of every API share (each API's `routes.py` attaches its routes with them): the
 errors it declares in the OpenAPI schema (`ERRORS`, `streamed`), the request's id (Serve's), its
-access-log record with the model it names (`recorded`), and who makes it (`caller`, the owner of
-what it stores)."""
+access-log record with the model it names (`recorded`), who makes it (`caller`, the owner of what
+it stores), and how a batch line calls an API that a batch may name (`BatchLine`)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel
 from ray.serve.context import _get_serve_request_context
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
@@ -22,6 +25,7 @@ from deployments.errors import (
     RequestTimeoutError,
 )
 from deployments.ingress.owners import Caller, caller_of
+from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, record_of
 from deployments.protocol.openai.common import ErrorResponse
 
@@ -66,3 +70,17 @@ def recorded(request: Request, model: str) -> RequestRecord:
 def caller(connection: HTTPConnection, rid: str | None = None) -> Caller:
     """Who makes the request (or the WebSocket turn `rid`): the owner of what it stores."""
     return caller_of(connection.state, rid or request_id(connection.scope))
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """How a batch line calls an API, declared by the API's `routes.py` as `BATCH_LINE` beside the
+    route it stands for (`ingress/batches/endpoints.py` lists the APIs a batch may name): the route's
+    `path`, the `request` model that checks a line's body, whether the body names an `embedding`
+    model (else a chat model), and `answer`: the body of the line's 200, through the same service as
+    the route (no HTTP hop)."""
+
+    path: str
+    request: type[BaseModel]
+    answer: Callable[[ServedModels, Any, RequestRecord], Awaitable[Any]]
+    embedding: bool = False

@@ -48,7 +48,7 @@ def build_gguf_lora(
     import gguf
     import numpy as np
 
-    from deployments.config.lora import read_gguf
+    from deployments.config.gguf import read_gguf
 
     meta, shapes = read_gguf(base_gguf)  # ggml order: [in, out]
     arch = meta["general.architecture"]

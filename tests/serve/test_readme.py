@@ -46,9 +46,9 @@ READY = re.compile(
 BLOCK_TIMEOUT_S = 180  # a hang guard, not a measurement
 VISION = re.compile(r"^mmserve vision: (ok|degraded \(.+\))$")
 # What a new user must not find in the terminal of a working offline start, its examples and its stop
-# (the README names the WARNING lines that are expected): a traceback, an ERROR line, Ray's stack dump on
+# (docs/running.md names the WARNING lines that are expected): a traceback, an ERROR line, Ray's stack dump on
 # SIGTERM, an asyncio task nobody awaited, Serve's slow-start warning (but for the captioner's replica,
-# which waits in its constructor for weights that offline never come: the README names that line).
+# which waits in its constructor for weights that offline never come: docs/running.md names that line).
 ALARM = re.compile(
     r"Traceback|\bERROR\b|SIGTERM received|never retrieved"
     r"|(?<!'VisionCaptioner' in application 'vision' has 1 replicas that have )taken more than \d+s to initialize"

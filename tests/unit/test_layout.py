@@ -1,6 +1,8 @@
 """The package tree shows where code runs: the ingress side (and the builder that runs beside it)
 never imports torch or transformers, and the ingress never imports the model replicas' code.
-Each check runs in a fresh interpreter, so that modules other tests imported cannot fool it."""
+Each of those checks runs in a fresh interpreter, so that modules other tests imported cannot fool
+it. Beside the package, imports between `tests/` and `scripts/` go one way: scripts never import
+the tests (read from the sources' import statements)."""
 
 from __future__ import annotations
 
@@ -76,3 +78,37 @@ def test_an_endpoint_is_a_service_over_one_core_and_imports_no_other_endpoint():
         parameters = list(inspect.signature(services[0]).parameters.values())
         assert len(parameters) == 1 and parameters[0].name == "core" and parameters[0].annotation in cores, name
         assert parameters[0].annotation in vars(module)
+
+
+def imported_names(source: str) -> set[str]:
+    """The modules a source's import statements name (relative imports, which stay in their package,
+    left out)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_imported_names_finds_every_import_form():
+    source = "import os, tests.support\nfrom tests import conftest\nfrom . import x\ndef f():\n    import tests.unit\n"
+    assert {"os", "tests.support", "tests", "tests.unit"} == imported_names(source)
+
+
+def test_scripts_never_import_the_tests():
+    """One direction between the two: the tests may import `scripts/` (the tiny models, the bench
+    helpers), a script never imports `tests/`, so that no cycle comes back."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = {
+        path.relative_to(root).as_posix(): sorted(
+            n for n in imported_names(path.read_text()) if n.split(".")[0] == "tests"
+        )
+        for path in (root / "scripts").rglob("*.py")
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}

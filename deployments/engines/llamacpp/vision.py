@@ -36,6 +36,7 @@ from deployments.config import ImageInputConfig, ModelConfig
 from deployments.engines.context import fit_rendered
 from deployments.engines.defaults import limits as request_limits
 from deployments.engines.extensions import refuse_unsupported
+from deployments.engines.images import image_slots
 from deployments.engines.llamacpp.engine import LlamaCppTextEngine, Prepared
 from deployments.engines.llamacpp.files import mmproj_path
 from deployments.engines.llamacpp.gguf_meta import read_metadata
@@ -56,7 +57,6 @@ from deployments.errors import ConfigError, InvalidImageError, InvalidRequestErr
 from deployments.protocol.replica import (
     GenerateRequest,
     ImageBytes,
-    MessageImage,
     TextMessage,
     TokenizedPrompt,
     TokenizeInput,
@@ -192,22 +192,9 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
         """The prompt of a chat whose image slots index `images` (see the module's docstring);
         `image(k)`: the k-th image's bytes as llama.cpp takes them (default: converted here)."""
         read = image or (lambda k: llama_image(images[k].data))
-        contents: list[Any] = []
-        order: list[int] = []
-        for i, message in enumerate(messages):
-            if message.parts is None:
-                contents.append(message.content)
-                continue
-            parts: list[dict[str, Any]] = []
-            for part in message.parts:
-                if isinstance(part, MessageImage):
-                    if part.index >= len(images):
-                        raise InvalidRequestError(f"Image slot {part.index} has no image.", param=f"messages[{i}]")
-                    order.append(part.index)
-                    parts.append(IMAGE_PART)
-                else:
-                    parts.append({"type": "text", "text": part.text})
-            contents.append(parts)
+        parts, slots = image_slots(messages, images, IMAGE_PART)
+        contents: list[Any] = [message.content if p is None else p for message, p in zip(messages, parts, strict=True)]
+        order = [k for _, k in slots]
         text = self.render_chat(messages, tools, contents, add_generation_prompt)
         image_tokens = sum(self.image_tokens.count(images[k].sha256, partial(read, k)) for k in order)
         return MediaPrompt(text, order, self.count(text, len(order), image_tokens))

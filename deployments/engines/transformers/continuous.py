@@ -88,13 +88,6 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         threading._register_atexit(self._stop)  # type: ignore[attr-defined]
         self._ids = itertools.count()
 
-    def _kv_bytes_per_token(self) -> int:
-        cfg = self.model.config.get_text_config()
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        return int(2 * cfg.num_hidden_layers * kv_heads * head_dim * self.model.dtype.itemsize)
-
     def _num_blocks(self) -> int:
         """KV-cache pages: `mem` MB, or room for `max_num_seqs` sequences of `max_model_len` tokens."""
         if self.params.mem:

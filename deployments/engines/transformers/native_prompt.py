@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from deployments.engines.images import decode_rgb
+from deployments.engines.images import decode_rgb, image_slots
 from deployments.engines.transformers.chat_template import ToolRendering
 from deployments.engines.transformers.processor_cache import ProcessedImage, ProcessorCache
 from deployments.errors import ConfigError, InvalidImageError, InvalidRequestError
-from deployments.protocol.replica import ImageBytes, MessageImage, TextMessage
+from deployments.protocol.replica import ImageBytes, TextMessage
 from deployments.tools.prompt import template_message
 
 _TEXT_INPUTS = ("input_ids", "attention_mask")
@@ -72,22 +72,11 @@ class NativePromptBuilder:
     ) -> NativePrompt:
         """The prompt of a chat whose image slots index `images` (by default with the generation
         prompt, as a request is prompted; the other arguments are /tokenize's)."""
-        rendered: list[dict[str, Any]] = []
-        slots: list[tuple[int, int]] = []  # (message index, image index), in prompt order
-        for i, message in enumerate(messages):
-            if message.parts is None:
-                rendered.append(template_message(message))
-                continue
-            content: list[dict[str, Any]] = []
-            for part in message.parts:
-                if isinstance(part, MessageImage):
-                    if part.index >= len(images):
-                        raise InvalidRequestError(f"Image slot {part.index} has no image.", param=f"messages[{i}]")
-                    slots.append((i, part.index))
-                    content.append({"type": "image"})
-                else:
-                    content.append({"type": "text", "text": part.text})
-            rendered.append({"role": message.role, "content": content})
+        parts, slots = image_slots(messages, images, {"type": "image"})
+        rendered = [
+            template_message(message) if content is None else {"role": message.role, "content": content}
+            for message, content in zip(messages, parts, strict=True)
+        ]
         rendered, extra = self.tools.chat(rendered, tools)
         text = self.processor.apply_chat_template(
             rendered,

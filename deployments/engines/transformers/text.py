@@ -57,6 +57,15 @@ class TransformersTextEngine(TransformersDecoder):
         if not self.tokenizer.chat_template:
             raise ConfigError(f"model {model.name!r}: tokenizer has no chat template; use an instruct model")
 
+    def _kv_bytes_per_token(self) -> int:
+        """KV-cache bytes of one token: K and V of every layer, over the KV heads, in the model's dtype
+        (what the continuous-batching and static-slot engines size their caches by)."""
+        cfg = self.model.config.get_text_config()
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        return int(2 * cfg.num_hidden_layers * kv_heads * head_dim * self.model.dtype.itemsize)
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "tool_call_format": self.tool_format}
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from deployments.config import BatchesConfig, ServerConfig
+from deployments.errors import UnavailableError, to_openai_error
 from deployments.ingress.apis.batches.protocol import (
     EXPIRED_LINE,
     TERMINAL,
@@ -290,8 +291,12 @@ class BatchJob:
             )
 
     async def _sent(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        """The line's answer; a failure to reach the ingress is retried, then the line's error."""
+        """The line's answer; a failure to reach the ingress is retried, then the line's error (a 503,
+        as `UnavailableError` maps)."""
+        failure: Exception | None = None
         for attempt in range(TRANSPORT_TRIES):
+            if attempt:
+                await asyncio.sleep(2 ** (attempt - 1))
             try:
                 return await asyncio.wait_for(
                     self._send(self.batch_id, endpoint, body, request_id), self._line_timeout_s
@@ -299,17 +304,11 @@ class BatchJob:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if attempt == TRANSPORT_TRIES - 1:
-                    logger.warning("batch %s: line %s could not be sent: %r", self.batch_id, request_id, exc)
-                    message = f"The line could not be sent to the service: {type(exc).__name__}."
-                    return {
-                        "status_code": 503,
-                        "body": {
-                            "error": {"message": message, "type": "service_unavailable", "param": None, "code": None}
-                        },
-                    }
-                await asyncio.sleep(2**attempt)
-        raise AssertionError("unreachable")
+                failure = exc
+        logger.warning("batch %s: line %s could not be sent: %r", self.batch_id, request_id, failure)
+        unsent = UnavailableError(f"The line could not be sent to the service: {type(failure).__name__}.")
+        status, error, _ = to_openai_error(unsent, request_id)
+        return {"status_code": status, "body": error}
 
     def _expire_the_rest(self, batch: Batch, progress: Progress) -> None:
         """OpenAI's expiry: each line that did not run gets a line in the error file, `batch_expired`

@@ -9,15 +9,7 @@ import logging
 from typing import Any
 
 from deployments.errors import ServiceError, to_openai_error
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
-from deployments.ingress.apis.chat.service import ChatService
-from deployments.ingress.apis.completions.protocol import CompletionRequest
-from deployments.ingress.apis.completions.service import CompletionService
-from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
-from deployments.ingress.apis.embeddings.service import EmbeddingService
-from deployments.ingress.apis.responses.protocol import ResponseRequest
-from deployments.ingress.apis.responses.service import ResponseService
-from deployments.ingress.owners import Caller
+from deployments.ingress.batches.endpoints import ENDPOINTS
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, error_code, log_access
 
@@ -25,25 +17,12 @@ logger = logging.getLogger("ray.serve")
 
 
 async def _answer(served: ServedModels, endpoint: str, body: dict[str, Any], record: RequestRecord) -> Any:
-    if endpoint == "/v1/chat/completions":
-        chat = ChatCompletionRequest.model_validate(body)
-        record.model = chat.model
-        return (await ChatService(served.get(chat.model).core).create(chat, record)).body
-    if endpoint == "/v1/completions":
-        legacy = CompletionRequest.model_validate(body)
-        record.model = legacy.model
-        return (await CompletionService(served.get(legacy.model).core).create(legacy, record)).body
-    if endpoint == "/v1/embeddings":
-        embed = EmbeddingRequest.model_validate(body)
-        record.model = embed.model
-        return await EmbeddingService(served.embedder(embed.model).core).create(embed, record)
-    if endpoint == "/v1/responses":
-        response = ResponseRequest.model_validate(body)
-        record.model = response.model
-        # Not kept in the responses store: the runner acts for no API key (the batch's output is its record).
-        reply = await ResponseService(served.get(response.model).core).create(response, record, None, Caller())
-        return reply.body
-    raise ValueError(f"not a batch endpoint: {endpoint}")
+    line = ENDPOINTS.get(endpoint)
+    if line is None:
+        raise ValueError(f"not a batch endpoint: {endpoint}")
+    request = line.request.model_validate(body)
+    record.model = getattr(request, "model", None)
+    return await line.answer(served, request, record)
 
 
 async def run_line(

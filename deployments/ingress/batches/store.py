@@ -1,5 +1,5 @@
 """/v1/batches' logic on the ingress side: a batch created (its record in the storage root, status
-`validating`), read, listed and cancelled, each for the API key that created it (`files.records`).
+`validating`), read, listed and cancelled, each for the API key that created it (`records.py`).
 
 The batch runner (`runner.py`) is the one writer of a batch's record once created: a cancel is a
 marker beside the record (`batches/<id>.cancel`), which the runner sees within

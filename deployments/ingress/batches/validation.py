@@ -18,25 +18,15 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from deployments.config.lora import named_adapter
 from deployments.errors import validation_message
 from deployments.ingress.apis.batches.protocol import BatchError
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
-from deployments.ingress.apis.completions.protocol import CompletionRequest
-from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
-from deployments.ingress.apis.responses.protocol import ResponseRequest
+from deployments.ingress.batches.endpoints import ENDPOINTS
 from deployments.ingress.batches.storage import LongLine
 
 logger = logging.getLogger("ray.serve")
-
-REQUEST_MODELS: dict[str, type[BaseModel]] = {
-    "/v1/chat/completions": ChatCompletionRequest,
-    "/v1/completions": CompletionRequest,
-    "/v1/embeddings": EmbeddingRequest,
-    "/v1/responses": ResponseRequest,
-}
 
 
 @dataclass
@@ -60,12 +50,12 @@ class ServedNames:
     dynamic: frozenset[str] = frozenset()
 
     def for_endpoint(self, endpoint: str) -> frozenset[str]:
-        return self.embedding if endpoint == "/v1/embeddings" else self.chat
+        return self.embedding if ENDPOINTS[endpoint].embedding else self.chat
 
     def serves(self, endpoint: str, model: object) -> bool:
         if not isinstance(model, str):
             return False
-        if endpoint == "/v1/embeddings":
+        if ENDPOINTS[endpoint].embedding:
             return model in self.embedding
         taken = self.chat | self.embedding
         return model in self.chat or named_adapter(model, self.adapters, self.dynamic, taken) is not None
@@ -133,7 +123,7 @@ def check_line(raw: bytes | LongLine, endpoint: str, served: ServedNames) -> tup
     if body.get("stream"):
         return BatchError(code="invalid_request", message="stream is not supported in a batch.", param="body.stream")
     try:
-        REQUEST_MODELS[endpoint].model_validate(body)
+        ENDPOINTS[endpoint].request.model_validate(body)
     except ValidationError as exc:
         message, param = validation_message([dict(e) for e in exc.errors()])
         return BatchError(code="invalid_request", message=message, param=f"body.{param}" if param else "body")

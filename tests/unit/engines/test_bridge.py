@@ -107,5 +107,8 @@ def test_items_sent_after_the_loop_closed_are_dropped():
 
     stream = loop.run_until_complete(make())
     loop.close()
+    ran: list[str] = []
     stream.send(1)  # no error: nobody listens any more
-    stream.run(lambda: None)
+    stream.run(lambda: ran.append("produced"))  # its body still runs; its failure and end are dropped too
+    assert ran == ["produced"]
+    assert stream._queue.empty()  # nothing was queued for a loop that is gone

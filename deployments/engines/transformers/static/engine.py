@@ -108,13 +108,6 @@ class StaticTextEngine(TransformersTextEngine):
         self._thread.start()
         logger.info("model %s: static decoder %s", model.name, self.decoder.describe())
 
-    def _kv_bytes_per_token(self) -> int:
-        cfg = self.model.config.get_text_config()
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        return int(2 * cfg.num_hidden_layers * kv_heads * head_dim * self.model.dtype.itemsize)
-
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),

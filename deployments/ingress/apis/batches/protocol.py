@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from deployments.ingress.batches.endpoints import ENDPOINTS
 from deployments.protocol.openai.common import RequestModel
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
-ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+if TYPE_CHECKING:
+    Endpoint = str
+else:  # one of the paths that `batches.endpoints` lists, as the schema's enum and the 400's words say
+    Endpoint = Literal[tuple(ENDPOINTS)]
 Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}

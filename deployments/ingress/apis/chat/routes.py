@@ -8,14 +8,24 @@ from fastapi import FastAPI, Request
 
 from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.apis.chat.service import ChatService
-from deployments.ingress.routing import recorded, streamed
+from deployments.ingress.routing import BatchLine, recorded, streamed
 from deployments.ingress.served_models import ServedModels
+from deployments.monitoring.access_log import RequestRecord
+
+PATH = "/v1/chat/completions"
+
+
+async def _batch_answer(served: ServedModels, body: ChatCompletionRequest, record: RequestRecord) -> Any:
+    return (await ChatService(served.get(body.model).core).create(body, record)).body
+
+
+BATCH_LINE = BatchLine(PATH, ChatCompletionRequest, _batch_answer)
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:
     """Add the routes to `api`."""
 
-    @api.post("/v1/chat/completions", responses=streamed("A chat.completion, or chunks when stream is true"))
+    @api.post(PATH, responses=streamed("A chat.completion, or chunks when stream is true"))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         record = recorded(request, body.model)
         return (await ChatService(served.get(body.model).core).create(body, record)).response()

@@ -8,14 +8,24 @@ from fastapi import FastAPI, Request
 
 from deployments.ingress.apis.completions.protocol import CompletionRequest
 from deployments.ingress.apis.completions.service import CompletionService
-from deployments.ingress.routing import recorded, streamed
+from deployments.ingress.routing import BatchLine, recorded, streamed
 from deployments.ingress.served_models import ServedModels
+from deployments.monitoring.access_log import RequestRecord
+
+PATH = "/v1/completions"
+
+
+async def _batch_answer(served: ServedModels, body: CompletionRequest, record: RequestRecord) -> Any:
+    return (await CompletionService(served.get(body.model).core).create(body, record)).body
+
+
+BATCH_LINE = BatchLine(PATH, CompletionRequest, _batch_answer)
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:
     """Add the routes to `api`."""
 
-    @api.post("/v1/completions", responses=streamed("A text_completion, or chunks when stream is true"))
+    @api.post(PATH, responses=streamed("A text_completion, or chunks when stream is true"))
     async def legacy_completions(body: CompletionRequest, request: Request) -> Any:
         record = recorded(request, body.model)
         return (await CompletionService(served.get(body.model).core).create(body, record)).response()

@@ -9,14 +9,24 @@ from fastapi.responses import JSONResponse
 
 from deployments.ingress.apis.embeddings.protocol import EmbeddingList, EmbeddingRequest
 from deployments.ingress.apis.embeddings.service import EmbeddingService
-from deployments.ingress.routing import ERRORS, recorded
+from deployments.ingress.routing import ERRORS, BatchLine, recorded
 from deployments.ingress.served_models import ServedModels
+from deployments.monitoring.access_log import RequestRecord
+
+PATH = "/v1/embeddings"
+
+
+async def _batch_answer(served: ServedModels, body: EmbeddingRequest, record: RequestRecord) -> Any:
+    return await EmbeddingService(served.embedder(body.model).core).create(body, record)
+
+
+BATCH_LINE = BatchLine(PATH, EmbeddingRequest, _batch_answer, embedding=True)
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:
     """Add the routes to `api`."""
 
-    @api.post("/v1/embeddings", responses={200: {"model": EmbeddingList}, **ERRORS})
+    @api.post(PATH, responses={200: {"model": EmbeddingList}, **ERRORS})
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
         record = recorded(request, body.model)
         return JSONResponse(await EmbeddingService(served.embedder(body.model).core).create(body, record))

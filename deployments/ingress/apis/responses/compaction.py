@@ -104,15 +104,6 @@ class CompactRequest(RequestModel):
         return list(self.input or [])
 
 
-class CompactionOutput(BaseModel):
-    """The summary item: its `encrypted_content` is the summary's plain text (not encrypted)."""
-
-    id: str
-    type: Literal["compaction"] = "compaction"
-    encrypted_content: str
-    created_by: str | None = None
-
-
 class CompactedResponse(BaseModel):
     id: str
     object: Literal["response.compaction"] = "response.compaction"

@@ -14,9 +14,20 @@ from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.apis.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
-from deployments.ingress.routing import ERRORS, NOT_FOUND, caller, recorded, request_id, streamed
+from deployments.ingress.owners import Caller
+from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, recorded, request_id, streamed
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, turn_log_of
+
+PATH = "/v1/responses"
+
+
+async def _batch_answer(served: ServedModels, body: ResponseRequest, record: RequestRecord) -> Any:
+    # Not kept in the responses store: the runner acts for no API key (the batch's output is its record).
+    return (await ResponseService(served.get(body.model).core).create(body, record, None, Caller())).body
+
+
+BATCH_LINE = BatchLine(PATH, ResponseRequest, _batch_answer)
 
 
 def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> InputItemList:
@@ -37,13 +48,13 @@ def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str 
 def attach(api: FastAPI, served: ServedModels, store: ResponseStorePort | None, max_message_bytes: int) -> None:
     """`store`: the responses kept (None: none are); `max_message_bytes`: a WebSocket message's cap."""
 
-    @api.post("/v1/responses", responses=streamed("A response, or its events when stream is true"))
+    @api.post(PATH, responses=streamed("A response, or its events when stream is true"))
     async def create_response(body: ResponseRequest, request: Request) -> Any:
         record = recorded(request, body.model)
         service = ResponseService(served.get(body.model).core)
         return (await service.create(body, record, store, caller(request, record.request_id))).response()
 
-    @api.websocket("/v1/responses")
+    @api.websocket(PATH)
     async def response_socket(websocket: WebSocket) -> None:
         """The WebSocket mode: `response.create` turns on one connection (`socket`)."""
 

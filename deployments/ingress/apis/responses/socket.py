@@ -31,7 +31,7 @@ from contextlib import aclosing
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from deployments.errors import InvalidRequestError, PayloadTooLargeError
+from deployments.errors import InvalidRequestError, PayloadTooLargeError, error_body
 from deployments.ingress.answer.reply import Reply, recorded_error
 from deployments.ingress.apis.responses.protocol import ResponseCreateEvent, ResponseRequest
 from deployments.ingress.apis.responses.store import ConnectionCache
@@ -115,12 +115,8 @@ class ResponseSocket:
 
     async def _expire(self) -> None:
         minutes = f"{self._lifetime_s / 60:g}"
-        error = {
-            "type": "invalid_request_error",
-            "code": "websocket_connection_limit_reached",
-            "message": f"The connection reached its limit of {minutes} minutes; open a new one to go on.",
-            "param": None,
-        }
+        message = f"The connection reached its limit of {minutes} minutes; open a new one to go on."
+        error = error_body(message, "invalid_request_error", code="websocket_connection_limit_reached")["error"]
         if await self._send(json.dumps({"type": "error", "status": 400, "error": error})):
             await self._socket.close(code=1000)
 

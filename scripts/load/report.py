@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scripts.bench.common import pct
-from tests.support.answer_check import AnswerScorer, Reference, classify
-from tests.support.faults import Fault
+from scripts.load.answer_check import AnswerScorer, Reference, classify
+from scripts.load.faults import Fault
 
 
 @dataclass
