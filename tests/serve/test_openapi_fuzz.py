@@ -40,9 +40,17 @@ def test_ingress_conforms_to_its_spec(api_schema, mode):
         def check(case):
             if mode is GenerationMode.POSITIVE:
                 assume(not breaks_a_rule_across_fields(case.body, case.path))
+            else:
+                assume(not left_out_of_a_form(case))
             case.call_and_validate(timeout=30)
 
         check()
+
+
+def left_out_of_a_form(case) -> bool:
+    """A negative case that makes a form field an empty array: multipart sends that as no part at all,
+    the same request as an optional field left out, which is valid."""
+    return case.media_type == "multipart/form-data" and isinstance(case.body, dict) and [] in case.body.values()
 
 
 def breaks_a_rule_across_fields(body: object, path: str = "") -> bool:

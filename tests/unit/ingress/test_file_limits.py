@@ -323,6 +323,16 @@ async def test_an_upload_goes_to_storage_a_chunk_at_a_time_as_it_arrives(tmp_pat
     assert b"".join(batches.files.content(answer.json()["id"], Caller(None))) == data
 
 
+async def test_a_field_given_twice_is_refused(tmp_path):
+    batches, storage = store(tmp_path)
+    twice = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'.encode()
+    body = twice + form({"purpose": "user_data"}, b"a\n")
+    async with app(batches, keys=()) as http:
+        answer = await http.post("/v1/files", content=body, headers=HEADERS)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "purpose", answer.text
+    assert storage.names("file-data") == []
+
+
 async def test_a_refused_form_keeps_nothing(tmp_path):
     batches, storage = store(tmp_path, max_file_bytes=1000)
     async with app(batches, keys=()) as http:

@@ -12,12 +12,14 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from deployments.errors import InvalidRequestError, PayloadTooLargeError
+from deployments.ingress.apis.files.protocol import EXPIRES_ANCHOR, EXPIRES_SECONDS
 from deployments.ingress.batches.storage import CHUNK_BYTES
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
 FILE_FIELD = "file"
+READ_FIELDS = frozenset({"purpose", EXPIRES_ANCHOR, EXPIRES_SECONDS})  # the form's fields the route reads: once each
 MAX_FIELDS = 16
 MAX_FIELD_BYTES = 4096
 
@@ -122,6 +124,8 @@ class UploadForm:
             raise InvalidRequestError("An upload holds one file, in its `file` part.", param="file")
         else:
             self._part = "field"
+            if self._name in self.fields and self._name in READ_FIELDS:
+                raise InvalidRequestError(f"The form field {self._name!r} is given twice.", param=self._name)
             if len(self.fields) >= MAX_FIELDS:
                 raise InvalidRequestError(f"An upload's form has at most {MAX_FIELDS} fields.")
 
