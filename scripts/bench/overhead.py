@@ -141,7 +141,14 @@ def main(argv: list[str] | None = None) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     models_file = decoder_models(work, args.gpu_shape, args.tokenizer, max(args.concurrency))
-    emit({"bench": "overhead", "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "args": vars(args)})
+    emit(
+        {
+            "bench": "overhead",
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cpus": os.cpu_count(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        }
+    )
     child = [sys.executable, "-m", "scripts.bench", "overhead", "--child", str(models_file)]
     child += ["--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds), "--concurrency"]
     done = subprocess.run(
