@@ -1,4 +1,4 @@
-"""Reading a batch input file's lines (`storage.lines`, the runner's and the validator's reader) against
+"""Reading a batch input file's lines (`input_lines.lines`, the runner's and the validator's reader) against
 the reader it replaced (kept here as the baseline: `pending += chunk`, then split the whole pending
 bytes, on every chunk: quadratic in a line's length), on the same files in one run:
 
@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from deployments.config import ServerConfig
-from deployments.ingress.batches.storage import LocalStorage, Storage, lines
+from deployments.ingress.batches.input_lines import lines
+from deployments.ingress.batches.storage import LocalStorage, Storage
 from scripts.bench.common import arguments, emit
 
 CAP: int = ServerConfig.model_fields["max_body_bytes"].default

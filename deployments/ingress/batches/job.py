@@ -21,10 +21,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deployments.config import BatchesConfig, ServerConfig
+from deployments.config import BatchesConfig
 from deployments.errors import UnavailableError, to_openai_error
 from deployments.ingress.apis.batches.protocol import (
     EXPIRED_LINE,
@@ -36,10 +36,10 @@ from deployments.ingress.apis.batches.protocol import (
     output_line,
 )
 from deployments.ingress.batches.files import data_path, new_file_id
+from deployments.ingress.batches.input_lines import MAX_LINE_BYTES, lines, read_ahead, read_line, unreadable_line
 from deployments.ingress.batches.progress import Progress, resume
-from deployments.ingress.batches.storage import LongLine, lines
 from deployments.ingress.batches.store import BatchStore, cancel_marker
-from deployments.ingress.batches.validation import ServedNames, read_line, validate
+from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.monitoring.metrics import Recorder
 
 logger = logging.getLogger("ray.serve")
@@ -48,31 +48,6 @@ Send = Callable[[str, str, dict[str, Any], str], Awaitable[dict[str, Any]]]
 """How a line is run: (batch id, endpoint, body, request id) -> {"status_code", "body"} (`Ingress.batch_line`)."""
 
 TRANSPORT_TRIES = 3
-MAX_LINE_BYTES: int = ServerConfig.model_fields["max_body_bytes"].default  # server.max_body_bytes, as shipped
-READ_AHEAD_LINES = 64  # input lines read (and parsed) per trip to the reading thread
-READ_AHEAD_BYTES = 2**20  # or fewer, once this many bytes are read
-
-Read = tuple[str, dict[str, Any]] | BatchError
-"""An input line as the runner reads it: its custom_id and body, or why it cannot run."""
-
-
-def read_ahead(reader: Iterator[tuple[int, bytes | LongLine]]) -> list[tuple[int, Read]]:
-    """The next numbered lines of an input file, read and parsed (run in a thread): up to
-    `READ_AHEAD_LINES`, fewer once `READ_AHEAD_BYTES` are read; none at the file's end."""
-    ahead: list[tuple[int, Read]] = []
-    size = 0
-    for number, raw in reader:
-        ahead.append((number, read_line(raw)))
-        size += len(raw) if isinstance(raw, bytes) else 0
-        if len(ahead) >= READ_AHEAD_LINES or size >= READ_AHEAD_BYTES:
-            break
-    return ahead
-
-
-def unreadable_line(number: int, failure: BatchError) -> dict[str, Any]:
-    """The error-file line of an input line that could not be read: no custom_id, its `line` number."""
-    error = {"code": failure.code, "message": failure.message, "line": number}
-    return output_line(None, uuid.uuid4().hex, None, None, error)
 
 
 class BatchJob:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, BatchUsage, RequestCounts
-from deployments.ingress.batches.storage import Storage, lines
+from deployments.ingress.batches.input_lines import lines
+from deployments.ingress.batches.storage import Storage
 
 
 @dataclass

@@ -3,8 +3,9 @@ any filesystem `pyarrow.fs` reaches (`s3://`, `gs://`, `hdfs://`, a shared mount
 interface that the ingress replicas and the batch runner share.
 
 Paths are relative to the root, `/`-separated. Whole objects (a file's metadata, a batch's state) are
-written to a temporary name and moved into place, so that a reader never sees half of one. Lines are
-read streamed (`lines`: a chunk at a time, never the whole file) and appended (`append`: the
+written to a temporary name and moved into place, so that a reader never sees half of one. Objects are
+read streamed (`chunks`: a chunk at a time, never the whole file; a file's lines: `input_lines.lines`)
+and appended (`append`: the
 filesystem's append stream where it has one; an object store without one rewrites the object, which
 is correct but grows with the file).
 
@@ -24,12 +25,10 @@ import errno
 import logging
 import os
 import stat
-import sys
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol, overload
+from typing import Any, BinaryIO, Literal, Protocol
 
 from deployments.errors import ConfigError
 
@@ -80,53 +79,6 @@ class Storage(Protocol):
 def as_chunks(data: bytes | Iterable[bytes]) -> Iterable[bytes]:
     """An object's bytes as chunks: whole bytes are one."""
     return (data,) if isinstance(data, bytes) else data
-
-
-@dataclass(frozen=True)
-class LongLine:
-    """A line longer than the reader's cap, in place of its bytes (skipped, never held whole)."""
-
-    size: int  # bytes, without the line end
-    limit: int  # the cap it passed
-
-
-@overload
-def lines(storage: Storage, path: str, max_line_bytes: None = None) -> Iterator[tuple[int, bytes]]: ...
-@overload
-def lines(storage: Storage, path: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | LongLine]]: ...
-def lines(storage: Storage, path: str, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes | LongLine]]:
-    """The object's lines, numbered from 1, without their line ends, read a chunk at a time in time
-    linear in the bytes (each chunk searched once, a line's pieces joined once). Blank lines are
-    skipped (their numbers still count). With `max_line_bytes`, a longer line is a `LongLine` (its
-    number, its size): its bytes are skipped to its end, so at most a chunk and the cap are held;
-    without it, a chunk and the longest line."""
-    cap = sys.maxsize if max_line_bytes is None else max_line_bytes
-    pieces: list[bytes] = []  # the line read so far, from earlier chunks (none once it is over the cap)
-    held = 0  # its size
-    number = 0
-    for chunk in storage.chunks(path):
-        *complete, rest = chunk.split(b"\n")
-        for end in complete:
-            number += 1
-            if held:  # the end of a line begun in earlier chunks
-                if held + len(end) > cap:
-                    yield number, LongLine(held + len(end), cap)
-                elif not (line := b"".join((*pieces, end))).isspace():
-                    yield number, line.rstrip(b"\r")
-                pieces, held = [], 0
-            elif len(end) > cap:
-                yield number, LongLine(len(end), cap)
-            elif end and not end.isspace():
-                yield number, end.rstrip(b"\r")
-        held += len(rest)
-        if held > cap:
-            pieces = []
-        elif rest:
-            pieces.append(rest)
-    if held > cap:
-        yield number + 1, LongLine(held, cap)
-    elif held and not (line := b"".join(pieces)).isspace():
-        yield number + 1, line.rstrip(b"\r")
 
 
 class UnsafePathError(OSError):

@@ -1,18 +1,17 @@
 """A batch's input file checked before any line runs: each line's JSON, a unique `custom_id`, `method`
 POST, `url` equal to the batch's endpoint, and a body that the endpoint's own request model accepts
-and that names a model served for it. The file is read streamed (`storage.lines`); what is kept is the
+and that names a model served for it. The file is read streamed (`input_lines.lines`); what is kept is the
 set of custom_ids (bounded by `server.batches.max_file_lines`) and the first errors.
 
 Every failure is one line's (`errors.data[]`: `code`, `message`, `param`, `line`), never the check's:
 a line that is not JSON (nested too deeply to parse, a number too long) is `invalid_json_line`, one
 longer than the request-body cap (`server.max_body_bytes`, read as `LongLine`, never held whole)
 `line_too_large`, and any other exception while checking a line `invalid_request`. The runner reads
-lines with the same `read_line` and the same cap, so a line that fails only while running (a file
+lines with the same `input_lines.read_line` and the same cap, so a line that fails only while running (a file
 validated by an older version, a cap lowered since) fails alone, in the error file."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from deployments.config.lora import named_adapter
 from deployments.errors import validation_message
 from deployments.ingress.apis.batches.protocol import BatchError
 from deployments.ingress.batches.endpoints import ENDPOINTS
-from deployments.ingress.batches.storage import LongLine
+from deployments.ingress.batches.input_lines import LongLine, body_of, custom_id_of, parse_line
 
 logger = logging.getLogger("ray.serve")
 
@@ -61,54 +60,14 @@ class ServedNames:
         return model in self.chat or named_adapter(model, self.adapters, self.dynamic, taken) is not None
 
 
-def too_large(line: LongLine) -> BatchError:
-    return BatchError(
-        code="line_too_large",
-        message=f"This line is {line.size} bytes; a line may be at most {line.limit} bytes "
-        "(the request-body cap, server.max_body_bytes).",
-    )
-
-
-def parse_line(raw: bytes | LongLine) -> dict[str, Any] | BatchError:
-    """A line's JSON object, or why it is none (its `line` left for the caller to set)."""
-    if isinstance(raw, LongLine):
-        return too_large(raw)
-    try:
-        line = json.loads(raw)
-    except RecursionError:
-        return BatchError(code="invalid_json_line", message="This line nests too deeply to parse.")
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError, a number of too many digits
-        return BatchError(code="invalid_json_line", message="This line is not parseable JSON.")
-    if not isinstance(line, dict):
-        return BatchError(code="invalid_json_line", message="A line must be a JSON object.")
-    return line
-
-
-def read_line(raw: bytes | LongLine) -> tuple[str, dict[str, Any]] | BatchError:
-    """What the runner needs of a line: its custom_id and body, or why it has none."""
-    line = parse_line(raw)
-    if isinstance(line, BatchError):
-        return line
-    custom_id, body = line.get("custom_id"), line.get("body")
-    if not isinstance(custom_id, str) or not custom_id:
-        return BatchError(
-            code="missing_required_parameter", message="custom_id must be a non-empty string.", param="custom_id"
-        )
-    if not isinstance(body, dict):
-        return BatchError(code="missing_required_parameter", message="body must be a JSON object.", param="body")
-    return custom_id, body
-
-
 def check_line(raw: bytes | LongLine, endpoint: str, served: ServedNames) -> tuple[str, dict[str, Any]] | BatchError:
     """A line's custom_id and body, or why it cannot run (its `line` left for the caller to set)."""
     line = parse_line(raw)
     if isinstance(line, BatchError):
         return line
-    custom_id = line.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        return BatchError(
-            code="missing_required_parameter", message="custom_id must be a non-empty string.", param="custom_id"
-        )
+    custom_id = custom_id_of(line)
+    if isinstance(custom_id, BatchError):
+        return custom_id
     if line.get("method") != "POST":
         return BatchError(code="invalid_method", message="method must be POST.", param="method")
     if line.get("url") != endpoint:
@@ -117,9 +76,9 @@ def check_line(raw: bytes | LongLine, endpoint: str, served: ServedNames) -> tup
             message=f"url {line.get('url')!r} does not match the batch's endpoint {endpoint!r}.",
             param="url",
         )
-    body = line.get("body")
-    if not isinstance(body, dict):
-        return BatchError(code="missing_required_parameter", message="body must be a JSON object.", param="body")
+    body = body_of(line)
+    if isinstance(body, BatchError):
+        return body
     if body.get("stream"):
         return BatchError(code="invalid_request", message="stream is not supported in a batch.", param="body.stream")
     try:
@@ -141,7 +100,7 @@ def check_line(raw: bytes | LongLine, endpoint: str, served: ServedNames) -> tup
 def validate(
     lines: Iterable[tuple[int, bytes | LongLine]], endpoint: str, served: ServedNames, max_lines: int, max_errors: int
 ) -> Validated:
-    """Check every line (`lines`: numbered, as `storage.lines` reads them, with its cap)."""
+    """Check every line (`lines`: numbered, as `input_lines.lines` reads them, with its cap)."""
     found = Validated()
     seen: set[str] = set()
 

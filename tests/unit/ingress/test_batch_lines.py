@@ -15,9 +15,10 @@ from typing import Any
 from deployments.ingress.batches import runner as runner_module
 from deployments.ingress.batches import storage as storage_module
 from deployments.ingress.batches.files import data_path, new_file_id
+from deployments.ingress.batches.input_lines import LongLine, lines
 from deployments.ingress.batches.progress import resume
 from deployments.ingress.batches.runner import BatchRuntime
-from deployments.ingress.batches.storage import LocalStorage, LongLine, lines
+from deployments.ingress.batches.storage import LocalStorage
 from deployments.ingress.batches.validation import validate
 from tests.unit.ingress.test_batches import (
     ALICE,

@@ -21,10 +21,11 @@ from deployments.errors import InvalidRequestError, ObjectNotFoundError, Payload
 from deployments.ingress.apis.batches.protocol import BatchCreateRequest
 from deployments.ingress.batches import storage as storage_module
 from deployments.ingress.batches.files import data_path
+from deployments.ingress.batches.input_lines import lines
 from deployments.ingress.batches.progress import resume
 from deployments.ingress.batches.records import stored_owners
 from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime
-from deployments.ingress.batches.storage import LocalStorage, lines, open_storage
+from deployments.ingress.batches.storage import LocalStorage, open_storage
 from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
 from deployments.ingress.owners import Caller
