@@ -250,6 +250,25 @@ PROMPTS = [
 Timing = tuple[float, float, int]  # (TTFT s, end-to-end s, output tokens) of one request
 
 
+def engine_chat(engine: Any, max_tokens: int) -> Callable[[str], Awaitable[Timing]]:
+    """One greedy chat of one user message to a text engine in this process, timed as a client times
+    the service: the first token is the first piece with text."""
+    from deployments.protocol.replica import GenerateRequest, TextMessage
+
+    async def one(prompt: str) -> Timing:
+        start, ttft, tokens = time.perf_counter(), None, 0
+        request = GenerateRequest(
+            messages=[TextMessage(role="user", content=prompt)], max_tokens=max_tokens, temperature=0
+        )
+        async for piece in engine.generate(request):
+            if piece.text and ttft is None:
+                ttft = time.perf_counter() - start
+            tokens = piece.completion_tokens
+        return ttft or float("nan"), time.perf_counter() - start, tokens
+
+    return one
+
+
 async def closed_loop(
     one: Callable[[str], Awaitable[Timing]], concurrency: int, rounds: int
 ) -> tuple[list[Timing], float]:

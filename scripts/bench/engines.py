@@ -25,7 +25,7 @@ import time
 
 import psutil
 
-from scripts.bench.common import ROOT, arguments, closed_loop, emit
+from scripts.bench.common import ROOT, arguments, closed_loop, emit, engine_chat
 
 ENGINE_PARAMS = {"transformers": {"quantization": "int4-cpu"}}  # under --params: the transformers profile's
 
@@ -38,7 +38,6 @@ async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_
     """One engine in this process: load it, then each concurrency in turn."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
-    from deployments.protocol.replica import GenerateRequest, TextMessage
 
     model = load_models_file(ROOT / "models.yaml").models[0]
     params = {**ENGINE_PARAMS.get(engine_name, {}), **params}
@@ -49,15 +48,7 @@ async def run_engine(engine_name: str, concurrency: list[int], rounds: int, max_
     engine = create_text_engine(model)
     load_s, loaded_mb = round(time.perf_counter() - started, 1), rss_mb()
 
-    async def one(prompt: str) -> tuple[float, float, int]:
-        start, ttft, tokens = time.perf_counter(), None, 0
-        request = GenerateRequest(messages=[TextMessage(role="user", content=prompt)], max_tokens=max_tokens)
-        async for piece in engine.generate(request.model_copy(update={"temperature": 0})):
-            if piece.text and ttft is None:
-                ttft = time.perf_counter() - start
-            tokens = piece.completion_tokens
-        return ttft or float("nan"), time.perf_counter() - start, tokens
-
+    one = engine_chat(engine, max_tokens)
     await asyncio.gather(*(one("Say hello.") for _ in range(2)))  # the first steps are slower
     for c in concurrency:
         results, wall = await closed_loop(one, c, rounds)

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from scripts.bench.common import ROOT, arguments, closed_loop, emit, start_ours
+from scripts.bench.common import ROOT, arguments, closed_loop, emit, engine_chat, start_ours
 
 
 def decoder_models(directory: Path, gpu_shape: str | None, tokenizer: Path | None, slots: int) -> Path:
@@ -63,21 +63,9 @@ async def engine_alone(models_file: Path, concurrency: list[int], rounds: int, m
     """The decoder's engine in this process, as a replica builds it (`engine: auto` resolved likewise)."""
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
-    from deployments.protocol.replica import GenerateRequest, TextMessage
 
     engine = create_text_engine(load_models_file(models_file).models[0])
-
-    async def one(prompt: str) -> tuple[float, float, int]:
-        start, ttft, tokens = time.perf_counter(), None, 0
-        request = GenerateRequest(
-            messages=[TextMessage(role="user", content=prompt)], max_tokens=max_tokens, temperature=0
-        )
-        async for piece in engine.generate(request):
-            if piece.text and ttft is None:
-                ttft = time.perf_counter() - start
-            tokens = piece.completion_tokens
-        return ttft or float("nan"), time.perf_counter() - start, tokens
-
+    one = engine_chat(engine, max_tokens)
     await asyncio.gather(*(one("Say hello.") for _ in range(4)))  # as the service's warm-up
     for c in concurrency:
         results, wall = await closed_loop(one, c, rounds)
