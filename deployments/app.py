@@ -108,6 +108,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         vision=plan.vision,
         captioner_app=plan.captioner_app,
         images=plan.images,
+        documents=plan.documents,
         server=plan.server,
     )
     runner = BatchRunner.options(

@@ -7,6 +7,7 @@ Hierarchy::
     └── ServiceError                a request failed; carries HTTP status and OpenAI fields
         ├── InvalidRequestError     400 invalid_request_error
         │   ├── InvalidImageError       400, param points at the image part
+        │   ├── InvalidDocumentError    400, a document (PDF or text) refused: the message names it
         │   ├── VisionDisabledError     400, the model takes no images
         │   ├── ContextLengthError      400, code context_length_exceeded
         │   └── PreviousResponseNotFound    400, code previous_response_not_found (unknown or evicted)
@@ -79,6 +80,10 @@ class InvalidRequestError(ServiceError):
 
 class InvalidImageError(InvalidRequestError):
     code = "invalid_image"
+
+
+class InvalidDocumentError(InvalidRequestError):
+    code = "invalid_document"
 
 
 class VisionDisabledError(InvalidRequestError):

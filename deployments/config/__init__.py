@@ -1,7 +1,7 @@
 """Configuration: the typed mirror of models.yaml and of the builders' arguments, a module per
 section (`models`: the file and its entries; `params`: an engine's settings; `vision`: capabilities,
-captioning, proxy vision and image input; `chat`: the tool-call formats and the check of a chat
-template file; `serving`: server, deployment, autoscaling and the
+captioning, proxy vision and image input; `documents`: document input; `chat`: the tool-call formats
+and the check of a chat template file; `serving`: server, deployment, autoscaling and the
 builder's arguments; `strict`: their base), `loading` (reading the file and resolving the arguments
 into a `ServicePlan`), `machine` (cores) and `gguf` (a GGUF file's header, which the LoRA
 checks and the llama.cpp engine read).
@@ -17,6 +17,7 @@ defaults fill it, in `deployments/options/`."""
 
 from deployments.config.batches import BatchesConfig
 from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat
+from deployments.config.documents import DocumentInputConfig
 from deployments.config.embedding import EmbeddingConfig, Pooling, TokenIdVocabulary
 from deployments.config.loading import ServicePlan, load_models_file, parse_args, parse_models, resolve_plan
 from deployments.config.lora import LoraConfig
@@ -42,6 +43,7 @@ __all__ = [
     "Capabilities",
     "CaptioningConfig",
     "DeploymentConfig",
+    "DocumentInputConfig",
     "EmbeddingConfig",
     "EngineParams",
     "FakeEngineConfig",

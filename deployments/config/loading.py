@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deployments.config.chat import read_chat_template
+from deployments.config.documents import DocumentInputConfig
 from deployments.config.embedding import EmbeddingConfig
 from deployments.config.lora import AdapterError, LoraConfig, check_adapter, is_uri
 from deployments.config.models import Lifecycle, ModelConfig, ModelsFile
@@ -51,6 +52,7 @@ class ServicePlan(BaseModel):
     lifecycle: Lifecycle
     captioner_app: str
     images: ImageInputConfig
+    documents: DocumentInputConfig = DocumentInputConfig()
     server: ServerConfig
     proxy_vision: ProxyVisionConfig
 
@@ -291,6 +293,7 @@ def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
         lifecycle=Lifecycle.model_validate(models.model_dump(include=set(Lifecycle.model_fields))),
         captioner_app=app_args.captioner_app,
         images=models.images,
+        documents=models.documents,
         server=models.server,
         proxy_vision=proxy_vision,
     )

@@ -12,6 +12,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.documents import DocumentInputConfig
 from deployments.config.embedding import EmbeddingConfig
 from deployments.config.params import EngineParams
 from deployments.config.serving import DeploymentConfig, ServerConfig
@@ -141,6 +142,10 @@ class ModelsFile(Lifecycle):
     )
     images: ImageInputConfig = Field(
         default_factory=ImageInputConfig, description="Limits and allowed sources of request images."
+    )
+    documents: DocumentInputConfig = Field(
+        default_factory=DocumentInputConfig,
+        description="Limits of request documents (PDF and text) and of the worker processes that read them.",
     )
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP limits and API keys.")
     proxy_vision: ProxyVisionConfig = Field(

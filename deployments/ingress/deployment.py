@@ -2,7 +2,8 @@
 
 Its constructor builds each served model's answer core from its config and its decoder's handle
 (`AnswerCore`, with its `VisionPipeline` and the `CaptionerClient` of proxy vision, one per
-captioner: models that name the same captioner share its client and caption cache) and its
+captioner: models that name the same captioner share its client and caption cache; every model
+shares the replica's `DocumentStage`: its PDF workers and document cache) and its
 `HealthService`; Serve then asks it for its ASGI app (`__serve_build_asgi_app__`), which `api.build_api`
 makes for this replica's settings."""
 
@@ -17,12 +18,20 @@ from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig, TokenIdVocabulary
+from deployments.config import (
+    DocumentInputConfig,
+    ImageInputConfig,
+    ModelConfig,
+    ProxyVisionConfig,
+    ServerConfig,
+    TokenIdVocabulary,
+)
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
 from deployments.ingress.batches.lines import run_line
 from deployments.ingress.batches.store import BatchStore
+from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
@@ -68,6 +77,7 @@ class IngressConfig(BaseModel):
     vision: ProxyVisionConfig | None = None  # how to call the captioners
     captioner_app: str = "vision"
     images: ImageInputConfig = ImageInputConfig()
+    documents: DocumentInputConfig = DocumentInputConfig()
     server: ServerConfig = ServerConfig()
 
 
@@ -107,6 +117,7 @@ class Ingress:
         self._metrics = Recorder(INGRESS_METRICS, config.models[0].name)
         server = config.server
         clients: dict[str, CaptionerClient] = {}
+        documents = DocumentStage(config.documents, config.images)  # one per replica: its workers, its cache
         served = []
         for model in config.models:
             captioner = None
@@ -121,6 +132,7 @@ class Ingress:
                 images=config.images,
                 vision=config.vision,
                 native_max_images=model.native_max_images,
+                documents=documents,
             )
             decoder = decoders[model.name]
             core = AnswerCore(
@@ -153,6 +165,7 @@ class Ingress:
         self._batches: BatchStore | None = None
         if batch_runner is not None:
             self._batches = BatchStore.open(server.batches)
+            documents.files = self._batches.files  # documents named by file_id
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),

@@ -61,9 +61,10 @@ def request_id(scope: Scope) -> str:
 
 
 def recorded(request: Request, model: str) -> RequestRecord:
-    """The request's access-log record, with the model its body names."""
+    """The request's access-log record, with the model its body names and the caller's key digest."""
     record = record_of(request.state)
     record.model = model
+    record.key_digest = caller(request).key_digest  # who may read the /v1/files a document names
     return record
 
 

@@ -73,6 +73,7 @@ class RequestRecord:
     degraded: str | None = None
     set_aside: str | None = None  # the request's tools that were not offered to the model (hosted tools), by type
     batch: str | None = None  # the batch of a batch line (`Ingress.batch_line`); None for HTTP requests
+    key_digest: bytes | None = None  # the caller's API key's SHA-256 (documents named by file_id); never logged
 
     def first_token(self) -> None:
         if self.ttft_s is None:

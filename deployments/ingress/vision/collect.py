@@ -14,7 +14,7 @@ from deployments.ingress.vision.cache import image_digest
 from deployments.ingress.vision.check import load_image
 from deployments.monitoring.access_log import ImageStats
 from deployments.protocol.openai.chat import ChatMessage, UserMessage
-from deployments.protocol.openai.common import ImagePart
+from deployments.protocol.openai.common import ImagePart, TextPart
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,13 @@ class ImageInput:
 
 
 def text_of(content: object) -> str:
-    """A message's text: its string, or its text parts joined by newlines."""
+    """A message's text: its string, or its text parts joined by newlines (images and documents
+    not read yet are left out)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "\n".join(p.text for p in content if not isinstance(p, ImagePart))  # type: ignore[attr-defined]
+    return "\n".join(p.text for p in content if isinstance(p, TextPart))  # type: ignore[attr-defined]
 
 
 def _image_parts(messages: list[ChatMessage]) -> Iterator[tuple[int, int, UserMessage, ImagePart]]:

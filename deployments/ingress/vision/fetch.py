@@ -131,9 +131,10 @@ class _Refused(OSError):
 class _GuardedResolver(AbstractResolver):
     """aiohttp's default resolver, minus the addresses the guard refuses: the connector never sees them."""
 
-    def __init__(self, allow: _Allow) -> None:
+    def __init__(self, allow: _Allow, noun: str = "Image") -> None:
         self._inner = DefaultResolver()
         self._allow = allow
+        self._noun = noun
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
@@ -146,7 +147,7 @@ class _GuardedResolver(AbstractResolver):
         if not kept and refusals:
             first, reason = refusals[0]
             raise _Refused(
-                f"Image URL host {host!r} resolves to {first['host']}, {reason}; fetching it is not allowed."
+                f"{self._noun} URL host {host!r} resolves to {first['host']}, {reason}; fetching it is not allowed."
             )
         return kept
 
@@ -190,32 +191,43 @@ async def fetch_image(url: str, config: ImageInputConfig, *, param: str) -> byte
             f"Unsupported image URL scheme {scheme or '(none)'!r}: use data:, http(s):// or file:// URLs.",
             param=param,
         )
+    return await fetch_remote(url, config, param=param)
+
+
+async def fetch_remote(
+    url: str, config: ImageInputConfig, *, param: str, noun: str = "Image", accept: str = "image/*"
+) -> bytes:
+    """Bytes at an ``http(s)://`` URL behind the guard, within `config`'s limits and timeouts (the
+    byte cap `max_image_bytes`); `noun` names what is fetched in the errors ("Document" for a
+    document's `file_url`), `accept` is the request's Accept header."""
     if not config.allow_remote:
-        raise InvalidImageError("Remote image URLs (http, https) are disabled on this server.", param=param)
+        raise InvalidImageError(f"Remote {noun.lower()} URLs (http, https) are disabled on this server.", param=param)
     try:
-        return await asyncio.wait_for(_fetch_http(url, config, param=param), config.total_timeout_s)
+        return await asyncio.wait_for(
+            _fetch_http(url, config, param=param, noun=noun, accept=accept), config.total_timeout_s
+        )
     except TimeoutError:
         raise InvalidImageError(
-            f"Image download did not finish within {config.total_timeout_s:g} s.", param=param
+            f"{noun} download did not finish within {config.total_timeout_s:g} s.", param=param
         ) from None
 
 
-async def _fetch_http(url: str, config: ImageInputConfig, *, param: str) -> bytes:
+async def _fetch_http(url: str, config: ImageInputConfig, *, param: str, noun: str, accept: str) -> bytes:
     try:
         current = URL(url)
     except ValueError:
-        raise InvalidImageError("Image URL is not a valid URL.", param=param) from None
+        raise InvalidImageError(f"{noun} URL is not a valid URL.", param=param) from None
     allow = _Allow.of(config)
     connect, read = config.connect_timeout_s, config.read_timeout_s
     timeout = aiohttp.ClientTimeout(total=None, connect=connect, sock_connect=connect, sock_read=read)
-    resolver = _GuardedResolver(allow)
+    resolver = _GuardedResolver(allow, noun)
     connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
     try:
         async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, trust_env=False, headers={"Accept": "image/*"}
+            connector=connector, timeout=timeout, trust_env=False, headers={"Accept": accept}
         ) as session:
             for hop in range(config.max_redirects + 1):
-                where = "Image URL" if hop == 0 else f"Image URL redirect #{hop}"
+                where = f"{noun} URL" if hop == 0 else f"{noun} URL redirect #{hop}"
                 host = _check_target(current, allow, where=where, param=param)
                 try:
                     async with session.get(current, allow_redirects=False) as resp:
@@ -226,14 +238,14 @@ async def _fetch_http(url: str, config: ImageInputConfig, *, param: str) -> byte
                             raise InvalidImageError(
                                 f"{where} answered HTTP {resp.status} {resp.reason or ''}".rstrip() + ".", param=param
                             )
-                        return await _read_body(resp, config, param=param)
+                        return await _read_body(resp, config, param=param, noun=noun)
                 except aiohttp.ClientError as exc:
-                    raise _client_error(exc, host, config, param=param) from None
+                    raise _client_error(exc, host, config, param=param, noun=noun) from None
                 except ValueError:  # e.g. a host name IDNA cannot encode
                     raise InvalidImageError(f"{where} is not a valid URL.", param=param) from None
     finally:
         await resolver.close()
-    raise InvalidImageError(f"Image URL redirected more than {config.max_redirects} times.", param=param)
+    raise InvalidImageError(f"{noun} URL redirected more than {config.max_redirects} times.", param=param)
 
 
 def _redirect_target(resp: aiohttp.ClientResponse, *, where: str, param: str) -> URL:
@@ -246,36 +258,39 @@ def _redirect_target(resp: aiohttp.ClientResponse, *, where: str, param: str) ->
         raise InvalidImageError(f"{where} redirects to an invalid URL.", param=param) from None
 
 
-async def _read_body(resp: aiohttp.ClientResponse, config: ImageInputConfig, *, param: str) -> bytes:
+async def _read_body(resp: aiohttp.ClientResponse, config: ImageInputConfig, *, param: str, noun: str) -> bytes:
     cap = config.max_image_bytes
     if resp.content_length is not None and resp.content_length > cap:
-        raise InvalidImageError(f"Image is {resp.content_length} bytes; the limit is {cap}.", param=param)
+        raise InvalidImageError(f"{noun} is {resp.content_length} bytes; the limit is {cap}.", param=param)
     body = bytearray()
     async for chunk in resp.content.iter_chunked(_CHUNK):
         body += chunk
         if len(body) > cap:
-            raise InvalidImageError(f"Image is larger than {cap} bytes.", param=param)
+            raise InvalidImageError(f"{noun} is larger than {cap} bytes.", param=param)
     return bytes(body)
 
 
-def _client_error(exc: aiohttp.ClientError, host: str, config: ImageInputConfig, *, param: str) -> InvalidImageError:
+def _client_error(
+    exc: aiohttp.ClientError, host: str, config: ImageInputConfig, *, param: str, noun: str = "Image"
+) -> InvalidImageError:
     """One clear 400 for each way aiohttp can fail; no traceback and no internals in the message."""
+    lower = noun.lower()
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         if isinstance(exc.os_error, _Refused):
             return InvalidImageError(str(exc.os_error), param=param)
-        return InvalidImageError(f"Image URL host {host!r} could not be resolved.", param=param)
+        return InvalidImageError(f"{noun} URL host {host!r} could not be resolved.", param=param)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        message = f"Connecting to image URL host {host!r} timed out after {config.connect_timeout_s:g} s."
+        message = f"Connecting to {lower} URL host {host!r} timed out after {config.connect_timeout_s:g} s."
     elif isinstance(exc, aiohttp.ServerTimeoutError):
-        message = f"Image URL host {host!r} sent nothing for {config.read_timeout_s:g} s (read timeout)."
+        message = f"{noun} URL host {host!r} sent nothing for {config.read_timeout_s:g} s (read timeout)."
     elif isinstance(exc, aiohttp.ClientSSLError):
-        message = f"TLS with image URL host {host!r} failed (certificate or handshake)."
+        message = f"TLS with {lower} URL host {host!r} failed (certificate or handshake)."
     elif isinstance(exc, aiohttp.ClientConnectorError):
-        message = f"Could not connect to image URL host {host!r}."
+        message = f"Could not connect to {lower} URL host {host!r}."
     elif isinstance(exc, aiohttp.InvalidURL):
-        message = "Image URL is not a valid URL."
+        message = f"{noun} URL is not a valid URL."
     else:
-        message = f"Downloading the image from {host!r} failed ({type(exc).__name__})."
+        message = f"Downloading the {lower} from {host!r} failed ({type(exc).__name__})."
     return InvalidImageError(message, param=param)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from deployments.ingress.vision.collect import text_of
 from deployments.ingress.vision.rewrite import plain_message
 from deployments.protocol.openai.chat import ChatMessage, UserMessage
-from deployments.protocol.openai.common import ImagePart
+from deployments.protocol.openai.common import ImagePart, TextPart
 from deployments.protocol.replica import MessageImage, MessagePart, MessageText, TextMessage
 
 
@@ -28,7 +28,7 @@ def native_messages(messages: list[ChatMessage]) -> list[TextMessage]:
                 if isinstance(part, ImagePart):
                     parts.append(MessageImage(index=n))
                     n += 1
-                elif part.text:
+                elif isinstance(part, TextPart) and part.text:
                     parts.append(MessageText(text=part.text))
             out.append(TextMessage(role="user", content=text_of(msg.content), parts=parts))
         else:

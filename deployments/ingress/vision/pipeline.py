@@ -10,6 +10,10 @@ its input into chat messages first), become the decoder's messages, and their im
 - native vision: the images, checked here (within the model's own per-request limit), sent to the
   decoder itself with their places in the chat (`native`);
 - a model without vision: a 400 for a request with images.
+
+Documents come first (`documents.stage`): read into the chat as marked text, a page without text as
+an image part that then goes the images' way (or, without vision, a mark that it was not seen); the
+pages not seen join the answer's report (`vision.unseen_pages`).
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from dataclasses import dataclass, field
 
 from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, VisionDisabledError
+from deployments.ingress.documents.stage import DocumentStage, Expanded, count_documents, unseen_page_marker
+from deployments.ingress.owners import Caller
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.client import Captioner
 from deployments.ingress.vision.collect import check_image_counts, collect_images, count_images
 from deployments.ingress.vision.native import native_messages
 from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import ChatMessage
-from deployments.protocol.openai.common import UnseenImage, UnseenReason, VisionReport
+from deployments.protocol.openai.chat import ChatMessage, UserMessage
+from deployments.protocol.openai.common import ImagePart, UnseenImage, UnseenPage, UnseenReason, VisionReport
 from deployments.protocol.replica import ImageBytes, TextMessage
 
 logger = logging.getLogger("ray.serve")
@@ -42,10 +48,11 @@ class Degraded:
 
     report: VisionReport
     notice: str | None = None
+    captioner_down: bool = True  # False: only document pages were left out (no captioner failed)
 
     @property
     def headers(self) -> dict[str, str]:
-        return {DEGRADED_HEADER: "captioner-unavailable"}
+        return {DEGRADED_HEADER: "captioner-unavailable"} if self.captioner_down else {}
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,14 @@ class VisionPipeline:
         images: ImageInputConfig,
         vision: ProxyVisionConfig | None = None,
         native_max_images: int | None = None,
+        documents: DocumentStage | None = None,
     ) -> None:
         """`captioner`: None when the model takes no images through a captioner; `images`: the image
         limits and fetching; `vision`: the failure policy and notice; `native_max_images`: set when
-        the decoder sees images itself (native vision): the most images one request may carry."""
+        the decoder sees images itself (native vision): the most images one request may carry;
+        `documents`: the stage that reads documents into the chat first (None: a request with a
+        document is a 400)."""
+        self._documents = documents
         self._captioner = captioner
         self._model = model_name
         self._images = images
@@ -85,9 +96,26 @@ class VisionPipeline:
     async def prepare(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
         """`record`: gets the images' sizes and fetch times, the caption cache's hits and misses,
         and the reason of a degraded answer."""
+        expanded = await self._read_documents(messages, record)
         if self._native_images is not None:
-            return await self._native(messages, self._native_images, record)
-        return await self._proxy(messages, record)
+            seen = await self._native(expanded.messages, self._native_images, record)
+        else:
+            seen = await self._proxy(expanded, record)
+        return _with_pages(seen, expanded.unseen)
+
+    def _image_limits(self) -> ImageInputConfig | None:
+        """The limits a document's page images count against; None when the model takes no images."""
+        if self._native_images is not None:
+            return self._native_images
+        return self._images if self._captioner is not None else None
+
+    async def _read_documents(self, messages: list[ChatMessage], record: RequestRecord) -> Expanded:
+        if self._documents is None:
+            if count_documents(messages):
+                raise VisionDisabledError("This server reads no documents.", param="messages")
+            return Expanded(messages)
+        caller = Caller(record.key_digest, record.request_id)
+        return await self._documents.expand(messages, caller, self._image_limits())
 
     async def prepare_to_count(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
         """/tokenize's: as `prepare` under native vision (the images go to the decoder, which counts
@@ -95,8 +123,10 @@ class VisionPipeline:
         written without its caption (not known until captioned, and a count must not cost the
         captioner a call) and `uncaptioned` says how many were left out. A model without vision: a
         400, as for a chat."""
+        expanded = await self._read_documents(messages, record)
+        messages = expanded.messages
         if self._native_images is not None:
-            return await self._native(messages, self._native_images, record)
+            return _with_pages(await self._native(messages, self._native_images, record), expanded.unseen)
         images = count_images(messages)
         if images and self._captioner is None:
             raise VisionDisabledError(
@@ -104,11 +134,14 @@ class VisionPipeline:
             )
         if images:
             check_image_counts(messages, self._images)
-        return DecoderInput(rewrite(messages, [""] * images), uncaptioned=images)
+        seen = DecoderInput(rewrite(messages, [""] * images), uncaptioned=images)
+        return _with_pages(seen, expanded.unseen)
 
-    async def _proxy(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
+    async def _proxy(self, expanded: Expanded, record: RequestRecord) -> DecoderInput:
         """Captions in place of images; with the policy ``degrade``, a marker in place of each image
-        the captioner could not describe, and what the answer must say about them."""
+        the captioner could not describe, and what the answer must say about them (a document's
+        page, by its document and number; an image the user sent, by its index among them)."""
+        messages = expanded.messages
         if not count_images(messages):
             return DecoderInput(rewrite(messages, []))
         if self._captioner is None:
@@ -125,9 +158,14 @@ class VisionPipeline:
             logger.warning("answering without image descriptions: %s", exc.message)
             reason: UnseenReason = "captioner_timeout" if isinstance(exc, CaptionerTimeout) else "captioner_unavailable"
             record.degraded = reason
-            unseen = [UnseenImage(index=i, reason=reason, message=exc.message) for i in range(len(images))]
-            degraded = Degraded(VisionReport(unseen_images=unseen), self._vision.degraded_notice)
-            return DecoderInput(rewrite(messages, [unseen_marker(reason)] * len(images)), degraded=degraded)
+            pages = [expanded.page_images.get(id(part)) for part in _image_parts(messages)]
+            users = [k for k, page in enumerate(pages) if page is None]
+            unseen = [UnseenImage(index=n, reason=reason, message=exc.message) for n in range(len(users))]
+            unseen_pages = [page.unseen(reason) for page in pages if page is not None]
+            report = VisionReport(unseen_images=unseen, unseen_pages=unseen_pages)
+            degraded = Degraded(report, self._vision.degraded_notice)
+            markers = [unseen_marker(reason) if page is None else unseen_page_marker(reason) for page in pages]
+            return DecoderInput(rewrite(messages, markers), degraded=degraded)
         finally:
             record.cache_hits, record.cache_misses = cache.hits, cache.misses
         return DecoderInput(rewrite(messages, captions))
@@ -142,3 +180,29 @@ class VisionPipeline:
         return DecoderInput(
             native_messages(messages), [ImageBytes(data=image.data, sha256=image.digest) for image in images]
         )
+
+
+def _image_parts(messages: list[ChatMessage]) -> list[ImagePart]:
+    """Every image part of the chat, in conversation order (as `collect_images` reads them)."""
+    return [
+        part
+        for msg in messages
+        if isinstance(msg, UserMessage) and isinstance(msg.content, list)
+        for part in msg.content
+        if isinstance(part, ImagePart)
+    ]
+
+
+def _with_pages(seen: DecoderInput, unseen: list[UnseenPage]) -> DecoderInput:
+    """`seen` with the document pages the stage left out added to its report (a report of its own
+    when every image was seen: no captioner failed, so no degraded header and no notice)."""
+    if not unseen:
+        return seen
+    if seen.degraded is None:
+        degraded = Degraded(VisionReport(unseen_pages=unseen), captioner_down=False)
+    else:
+        report = seen.degraded.report
+        pages = [*unseen, *report.unseen_pages]
+        pages.sort(key=lambda page: (page.document, page.page))
+        degraded = Degraded(report.model_copy(update={"unseen_pages": pages}), seen.degraded.notice)
+    return DecoderInput(seen.messages, seen.images, degraded, seen.uncaptioned)

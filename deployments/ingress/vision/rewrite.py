@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from deployments.ingress.vision.collect import count_images, text_of
 from deployments.protocol.openai.chat import AssistantMessage, ChatMessage, ToolMessage, UserMessage
-from deployments.protocol.openai.common import ImagePart, ToolCall, ToolCallFunction, UnseenReason
+from deployments.protocol.openai.common import ImagePart, TextPart, ToolCall, ToolCallFunction, UnseenReason
 from deployments.protocol.replica import TextMessage
 
 _WHY: dict[UnseenReason, str] = {
@@ -44,7 +44,7 @@ def rewrite(messages: list[ChatMessage], captions: list[str]) -> list[TextMessag
                 if isinstance(part, ImagePart):
                     lines.append(f"Image {n + 1}: {captions[n]}")
                     n += 1
-                elif part.text:
+                elif isinstance(part, TextPart) and part.text:
                     lines.append(part.text)
             out.append(TextMessage(role="user", content="\n".join(lines)))
         else:

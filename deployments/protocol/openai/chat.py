@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from deployments.protocol.openai.common import (
+    FilePart,
     FunctionDefinition,
     ImagePart,
     RequestModel,
@@ -16,7 +17,7 @@ from deployments.protocol.openai.common import (
     absent,
 )
 
-UserPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+UserPart = Annotated[TextPart | ImagePart | FilePart, Field(discriminator="type")]
 
 
 class SystemMessage(RequestModel):

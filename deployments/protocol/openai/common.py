@@ -31,6 +31,32 @@ class ImagePart(RequestModel):
     image_url: ImageURL
 
 
+class FileInput(RequestModel):
+    """A document (PDF, plain text, Markdown, CSV) as chat's `file` part carries it: exactly one of
+    `file_data` (a ``data:<media type>;base64,`` URL, as the openai clients send it), `file_id` (a
+    /v1/files upload of the caller's) or `file_url` (an extension: Responses' `input_file.file_url`,
+    fetched behind the image URLs' SSRF guard)."""
+
+    file_data: str | None = Field(None, min_length=1)
+    file_id: str | None = Field(None, min_length=1)
+    file_url: str | None = Field(None, min_length=1, description="Extension: an http(s) URL of the document.")
+    filename: str | None = Field(None, max_length=512)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FileInput:
+        given = [name for name in ("file_data", "file_id", "file_url") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"needs exactly one of file_data, file_id, file_url (got {', '.join(given) or 'none'})")
+        return self
+
+
+class FilePart(RequestModel):
+    """A document in a user message; read into text (and page images) by the ingress's document stage."""
+
+    type: Literal["file"]
+    file: FileInput
+
+
 class StreamOptions(RequestModel):
     include_usage: bool = False
 
@@ -193,6 +219,9 @@ class TokenLogprob(TopLogprob):
 FinishReason = Literal["stop", "length"]
 
 UnseenReason = Literal["captioner_unavailable", "captioner_timeout"]
+PageUnseenReason = Literal[
+    "truncated", "vision_disabled", "over_image_limit", "not_rendered", "captioner_unavailable", "captioner_timeout"
+]
 
 DEGRADED_FINGERPRINT = "mmserve-vision-degraded"
 
@@ -208,11 +237,36 @@ class UnseenImage(BaseModel):
     message: str = Field(description="What the ingress knows of the cause, in words.")
 
 
+class UnseenPage(BaseModel):
+    """A page of a request's document that the decoder did not read or see."""
+
+    document: int = Field(description="Position among the request's documents, 0-based, in conversation order.")
+    filename: str = Field(description="The document's name, as the prompt names it.")
+    page: int = Field(description="The page, 1-based (a text document's part).")
+    reason: PageUnseenReason = Field(
+        description="truncated: left out beyond documents.max_chars_per_request; vision_disabled: a page without "
+        "text, and the model takes no images; over_image_limit: a page without text beyond the request's image "
+        "limits; not_rendered: beyond documents.max_rendered_pages; captioner_unavailable / captioner_timeout: "
+        "its image could not be captioned."
+    )
+
+
+def _empty(value: object) -> bool:
+    return not value
+
+
 class VisionReport(BaseModel):
-    """Which images of the request the decoder did not see, and why."""
+    """Which images, and which pages of documents, the decoder did not see, and why."""
 
     degraded: Literal[True] = True
-    unseen_images: list[UnseenImage] = Field(min_length=1)
+    unseen_images: list[UnseenImage] = Field(default_factory=list)
+    unseen_pages: list[UnseenPage] = Field(default_factory=list, exclude_if=_empty)
+
+    @model_validator(mode="after")
+    def _something_unseen(self) -> VisionReport:
+        if not self.unseen_images and not self.unseen_pages:
+            raise ValueError("a report names at least one unseen image or page")
+        return self
 
 
 def absent(value: object) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerUnavailable, InvalidRequestError
 from deployments.ingress.answer.core import AnswerCore
+from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.vision.cache import CacheStats, CaptionCache
 from deployments.ingress.vision.collect import ImageInput
 from deployments.ingress.vision.pipeline import VisionPipeline
@@ -200,13 +201,15 @@ def answer_core(
     vision: ProxyVisionConfig | None = None,
     max_n: int = 8,
     native_max_images: int | None = None,
+    documents: DocumentStage | None = None,
 ) -> AnswerCore:
-    """A served model's answer core over fakes, with its vision pipeline."""
+    """A served model's answer core over fakes, with its vision pipeline (and document stage)."""
     pipeline = VisionPipeline(
         captioner,
         model_name=model_name,
         images=images or ImageInputConfig(),
         vision=vision,
         native_max_images=native_max_images,
+        documents=documents,
     )
     return AnswerCore(decoder, pipeline, model_name=model_name, request_timeout_s=request_timeout_s, max_n=max_n)

@@ -6,8 +6,10 @@ path rather than a copy of it:
   the messages (Claude Code's) is added to it, in order: chat templates take one system message,
   first;
 - a user turn's `tool_result` blocks are `tool` messages, in order, each answering its `tool_use_id`
-  (an error result's text starts with ``Error:``); the images of tool results, and the turn's own
-  text and images, follow as one user message (the images where the pipeline sees them);
+  (an error result's text starts with ``Error:``); the images and documents of tool results (how an
+  agent hands back a PDF it opened), and the turn's own text, images and documents, follow as one
+  user message (where the image pipeline and the document stage see them); a document is chat's
+  `file` part, its `context` a text part before it;
 - an assistant turn's text is its content and its `tool_use` blocks its tool calls (the input as
   JSON text); its thinking blocks (an earlier model's) are dropped;
 - `tools` are function definitions (`input_schema` the parameters), `tool_choice` the plan's choice.
@@ -15,20 +17,27 @@ path rather than a copy of it:
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Literal
 
 from deployments.ingress.apis.messages.protocol import (
     AnyChoice,
     AssistantTurn,
+    ContentSource,
+    DocumentBlock,
+    FileIdSource,
     ImageBlock,
     MessagesInput,
     NamedChoice,
     NoneChoice,
+    PdfSource,
+    PlainTextSource,
     SystemTurn,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
+    URLSource,
     UserTurn,
 )
 from deployments.protocol.openai.chat import (
@@ -40,7 +49,7 @@ from deployments.protocol.openai.chat import (
     ToolMessage,
     UserMessage,
 )
-from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
+from deployments.protocol.openai.common import FileInput, FilePart, FunctionDefinition, ImagePart, ImageURL, TextPart
 
 ERROR_PREFIX = "Error: "
 
@@ -64,13 +73,19 @@ def _user(message: UserTurn) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [UserMessage(role="user", content=message.content)]
     chat: list[ChatMessage] = []
-    parts: list[TextPart | ImagePart] = []
+    parts: list[TextPart | ImagePart | FilePart] = []
     for block in message.content:
         if isinstance(block, ToolResultBlock):
             chat.append(ToolMessage(role="tool", content=_result_text(block), tool_call_id=block.tool_use_id))
-            parts += [_image(part) for part in _result_parts(block) if isinstance(part, ImageBlock)]
+            for part in _result_parts(block):
+                if isinstance(part, ImageBlock):
+                    parts.append(_image(part))
+                elif isinstance(part, DocumentBlock):
+                    parts += _document(part)
         elif isinstance(block, TextBlock):
             parts.append(TextPart(type="text", text=block.text))
+        elif isinstance(block, DocumentBlock):
+            parts += _document(block)
         else:
             parts.append(_image(block))
     if parts:
@@ -78,13 +93,39 @@ def _user(message: UserTurn) -> list[ChatMessage]:
     return chat
 
 
-def _result_parts(block: ToolResultBlock) -> list[TextBlock | ImageBlock]:
+def _result_parts(block: ToolResultBlock) -> list[TextBlock | ImageBlock | DocumentBlock]:
     return [TextBlock(type="text", text=block.content)] if isinstance(block.content, str) else list(block.content)
 
 
 def _result_text(block: ToolResultBlock) -> str:
     text = "\n".join(part.text for part in _result_parts(block) if isinstance(part, TextBlock))
     return ERROR_PREFIX + text if block.is_error else text
+
+
+def _document(block: DocumentBlock) -> list[TextPart | FilePart]:
+    """A document block as chat's `file` part (its `context` a text part before it)."""
+    source = block.source
+    name = block.title
+    if isinstance(source, PdfSource):
+        found = FileInput(file_data=f"data:application/pdf;base64,{source.data}", filename=name)
+    elif isinstance(source, URLSource):
+        found = FileInput(file_url=source.url, filename=name)
+    elif isinstance(source, FileIdSource):
+        found = FileInput(file_id=source.file_id, filename=name)
+    else:
+        text = source.data if isinstance(source, PlainTextSource) else _content_text(source)
+        encoded = base64.b64encode(text.encode()).decode()
+        found = FileInput(file_data=f"data:text/plain;base64,{encoded}", filename=name or "document.txt")
+    parts: list[TextPart | FilePart] = []
+    if block.context:
+        parts.append(TextPart(type="text", text=block.context))
+    return [*parts, FilePart(type="file", file=found)]
+
+
+def _content_text(source: ContentSource) -> str:
+    if isinstance(source.content, str):
+        return source.content
+    return "\n\n".join(block.text for block in source.content)
 
 
 def _image(block: ImageBlock) -> ImagePart:

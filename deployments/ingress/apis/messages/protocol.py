@@ -1,5 +1,6 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens): the request (a `system`
-prompt, user and assistant turns of content blocks: text, images by base64 or URL, `tool_use` and
+prompt, user and assistant turns of content blocks: text, images by base64 or URL, documents (PDF or
+plain text, by base64, text, URL or file id; also inside a tool result), `tool_use` and
 `tool_result`; `system` turns among them, as Claude Code sends; custom tools with their
 `input_schema`, `tool_choice`), the `message` answer and the error body.
 
@@ -51,6 +52,50 @@ class ImageBlock(RequestModel):
         return f"data:{source.media_type};base64,{source.data}" if isinstance(source, Base64Source) else source.url
 
 
+class PdfSource(RequestModel):
+    type: Literal["base64"]
+    media_type: Literal["application/pdf"]
+    data: str = Field(min_length=1)
+
+
+class PlainTextSource(RequestModel):
+    type: Literal["text"]
+    media_type: Literal["text/plain"] = "text/plain"
+    data: str
+
+
+class ContentSource(RequestModel):
+    """A document given as content blocks (its text blocks are the document's text)."""
+
+    type: Literal["content"]
+    content: str | list[TextBlock]
+
+
+class FileIdSource(RequestModel):
+    """A document uploaded to /v1/files, by its id."""
+
+    type: Literal["file"]
+    file_id: str = Field(min_length=1)
+
+
+DocumentSource = Annotated[
+    PdfSource | PlainTextSource | URLSource | ContentSource | FileIdSource, Field(discriminator="type")
+]
+
+
+class DocumentBlock(RequestModel):
+    """A document (a PDF, plain text, a URL of either): read into text by the ingress for any model,
+    as it reads a `file` part of a chat (docs/documents.md). `title` names it in the prompt, `context`
+    goes before it; `citations` are accepted and set aside (no citations come back)."""
+
+    type: Literal["document"]
+    source: DocumentSource
+    title: str | None = Field(None, max_length=500)
+    context: str | None = None
+    citations: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
+
+
 class ToolUseBlock(RequestModel):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
@@ -74,7 +119,7 @@ class RedactedThinkingBlock(RequestModel):
     cache_control: CacheControl | None = None
 
 
-ResultPart = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
 class ToolResultBlock(RequestModel):
@@ -85,7 +130,7 @@ class ToolResultBlock(RequestModel):
     cache_control: CacheControl | None = None
 
 
-UserBlock = Annotated[TextBlock | ImageBlock | ToolResultBlock, Field(discriminator="type")]
+UserBlock = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolResultBlock, Field(discriminator="type")]
 AssistantBlock = Annotated[
     TextBlock | ToolUseBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
 ]

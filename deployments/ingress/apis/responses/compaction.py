@@ -25,6 +25,7 @@ from deployments.ingress.apis.responses.protocol import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputFile,
     InputImage,
     InputItem,
     MessageItem,
@@ -62,6 +63,8 @@ def _text(content: str | list[Any]) -> str:
     for part in content:
         if isinstance(part, InputImage):
             parts.append("[an image]")
+        elif isinstance(part, InputFile):
+            parts.append(f"[a document: {part.filename or 'unnamed'}]")
         else:
             parts.append(part.refusal if part.type == "refusal" else part.text)
     return " ".join(parts)

@@ -37,7 +37,9 @@ from deployments.ingress.apis.responses.protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    InputFile,
     InputImage,
+    InputText,
     MessageItem,
     NamedFunctionChoice,
     NamespaceTool,
@@ -54,7 +56,7 @@ from deployments.protocol.openai.chat import (
     ToolMessage,
     UserMessage,
 )
-from deployments.protocol.openai.common import FunctionDefinition, ImagePart, ImageURL, TextPart
+from deployments.protocol.openai.common import FileInput, FilePart, FunctionDefinition, ImagePart, ImageURL, TextPart
 from deployments.protocol.replica import GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 
@@ -95,7 +97,7 @@ def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessag
     messages: list[ChatMessage] = []
     if body.instructions:
         messages.append(SystemMessage(role="system", content=body.instructions))
-    images: list[ImagePart] = []  # of tool outputs, sent once the run of tool messages ends
+    images: list[Shown] = []  # of tool outputs, sent once the run of tool messages ends
     for item in [*earlier, *body.items]:
         if images and not isinstance(item, FunctionCallOutputItem):
             messages.append(_images_turn(images, tools=isinstance(messages[-1], ToolMessage)))
@@ -135,22 +137,32 @@ def _image(part: InputImage) -> ImagePart:
     return ImagePart(type="image_url", image_url=ImageURL(url=part.image_url, detail=detail))
 
 
-def _message(item: MessageItem) -> tuple[ChatMessage, list[ImagePart]]:
-    """A message item as a chat message; a user's images stay in place, those of other roles (which
-    a chat template gives no image slot) come back to follow it in a user turn."""
+def _file(part: InputFile) -> FilePart:
+    source = FileInput(file_data=part.file_data, file_id=part.file_id, file_url=part.file_url, filename=part.filename)
+    return FilePart(type="file", file=source)
+
+
+Shown = ImagePart | FilePart
+
+
+def _message(item: MessageItem) -> tuple[ChatMessage, list[Shown]]:
+    """A message item as a chat message; a user's images and documents stay in place, those of other
+    roles (which a chat template gives no image slot) come back to follow it in a user turn."""
     if isinstance(item.content, str):
-        parts: list[TextPart | ImagePart] = [TextPart(type="text", text=item.content)]
+        parts: list[TextPart | Shown] = [TextPart(type="text", text=item.content)]
     else:
         parts = []
         for part in item.content:
             if isinstance(part, InputImage):
                 parts.append(_image(part))
+            elif isinstance(part, InputFile):
+                parts.append(_file(part))
             else:
                 parts.append(TextPart(type="text", text=part.text if part.type != "refusal" else part.refusal))
     if item.role == "user":
         return UserMessage(role="user", content=parts if not isinstance(item.content, str) else item.content), []
     text = "".join(part.text for part in parts if isinstance(part, TextPart))
-    images = [part for part in parts if isinstance(part, ImagePart)]
+    images = [part for part in parts if isinstance(part, ImagePart | FilePart)]
     if item.role == "assistant":
         return AssistantMessage(role="assistant", content=text), images
     return SystemMessage(role="system" if item.role == "system" else "developer", content=text), images
@@ -166,17 +178,22 @@ def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
         messages.append(AssistantMessage(role="assistant", content=None, tool_calls=[call]))
 
 
-def _output(item: FunctionCallOutputItem) -> tuple[str, list[ImagePart]]:
-    """A tool output's text, and its images."""
+def _output(item: FunctionCallOutputItem) -> tuple[str, list[Shown]]:
+    """A tool output's text, and its images and documents (which follow in a user turn)."""
     if isinstance(item.output, str):
         return item.output, []
-    text = "".join(part.text for part in item.output if not isinstance(part, InputImage))
-    images = [_image(part) for part in item.output if isinstance(part, InputImage)]
-    return text or ("(images below)" if images else ""), images
+    text = "".join(part.text for part in item.output if isinstance(part, InputText))
+    shown: list[Shown] = [
+        _image(part) if isinstance(part, InputImage) else _file(part)
+        for part in item.output
+        if isinstance(part, InputImage | InputFile)
+    ]
+    return text or ("(attached below)" if shown else ""), shown
 
 
-def _images_turn(images: list[ImagePart], tools: bool) -> UserMessage:
-    said = "The images that the tool results above returned:" if tools else "The images of the message above:"
+def _images_turn(images: list[Shown], tools: bool) -> UserMessage:
+    what = "images" if all(isinstance(part, ImagePart) for part in images) else "attachments"
+    said = f"The {what} that the tool results above returned:" if tools else f"The {what} of the message above:"
     intro = TextPart(type="text", text=said)
     return UserMessage(role="user", content=[intro, *images])
 

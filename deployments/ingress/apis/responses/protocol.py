@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from deployments.protocol.openai.common import RequestModel
 
@@ -26,6 +26,26 @@ class InputImage(RequestModel):
     type: Literal["input_image"]
     image_url: str = Field(min_length=1, description="An http(s) URL or a data URL (file_id is not supported).")
     detail: Literal["auto", "low", "high", "original"] = "auto"
+
+
+class InputFile(RequestModel):
+    """A document (PDF, plain text, Markdown, CSV): exactly one of `file_data` (a data URL, or bare
+    base64), `file_id` (a /v1/files upload of the caller's) and `file_url` (http(s), behind the SSRF
+    guard). Read into text by the ingress, for any model (docs/documents.md)."""
+
+    type: Literal["input_file"]
+    file_data: str | None = Field(None, min_length=1)
+    file_id: str | None = Field(None, min_length=1)
+    file_url: str | None = Field(None, min_length=1)
+    filename: str | None = Field(None, max_length=512)
+    detail: Literal["auto", "low", "high"] | None = None  # accepted, set aside
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InputFile:
+        given = [name for name in ("file_data", "file_id", "file_url") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"needs exactly one of file_data, file_id, file_url (got {', '.join(given) or 'none'})")
+        return self
 
 
 class OutputText(RequestModel):
@@ -42,8 +62,8 @@ class Refusal(RequestModel):
     refusal: str
 
 
-InputPart = Annotated[InputText | InputImage, Field(discriminator="type")]
-MessagePart = Annotated[InputText | InputImage | OutputText | Refusal, Field(discriminator="type")]
+InputPart = Annotated[InputText | InputImage | InputFile, Field(discriminator="type")]
+MessagePart = Annotated[InputText | InputImage | InputFile | OutputText | Refusal, Field(discriminator="type")]
 
 
 class MessageItem(RequestModel):
