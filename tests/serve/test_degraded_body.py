@@ -13,6 +13,7 @@ from openai import OpenAI
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, echo_with_captioner, undeploy, write_models
+from tests.support import pdfs
 
 NOTICE = "[Image not seen.] "
 PARTS = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}]
@@ -91,3 +92,20 @@ def test_langchain_stream_says_the_image_was_not_seen(service):
     assert isinstance(message, AIMessageChunk)
     assert message.response_metadata["system_fingerprint"] == DEGRADED_FINGERPRINT
     assert isinstance(message.content, str) and message.content.startswith(NOTICE)
+
+
+def test_a_pages_image_not_captioned_is_named_by_document_and_page(service, openai_client):
+    pdf = pdfs.pdf_with_image_page([pdfs.page_text(1, 3)], [])
+    part = {"type": "file", "file": {"file_data": data_url(pdf, "application/pdf"), "filename": "scan.pdf"}}
+    completion = openai_client.chat.completions.create(model="echo", messages=[{"role": "user", "content": [part]}])
+    assert completion.model_extra is not None
+    vision = completion.model_extra["vision"]
+    assert vision["unseen_images"] == []
+    assert vision["unseen_pages"] == [
+        {"document": 0, "filename": "scan.pdf", "page": 2, "reason": "captioner_unavailable"}
+    ]
+    content = completion.choices[0].message.content or ""
+    assert "Marker001" in content  # the text page is read all the same
+    assert (
+        "[document scan.pdf, page 2 of 2]\nImage 1: [This page has no text layer, and it could not be seen" in content
+    )
