@@ -1,6 +1,7 @@
 """The two agent CLIs through real Ray Serve (issue 48): their recorded request bodies replayed
 through the official clients, streamed, as Codex CLI (/v1/responses, openai) and Claude Code
-(/v1/messages?beta=true with its `anthropic-beta` flags, anthropic) send them. One deployment, two
+(/v1/messages?beta=true with its `anthropic-beta` flags, anthropic) send them, and Claude Code's
+turn after its Read of a local PDF (the document in the tool result, issue 57). One deployment, two
 fake models whose context (32,768 of the fake's word tokens) holds the recorded prompts, each
 answering with a scripted call of one of its client's tools (a namespaced one for Codex): each
 conversation completes a turn, the call round-trips (its result reaches the model), and a prompt
@@ -97,6 +98,21 @@ def test_claude_code_completes_a_turn_with_a_call_and_gets_its_result_back(clien
     text = "".join(block.text for block in echo.content if block.type == "text")
     assert f"tool ({use.id}): README.md" in text
     assert echo.stop_reason == "end_turn"  # 32,000 tokens asked: clamped to what the context leaves, not a 400
+
+
+def test_claude_code_reading_a_local_pdf_gets_its_pages_to_the_model(clients):
+    # Claude Code's Read of a PDF hands it back as a base64 document block inside the tool result; the
+    # model (the fake echoes its prompt once the tool has answered) reads the pages' text.
+    call = claude_code_call(recorded("claude_code_pdf"))
+    result = call["messages"][-1]["content"][0]
+    assert result["type"] == "tool_result" and result["content"][1]["type"] == "document"
+    with clients[1].beta.messages.stream(**{key: value for key, value in call.items() if key != "stream"}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn"
+    assert "[document document 1, page 1 of 2]" in text
+    assert "Quarterly report. Revenue grew 12 percent to 4.2 million." in text
+    assert text.index("page 1 of 2") < text.index("Outlook: hiring two engineers in the spring.")
 
 
 def test_a_prompt_longer_than_the_context_is_the_error_each_client_recognises(clients):

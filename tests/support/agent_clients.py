@@ -1,7 +1,8 @@
 """The recorded request bodies of the two agent CLIs (`agent_bodies/`: Codex CLI 0.171.0's first
 request to /v1/responses and Claude Code 2.1.332's to /v1/messages?beta=true, captured from the CLIs
-installed from npm by a local HTTP server on 2026-11-27, ids, paths and times replaced), for the unit
-and Serve tests that replay them."""
+installed from npm by a local HTTP server on 2026-11-27, ids, paths and times replaced; and Claude
+Code's turn after a Read of a local PDF, `claude_code_pdf`, captured on 2026-11-28 from a capture
+server that answered its first request with that Read), for the unit and Serve tests that replay them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ BODIES = Path(__file__).parent / "agent_bodies"
 
 
 def recorded(name: str) -> dict[str, Any]:
-    """`codex_responses` or `claude_code_messages`: the file's `body` (and `betas`, for Claude
+    """`codex_responses`, `claude_code_messages` or `claude_code_pdf`: the file's `body` (and `betas`, for Claude
     Code's `anthropic-beta` flags), a fresh copy each time."""
     return copy.deepcopy(json.loads((BODIES / f"{name}.json").read_text()))
 

@@ -241,3 +241,15 @@ async def test_a_model_without_a_document_stage_refuses_documents():
     core = answer_core(FakeDecoder(), None)
     with pytest.raises(Exception, match="This server reads no documents"):
         await core.vision.prepare(user(file_part(b"hi", "a.txt", "text/plain")), RequestRecord())
+
+
+async def test_a_native_vlm_gets_the_page_image_in_its_slot_within_its_own_limit(stage):
+    pdf = pdfs.pdf_with_image_page([pdfs.page_text(1)], [])
+    core = answer_core(FakeDecoder(), None, native_max_images=1, documents=stage)
+    seen = await core.vision.prepare(user(file_part(pdf), file_part(pdf, "b.pdf")), RequestRecord())
+    assert len(seen.images) == 1 and seen.images[0].data.startswith(b"\x89PNG")
+    assert [part.type for part in seen.messages[0].parts or []].count("image") == 1
+    assert seen.degraded is not None
+    assert [(p.filename, p.page, p.reason) for p in seen.degraded.report.unseen_pages] == [
+        ("b.pdf", 2, "over_image_limit")
+    ]
