@@ -44,9 +44,11 @@ class DocumentBytes:
 
 
 def _kind(data: bytes, media_type: str | None, name: str, *, param: str) -> str:
-    if data.lstrip(b"\x00\t\n\r\f ")[:5] == _PDF_MAGIC or data[:1024].find(_PDF_MAGIC) >= 0:
+    said_pdf = media_type == "application/pdf" or name.lower().endswith(".pdf")
+    # A PDF's header may follow up to 1 KB of junk; text that merely quotes it early stays text.
+    if data.lstrip(b"\x00\t\n\r\f ")[:5] == _PDF_MAGIC or (said_pdf and data[:1024].find(_PDF_MAGIC) >= 0):
         return "pdf"
-    if media_type == "application/pdf" or name.lower().endswith(".pdf"):
+    if said_pdf:
         raise InvalidDocumentError(f"Document {name!r} is not a readable PDF (no %PDF- header).", param=param)
     if media_type and not media_type.startswith(_TEXT_TYPES) and media_type != "application/octet-stream":
         raise InvalidDocumentError(
