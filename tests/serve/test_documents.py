@@ -2,8 +2,9 @@
 with its prompt, so the tests read what the model got. Each wire shape sent by its official client
 (chat's `file` part and Responses' `input_file` by openai, Messages' `document` blocks by anthropic,
 also inside a `tool_result`); the pages' text in order, a page without text captioned by the tiny
-local captioner; a /v1/files upload named by `file_id`; token counts that include the documents; an
-encrypted, a malformed and an over-the-cap PDF refused with a 400 in each API's shape."""
+local captioner; a /v1/files upload named by `file_id`; token counts (usage, /tokenize, count_tokens)
+that include the documents; an encrypted, a malformed and an over-the-cap PDF refused with a 400 in
+each API's shape. One deployment (the echo decoder and the tiny captioner) for the module."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import base64
 import re
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -102,6 +104,15 @@ def test_a_files_upload_named_by_file_id(service, oai):
     )
     prompt = completion.choices[0].message.content or ""
     assert "[document notes.pdf, page 1 of 2]" in prompt and markers(prompt) == ["Marker001", "Marker002"]
+    counted = httpx.post(
+        f"{BASE_URL}/tokenize",
+        json={
+            "model": "echo",
+            "messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": uploaded.id}}]}],
+        },
+        timeout=60,
+    )
+    assert completion.usage and counted.json()["count"] == completion.usage.prompt_tokens  # the pages counted alike
     with pytest.raises(openai.NotFoundError):
         oai.chat.completions.create(
             model="echo", messages=[{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-nope"}}]}]

@@ -253,3 +253,65 @@ async def test_a_native_vlm_gets_the_page_image_in_its_slot_within_its_own_limit
     assert [(p.filename, p.page, p.reason) for p in seen.degraded.report.unseen_pages] == [
         ("b.pdf", 2, "over_image_limit")
     ]
+
+
+def test_each_apis_document_becomes_chats_file_part():
+    from deployments.ingress.apis.messages.chat_form import chat_messages as from_messages
+    from deployments.ingress.apis.messages.protocol import MessagesInput
+    from deployments.ingress.apis.responses.items import chat_messages as from_responses
+    from deployments.ingress.apis.responses.protocol import ResponseRequest
+
+    pdf = {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}
+    body = MessagesInput.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "document", "source": pdf}]},
+                        {
+                            "type": "document",
+                            "title": "n.txt",
+                            "context": "notes",
+                            "source": {"type": "text", "data": "hi"},
+                        },
+                        {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+                        {"type": "document", "source": {"type": "file", "file_id": "file-1"}},
+                    ],
+                },
+            ],
+        }
+    )
+    chat = from_messages(body)
+    assert [m.role for m in chat] == ["user", "assistant", "tool", "user"]
+    parts = chat[3].content
+    files = [part.file for part in parts if part.type == "file"]  # type: ignore[union-attr]
+    assert files[0].file_data == "data:application/pdf;base64,JVBERi0="
+    assert (files[1].filename, files[1].file_data) == ("n.txt", "data:text/plain;base64,aGk=")
+    assert parts[1].text == "notes"  # type: ignore[union-attr]  # the context, before its document
+    assert files[2].file_url == "https://example.com/a.pdf" and files[3].file_id == "file-1"
+
+    request = ResponseRequest.model_validate(
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": [{"type": "input_file", "file_id": "file-1", "filename": "r.pdf"}]},
+                {"type": "function_call", "call_id": "c1", "name": "open", "arguments": "{}"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "c1",
+                    "output": [{"type": "input_file", "file_data": "aGk="}],
+                },
+            ],
+        }
+    )
+    chat = from_responses(request, [])
+    assert chat[0].content[0].file.file_id == "file-1"  # type: ignore[union-attr]
+    assert chat[2].content == "(attached below)"
+    assert chat[3].content[0].text == "The attachments that the tool results above returned:"  # type: ignore[union-attr]
+    assert chat[3].content[1].file.file_data == "aGk="  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="exactly one of file_data, file_id, file_url"):
+        MESSAGES.validate_python([{"role": "user", "content": [{"type": "file", "file": {"filename": "x"}}]}])
