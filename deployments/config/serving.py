@@ -175,6 +175,12 @@ class AppArgs(StrictModel):
     """
 
     models_file: str = Field("models.yaml", description="Path of models.yaml.")
+    limits_file: str | None = Field(
+        None,
+        description="Path of the limits file: named API keys with their rate limits, token budgets, models and "
+        "priority, and the default for other keys (docs/limits.md). Edits take effect within seconds. "
+        "None: no limits (any accepted key may do anything).",
+    )
     model: str | None = Field(
         None, description="Serve this models.yaml entry alone. Default: the file's `primaries` (else its first entry)."
     )

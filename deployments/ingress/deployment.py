@@ -18,6 +18,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import ImageInputConfig, ModelConfig, ProxyVisionConfig, ServerConfig, TokenIdVocabulary
+from deployments.config.limits import LimitsFile
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
@@ -26,6 +27,9 @@ from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.limits.board import Board
+from deployments.ingress.limits.limiter import LimiterSettings
+from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import AdapterView, ServedEmbedder, ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline
@@ -47,6 +51,7 @@ class ServedModelConfig(BaseModel):
     native_max_images: int | None = None  # native vision: the model's own image limit
     adapters: list[str] = []  # its listed LoRA adapters (`params.lora.adapters`)
     dynamic_adapters: bool = False  # any other adapter may be named as '<model>:<adapter>' (`lora.dynamic_path`)
+    max_tokens: int = 256  # its completion length when a request sets none (`params.max_tokens`)
 
 
 class ServedEmbedderConfig(BaseModel):
@@ -69,6 +74,8 @@ class IngressConfig(BaseModel):
     captioner_app: str = "vision"
     images: ImageInputConfig = ImageInputConfig()
     server: ServerConfig = ServerConfig()
+    limits: LimitsFile | None = None  # the limits file as the builder read it (None: no limits)
+    limits_path: str | None = None  # where it is, to see its edits
 
 
 def adapter_view(
@@ -143,8 +150,21 @@ class Ingress:
             for e in config.embedders
         ]
         self._served = ServedModels(served, embedding)
-        self._guard = GuardSettings.from_config(server)
         app = serve.get_replica_context().app_name
+        self._limiter: LimiterSettings | None = None
+        table = None
+        if config.limits is not None:
+            table = KeyTable(config.limits, config.limits_path)
+            board = Board(f"mmserve-limits-{app}", lease_s=server.request_timeout_s + 60)
+            board.start()
+            self._limiter = LimiterSettings(
+                table,
+                board,
+                served=self._served,
+                default_max_tokens={m.name: m.max_tokens for m in config.models},
+                metrics=self._metrics,
+            )
+        self._guard = GuardSettings.from_config(server, limits=table)
         self._responses = ResponseStore(
             f"mmserve-responses-{app}", server.responses_max_entries, server.responses_max_age_s
         )
@@ -156,13 +176,15 @@ class Ingress:
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
-            f"{len(self._guard.keys)} API key(s) required" if self._guard.keys else "no API keys (open)",
+            f"{len(self._guard.keys)} API key(s) required" if self._guard.required else "no API keys (open)",
             server.max_body_bytes,
             server.request_timeout_s,
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._served, self._guard, self._metrics, self._responses, self._batches, self._wake_runner)
+        return build_api(
+            self._served, self._guard, self._metrics, self._responses, self._batches, self._wake_runner, self._limiter
+        )
 
     def _wake_runner(self) -> None:
         if self._batch_runner is not None:

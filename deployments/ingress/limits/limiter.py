@@ -1,0 +1,148 @@
+"""The keys' limits at the door: a pure ASGI middleware inside the API-key guard (it knows the
+caller) and around every route.
+
+For every request it names the caller (`KeyTable.identify`) in the request's state and its record
+(the access log's `key`, the decoders' fair-queueing `tenant`). A body that names a model the key
+may not use is answered as an unknown model (404 `model_not_found`, listing only the models the key
+may use: nothing tells it the others exist). A request to a model's endpoint (`LIMITED`) is
+admitted by the application's board (`board.Board`) against the key's requests and tokens per
+minute and its concurrent requests, reserving its estimated tokens (`estimate`); over a limit it is
+a 429 in its API's shape with `Retry-After` (`headers`). Every admitted response carries the
+key's rate-limit headers, and when it has ended (a stream's last byte sent, or its client gone)
+the request is settled to the tokens it used (the record's counts) and counted in the key's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import MutableHeaders, State
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from deployments.errors import RateLimitError
+from deployments.ingress import owners
+from deployments.ingress.guard import anthropic_route, reject, replay, route_of
+from deployments.ingress.limits import estimate
+from deployments.ingress.limits.board import BoardPort
+from deployments.ingress.limits.headers import rate_headers, retry_headers
+from deployments.ingress.limits.table import KeyIdentity, KeyTable
+from deployments.ingress.served_models import ServedModels
+from deployments.monitoring.access_log import record_of
+from deployments.monitoring.metrics import Recorder
+
+STATE_KEY = "mmserve_key"  # the request's `state` entry: the caller's `KeyIdentity`
+LIMITED = {  # a model's endpoints, and whether they generate (an embedding's completion is nothing)
+    "/v1/chat/completions": True,
+    "/v1/completions": True,
+    "/v1/responses": True,
+    "/v1/messages": True,
+    "/v1/embeddings": False,
+}
+
+
+def key_of(state: Any) -> KeyIdentity | None:
+    """The caller as the limits know it (None: no limits file)."""
+    identity = getattr(state, STATE_KEY, None)
+    return identity if isinstance(identity, KeyIdentity) else None
+
+
+def model_allowed(state: Any) -> Callable[[str], bool]:
+    """Whether the request's caller may use a model."""
+    identity = key_of(state)
+    return identity.allows if identity is not None else lambda model: True
+
+
+@dataclass(frozen=True)
+class LimiterSettings:
+    table: KeyTable
+    board: BoardPort
+    served: ServedModels  # their names, and the 404 of a model not served
+    default_max_tokens: Mapping[str, int]  # each model's, for a request that sets none
+    metrics: Recorder
+
+
+class KeyLimiter:
+    def __init__(self, app: ASGIApp, settings: LimiterSettings | None) -> None:
+        self.app = app
+        self._settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        settings = self._settings
+        if settings is None or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        digest = state.get(owners.STATE_KEY)
+        identity = settings.table.identify(digest if isinstance(digest, bytes) else None)
+        state[STATE_KEY] = identity
+        if scope["type"] == "websocket" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        record = record_of(State(state))
+        record.tenant = identity.tenant
+        body = await _read(receive)
+        if body is None:
+            return
+        receive = replay(body, receive)
+        try:
+            request = json.loads(body) if body else None
+        except ValueError:
+            request = None  # the route says what is wrong with it
+        model = request.get("model") if isinstance(request, dict) else None
+        if isinstance(model, str) and not identity.allows(model):
+            await reject(settings.served.unknown(model, identity.allows), {}, scope, receive, send)
+            return
+        route = route_of(scope)
+        if route not in LIMITED or not isinstance(request, dict):
+            await self.app(scope, receive, send)
+            return
+        completion = 0
+        if LIMITED[route]:
+            default = settings.default_max_tokens.get((model or settings.served.names[0]).partition(":")[0], 256)
+            completion = estimate.completion_tokens(request, default)
+        started = time.monotonic()
+        verdict = await settings.board.admit(identity.name, identity.caps, estimate.prompt_tokens(request) + completion)
+        tags = {"key": identity.name}
+        settings.metrics.observe("key_admission_seconds", time.monotonic() - started, tags=tags)
+        if verdict is None:  # the board is unreachable: admitted without limits (logged by the board)
+            await self.app(scope, receive, send)
+            return
+        anthropic = anthropic_route(scope)
+        headers = rate_headers(verdict, anthropic)
+        if verdict.ticket is None:
+            settings.metrics.inc("key_rate_limited", tags={**tags, "limit": verdict.limit or "requests"})
+            error = RateLimitError(verdict.message, limit=verdict.limit or "requests")
+            await reject(error, {**headers, **retry_headers(verdict)}, scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(headers)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
+            settings.board.settle(verdict.ticket, prompt + completion)
+            settings.metrics.inc("key_requests", tags=tags)
+            settings.metrics.inc("key_prompt_tokens", prompt, tags=tags)
+            settings.metrics.inc("key_completion_tokens", completion, tags=tags)
+            if record.queued_s is not None:
+                settings.metrics.observe("key_queue_time_seconds", record.queued_s, tags=tags)
+
+
+async def _read(receive: Receive) -> bytes | None:
+    """The request's body (the guard has read it already: this reads its replay); None: the client left."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(body)
