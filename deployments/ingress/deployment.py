@@ -28,7 +28,7 @@ from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.limits.board import Board
-from deployments.ingress.limits.limiter import LimiterSettings
+from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import AdapterView, ServedEmbedder, ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
@@ -151,13 +151,13 @@ class Ingress:
         ]
         self._served = ServedModels(served, embedding)
         app = serve.get_replica_context().app_name
-        self._limiter: LimiterSettings | None = None
+        self._limiter: Limiter | None = None
         table = None
         if config.limits is not None:
             table = KeyTable(config.limits, config.limits_path)
             board = Board(f"mmserve-limits-{app}", lease_s=server.request_timeout_s + 60)
             board.start()
-            self._limiter = LimiterSettings(
+            self._limiter = Limiter(
                 table,
                 board,
                 served=self._served,

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.datastructures import MutableHeaders, State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deployments.errors import RateLimitError
+from deployments.errors import ModelNotFoundError, RateLimitError
 from deployments.ingress import owners
 from deployments.ingress.guard import anthropic_route, reject, replay, route_of
 from deployments.ingress.limits import estimate
@@ -31,7 +31,7 @@ from deployments.ingress.limits.board import BoardPort
 from deployments.ingress.limits.headers import rate_headers, retry_headers
 from deployments.ingress.limits.table import KeyIdentity, KeyTable
 from deployments.ingress.served_models import ServedModels
-from deployments.monitoring.access_log import record_of
+from deployments.monitoring.access_log import RequestRecord, record_of
 from deployments.monitoring.metrics import Recorder
 
 STATE_KEY = "mmserve_key"  # the request's `state` entry: the caller's `KeyIdentity`
@@ -57,27 +57,85 @@ def model_allowed(state: Any) -> Callable[[str], bool]:
 
 
 @dataclass(frozen=True)
-class LimiterSettings:
+class Admission:
+    """An admitted request: its ticket at the board (None: the board could not be asked) and the
+    headers that tell its key's buckets."""
+
+    identity: KeyIdentity
+    ticket: int | None
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Limiter:
+    """The limits of one ingress replica: who each caller is, and their admission and settlement."""
+
     table: KeyTable
     board: BoardPort
     served: ServedModels  # their names, and the 404 of a model not served
     default_max_tokens: Mapping[str, int]  # each model's, for a request that sets none
     metrics: Recorder
 
+    def check_model(self, identity: KeyIdentity, model: object) -> None:
+        """A model the key may not use is unknown to it: `ModelNotFoundError`, listing only its models."""
+        if isinstance(model, str) and not identity.allows(model):
+            raise self.served.unknown(model, identity.allows)
+
+    async def admit(self, identity: KeyIdentity, route: str, request: dict[str, Any], anthropic: bool) -> Admission:
+        """Admit a request to a model's endpoint `route` (`LIMITED`); over a limit, `RefusedError`."""
+        completion = 0
+        if LIMITED[route]:
+            model = request.get("model")
+            base = (model if isinstance(model, str) else self.served.names[0]).partition(":")[0]
+            completion = estimate.completion_tokens(request, self.default_max_tokens.get(base, 256))
+        started = time.monotonic()
+        verdict = await self.board.admit(identity.name, identity.caps, estimate.prompt_tokens(request) + completion)
+        tags = {"key": identity.name}
+        self.metrics.observe("key_admission_seconds", time.monotonic() - started, tags=tags)
+        if verdict is None:  # the board is unreachable: admitted without limits (logged by the board)
+            return Admission(identity, None, {})
+        headers = rate_headers(verdict, anthropic)
+        if verdict.ticket is None:
+            limit = verdict.limit or "requests"
+            self.metrics.inc("key_rate_limited", tags={**tags, "limit": limit})
+            raise RefusedError(verdict.message, limit=limit, headers={**headers, **retry_headers(verdict)})
+        return Admission(identity, verdict.ticket, headers)
+
+    def settle(self, admission: Admission, record: RequestRecord) -> None:
+        """The request has ended: its tokens (the record's counts) settle its reservation and count in
+        its key's metrics."""
+        prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
+        if admission.ticket is not None:
+            self.board.settle(admission.ticket, prompt + completion)
+        tags = {"key": admission.identity.name}
+        self.metrics.inc("key_requests", tags=tags)
+        self.metrics.inc("key_prompt_tokens", prompt, tags=tags)
+        self.metrics.inc("key_completion_tokens", completion, tags=tags)
+        if record.queued_s is not None:
+            self.metrics.observe("key_queue_time_seconds", record.queued_s, tags=tags)
+
+
+class RefusedError(RateLimitError):
+    """A 429 of the limits, with the headers its answer carries."""
+
+    def __init__(self, message: str, *, limit: str, headers: dict[str, str]) -> None:
+        super().__init__(message, limit=limit)
+        self.headers = headers
+
 
 class KeyLimiter:
-    def __init__(self, app: ASGIApp, settings: LimiterSettings | None) -> None:
+    def __init__(self, app: ASGIApp, limiter: Limiter | None) -> None:
         self.app = app
-        self._settings = settings
+        self._limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        settings = self._settings
-        if settings is None or scope["type"] not in ("http", "websocket"):
+        limiter = self._limiter
+        if limiter is None or scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
         digest = state.get(owners.STATE_KEY)
-        identity = settings.table.identify(digest if isinstance(digest, bytes) else None)
+        identity = limiter.table.identify(digest if isinstance(digest, bytes) else None)
         state[STATE_KEY] = identity
         if scope["type"] == "websocket" or scope["method"] != "POST":
             await self.app(scope, receive, send)
@@ -92,48 +150,26 @@ class KeyLimiter:
             request = json.loads(body) if body else None
         except ValueError:
             request = None  # the route says what is wrong with it
-        model = request.get("model") if isinstance(request, dict) else None
-        if isinstance(model, str) and not identity.allows(model):
-            await reject(settings.served.unknown(model, identity.allows), {}, scope, receive, send)
-            return
         route = route_of(scope)
-        if route not in LIMITED or not isinstance(request, dict):
-            await self.app(scope, receive, send)
-            return
-        completion = 0
-        if LIMITED[route]:
-            default = settings.default_max_tokens.get((model or settings.served.names[0]).partition(":")[0], 256)
-            completion = estimate.completion_tokens(request, default)
-        started = time.monotonic()
-        verdict = await settings.board.admit(identity.name, identity.caps, estimate.prompt_tokens(request) + completion)
-        tags = {"key": identity.name}
-        settings.metrics.observe("key_admission_seconds", time.monotonic() - started, tags=tags)
-        if verdict is None:  # the board is unreachable: admitted without limits (logged by the board)
-            await self.app(scope, receive, send)
-            return
-        anthropic = anthropic_route(scope)
-        headers = rate_headers(verdict, anthropic)
-        if verdict.ticket is None:
-            settings.metrics.inc("key_rate_limited", tags={**tags, "limit": verdict.limit or "requests"})
-            error = RateLimitError(verdict.message, limit=verdict.limit or "requests")
-            await reject(error, {**headers, **retry_headers(verdict)}, scope, receive, send)
+        try:
+            limiter.check_model(identity, request.get("model") if isinstance(request, dict) else None)
+            if route not in LIMITED or not isinstance(request, dict):
+                await self.app(scope, receive, send)
+                return
+            admission = await limiter.admit(identity, route, request, anthropic_route(scope))
+        except (ModelNotFoundError, RefusedError) as refused:
+            await reject(refused, getattr(refused, "headers", {}), scope, receive, send)
             return
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).update(headers)
+                MutableHeaders(scope=message).update(admission.headers)
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
-            settings.board.settle(verdict.ticket, prompt + completion)
-            settings.metrics.inc("key_requests", tags=tags)
-            settings.metrics.inc("key_prompt_tokens", prompt, tags=tags)
-            settings.metrics.inc("key_completion_tokens", completion, tags=tags)
-            if record.queued_s is not None:
-                settings.metrics.observe("key_queue_time_seconds", record.queued_s, tags=tags)
+            limiter.settle(admission, record)
 
 
 async def _read(receive: Receive) -> bytes | None:

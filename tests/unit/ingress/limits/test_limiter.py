@@ -15,7 +15,7 @@ from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.limits.ledger import Caps, Ledger, Verdict
-from deployments.ingress.limits.limiter import LimiterSettings
+from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
@@ -68,7 +68,7 @@ def client(
     )
     table = KeyTable(parse_limits(LIMITS, "limits.yaml"), None, environ={"TEAM_A_KEY": KEY_A})
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None), limits=table)
-    limiter = LimiterSettings(table, board, served, {"echo": 64, "other": 64}, metrics)
+    limiter = Limiter(table, board, served, {"echo": 64, "other": 64}, metrics)
     api = build_api(served, guard, metrics, limiter=limiter)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 
