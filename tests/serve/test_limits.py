@@ -8,6 +8,7 @@ limit without a restart, and a bad edit keeps the old limits."""
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -110,9 +111,8 @@ def streams_of(key: str, count: int) -> Iterator[None]:
 def replicas_answering(key_name: str) -> int:
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
     files = logs.glob("replica_default_Ingress_*.log")
-    return sum(
-        any(f"key={key_name} " in line for line in path.read_text(errors="replace").splitlines()) for path in files
-    )
+    said = re.compile(rf"\bkey={re.escape(key_name)}\b")
+    return sum(bool(said.search(path.read_text(errors="replace"))) for path in files)
 
 
 def test_a_key_over_its_requests_is_refused_on_every_replica_while_another_is_served(limits_file: Path) -> None:
@@ -122,13 +122,17 @@ def test_a_key_over_its_requests_is_refused_on_every_replica_while_another_is_se
     refused = chat(KEYS["team-a"])
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-    assert refused.headers["retry-after"] == "2" and refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["retry-after"] in ("1", "2") and refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert chat(OTHER_KEY).status_code == 200 and chat(KEYS["team-b"]).status_code == 200
     assert wait_until(lambda: replicas_answering("team-a") == 2, timeout_s=20)  # both replicas admitted team-a
+    while (last := chat(KEYS["team-a"])).status_code == 200:  # empty the bucket again
+        pass
     client = openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key=KEYS["team-a"], max_retries=2)
     started = time.monotonic()
     reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "again"}], max_tokens=4)
-    assert reply.choices[0].message.content and time.monotonic() - started >= 1.0  # it waited as told
+    waited = time.monotonic() - started
+    assert reply.choices[0].message.content  # after a 429, it waited as told and was served
+    assert waited >= 0.8 * int(last.headers["retry-after-ms"]) / 1000, (waited, last.headers["retry-after-ms"])
 
 
 def test_a_model_outside_the_keys_list_is_unknown_to_it(limits_file: Path) -> None:
@@ -160,7 +164,7 @@ def test_the_concurrency_cap_holds_and_anthropic_clients_read_429s(limits_file: 
         client = anthropic.Anthropic(base_url=BASE_URL, api_key=KEYS["team-c"], max_retries=0)
         with pytest.raises(anthropic.RateLimitError) as refused:
             client.messages.create(model="slow", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
-        assert refused.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+        assert refused.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert wait_until(lambda: chat(KEYS["team-c"], model="echo").status_code == 200, timeout_s=30)
 
 
