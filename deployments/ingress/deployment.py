@@ -8,6 +8,7 @@ makes for this replica's settings."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -23,7 +24,7 @@ from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
 from deployments.ingress.batches.lines import run_line
-from deployments.ingress.batches.store import BatchStore
+from deployments.ingress.batches.store import BatchStore, KeyName
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
@@ -170,6 +171,7 @@ class Ingress:
         )
         self._responses.start()
         self._batch_runner = batch_runner
+        self._batch_keys: dict[str, KeyName] = {}  # with limits, the key each batch's lines count against
         self._batches: BatchStore | None = None
         if batch_runner is not None:
             self._batches = BatchStore.open(server.batches)
@@ -192,5 +194,12 @@ class Ingress:
 
     async def batch_line(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """One line of a batch, for the batch runner's handle: the endpoint's answer through the same
-        service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`)."""
-        return await run_line(self._served, batch_id, endpoint, body, request_id)
+        service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`); with
+        limits, against the budget of the key that made the batch."""
+        limits = None
+        if self._limiter is not None and self._batches is not None:
+            key = self._batch_keys.get(batch_id) or await asyncio.to_thread(self._batches.key, batch_id)
+            if key is not None:
+                self._batch_keys[batch_id] = key
+                limits = (self._limiter, self._limiter.table.named(*key))
+        return await run_line(self._served, batch_id, endpoint, body, request_id, limits)

@@ -8,6 +8,8 @@ limit without a restart, and a bad edit keeps the old limits."""
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import re
 import threading
 import time
@@ -23,9 +25,9 @@ import pytest
 import ray
 
 from deployments import app as app_module
-from tests.serve.conftest import BASE_URL, deploy, undeploy, wait_until, write_models
+from tests.serve.conftest import BASE_URL, deploy, metric_total, settled_metrics, undeploy, wait_until, write_models
 
-KEYS = {name: f"sk-{name}-limits-0123456789" for name in ("team-a", "team-b", "team-c")}
+KEYS = {name: f"sk-{name}-limits-0123456789" for name in ("team-a", "team-b", "team-c", "team-d")}
 OTHER_KEY = "sk-default-limits-0000"
 
 
@@ -44,6 +46,10 @@ keys:
   - name: team-c
     key_sha256: {digest["team-c"]}
     max_concurrent: {concurrent}
+  - name: team-d
+    key_sha256: {digest["team-d"]}
+    tokens_per_minute: 100000
+    models: [echo]
 """
 
 
@@ -177,3 +183,27 @@ def test_an_edit_changes_a_limit_without_a_restart_and_a_bad_edit_is_refused(lim
     time.sleep(1.5)
     assert chat(KEYS["team-c"]).status_code == 200  # the key still exists: the old limits stay
     limits_file.write_text(limits_text())
+
+
+def test_batch_lines_count_against_the_key_that_made_the_batch_and_keep_to_its_models(limits_file: Path) -> None:
+    client = openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key=KEYS["team-d"], max_retries=0)
+    lines = [
+        {
+            "custom_id": f"l{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        }
+        for i, model in enumerate(["echo", "echo", "slow"])
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("lines.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert wait_until(lambda: client.batches.retrieve(batch.id).status == "completed", timeout_s=60)
+    done = client.batches.retrieve(batch.id)
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)  # "slow" is not team-d's
+    errors = client.files.content(done.error_file_id).text
+    assert "model_not_found" in errors and '"l2"' in errors
+    samples = settled_metrics(("echo",), lambda s: metric_total(s, "key_requests", key="team-d") >= 2)
+    assert metric_total(samples, "key_requests", key="team-d") == 2
+    assert metric_total(samples, "key_prompt_tokens", key="team-d") > 0

@@ -14,6 +14,7 @@ the request is settled to the tokens it used (the record's counts) and counted i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -23,12 +24,13 @@ from typing import Any
 from starlette.datastructures import MutableHeaders, State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deployments.errors import ModelNotFoundError, RateLimitError
+from deployments.errors import InvalidRequestError, ModelNotFoundError, RateLimitError
 from deployments.ingress import owners
 from deployments.ingress.guard import anthropic_route, reject, replay, route_of
 from deployments.ingress.limits import estimate
 from deployments.ingress.limits.board import BoardPort
 from deployments.ingress.limits.headers import rate_headers, retry_headers
+from deployments.ingress.limits.ledger import Caps, Verdict
 from deployments.ingress.limits.table import KeyIdentity, KeyTable
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, record_of
@@ -83,6 +85,8 @@ class Limiter:
 
     async def admit(self, identity: KeyIdentity, route: str, request: dict[str, Any], anthropic: bool) -> Admission:
         """Admit a request to a model's endpoint `route` (`LIMITED`); over a limit, `RefusedError`."""
+        if identity.caps == Caps():  # nothing to count: no round trip to the board
+            return Admission(identity, None, {})
         completion = 0
         if LIMITED[route]:
             model = request.get("model")
@@ -98,8 +102,19 @@ class Limiter:
         if verdict.ticket is None:
             limit = verdict.limit or "requests"
             self.metrics.inc("key_rate_limited", tags={**tags, "limit": limit})
-            raise RefusedError(verdict.message, limit=limit, headers={**headers, **retry_headers(verdict)})
+            raise RefusedError(verdict, headers={**headers, **retry_headers(verdict)})
         return Admission(identity, verdict.ticket, headers)
+
+    async def admit_waiting(self, identity: KeyIdentity, route: str, request: dict[str, Any]) -> Admission:
+        """Admit a batch line: over a limit it waits until the key's buckets let it in (the caller's
+        deadline bounds the wait), never a 429; a line too large ever to fit is a 400."""
+        while True:
+            try:
+                return await self.admit(identity, route, request, anthropic=False)
+            except RefusedError as refused:
+                if refused.limit == "too_large":
+                    raise InvalidRequestError(refused.message, param="max_tokens") from None
+                await asyncio.sleep(min(max(refused.retry_after_s, 0.05), 60.0))
 
     def settle(self, admission: Admission, record: RequestRecord) -> None:
         """The request has ended: its tokens (the record's counts) settle its reservation and count in
@@ -116,10 +131,12 @@ class Limiter:
 
 
 class RefusedError(RateLimitError):
-    """A 429 of the limits, with the headers its answer carries."""
+    """A 429 of the limits: the limit met, when to try again, and the headers its answer carries."""
 
-    def __init__(self, message: str, *, limit: str, headers: dict[str, str]) -> None:
-        super().__init__(message, limit=limit)
+    def __init__(self, verdict: Verdict, *, headers: dict[str, str]) -> None:
+        super().__init__(verdict.message, limit=verdict.limit or "requests")
+        self.limit = verdict.limit or "requests"
+        self.retry_after_s = verdict.retry_after_s
         self.headers = headers
 
 

@@ -99,6 +99,15 @@ class KeyTable:
         queue = DEFAULT_NAME if digest is None else f"{DEFAULT_NAME}:{digest[:6].hex()}"
         return KeyIdentity(DEFAULT_NAME, queue, loaded.limits.default)
 
+    def named(self, name: str, queue: str) -> KeyIdentity:
+        """The key that the limits called `name` (with its own `queue`) when it made a batch, under
+        the limits of now: its entry's, or the default's when it has none (any more)."""
+        loaded = self._current()
+        named = next((key for key in loaded.named.values() if key.name == name), None)
+        if named is not None:
+            return KeyIdentity(named.name, named.name, named)
+        return KeyIdentity(DEFAULT_NAME, queue, loaded.limits.default)
+
     def _current(self) -> _Loaded:
         now = time.monotonic()
         if self._path is not None and now - self._checked >= CHECK_EVERY_S:

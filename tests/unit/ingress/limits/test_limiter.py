@@ -5,15 +5,19 @@ headers, the model list, settlement to the tokens used, the decoders' tenant, an
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 
 import httpx
+import pytest
 
 from deployments.config import ServerConfig
 from deployments.config.limits import parse_limits
+from deployments.errors import InvalidRequestError
 from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.limits import estimate
 from deployments.ingress.limits.ledger import Caps, Ledger, Verdict
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
@@ -55,10 +59,8 @@ class LocalBoard:
         self.ledger.settle(ticket, used_tokens)
 
 
-def client(
-    decoder: FakeDecoder, board: LocalBoard, metrics: FakeMetrics, keys: Sequence[str] = (OPEN_KEY,)
-) -> httpx.AsyncClient:
-    served = ServedModels(
+def served_models(decoder: FakeDecoder) -> ServedModels:
+    return ServedModels(
         [
             ServedModel(
                 ModelCard(id=name, created=1), answer_core(decoder), HealthService(decoder, None, model_name=name)
@@ -66,6 +68,12 @@ def client(
             for name in ("echo", "other")
         ]
     )
+
+
+def client(
+    decoder: FakeDecoder, board: LocalBoard, metrics: FakeMetrics, keys: Sequence[str] = (OPEN_KEY,)
+) -> httpx.AsyncClient:
+    served = served_models(decoder)
     table = KeyTable(parse_limits(LIMITS, "limits.yaml"), None, environ={"TEAM_A_KEY": KEY_A})
     guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None), limits=table)
     limiter = Limiter(table, board, served, {"echo": 64, "other": 64}, metrics)
@@ -162,3 +170,22 @@ async def test_named_keys_are_accepted_without_the_key_list_and_others_are_not()
     async with client(FakeDecoder(["Hi"]), LocalBoard(), FakeMetrics(), keys=()) as http:
         assert (await http.post("/v1/chat/completions", json=BODY, headers=auth(KEY_B))).status_code == 200
         assert (await http.post("/v1/chat/completions", json=BODY, headers=auth("sk-nobody-0000"))).status_code == 401
+
+
+async def test_a_batch_line_waits_for_its_keys_budget_instead_of_a_429() -> None:
+    board = LocalBoard()
+    body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6000}
+    need = estimate.prompt_tokens(body) + estimate.completion_tokens(body, 64)
+    digest = hashlib.sha256(KEY_A.encode()).hexdigest()
+    text = f"keys: [{{name: batcher, key_sha256: {digest}, tokens_per_minute: {2 * need - 20}}}]"
+    table = KeyTable(parse_limits(text, "limits.yaml"), None, environ={})
+    limiter = Limiter(table, board, served_models(FakeDecoder()), {"echo": 64}, FakeMetrics())
+    key = table.named("batcher", "batcher")
+    first = await limiter.admit_waiting(key, "/v1/chat/completions", body)
+    started = time.monotonic()
+    second = await limiter.admit_waiting(key, "/v1/chat/completions", body)  # 20 tokens short: ~0.1 s
+    assert first.ticket is not None and second.ticket is not None and time.monotonic() - started >= 0.05
+    with pytest.raises(InvalidRequestError, match="Request too large"):
+        await limiter.admit_waiting(key, "/v1/chat/completions", {**body, "max_tokens": 3 * need})
+    gone = table.named("removed-from-the-file", "default:abc")
+    assert (gone.name, gone.queue) == ("default", "default:abc")
