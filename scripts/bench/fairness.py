@@ -1,13 +1,14 @@
 """Fair share between API keys (issue 60), on the offline default (models.yaml's primary alone,
 llama.cpp on the CPU): key B's time to first token, one request at a time, while key A keeps
 `max_num_seqs - 1` requests in flight (a full batch and no queue) and while it keeps 3x
-`max_num_seqs` in flight (a queue twice the batch); with a limits file (each key named: the
-decoder queues them fairly) and without one (one queue, first come first served), one service
-after the other. Then the limits' own cost at concurrency 1: a one-token chat's p50 with and
+`max_num_seqs` in flight (a queue twice the batch); with a limits file that names both keys (the
+decoder queues them fairly), the same with each key capped to `max_num_seqs - 1` sequences
+(`max_slot_share`: a newcomer finds a free one), and without a limits file (one queue, first come
+first served), one service after the other. Then the limits' own cost at concurrency 1: a one-token chat's p50 with and
 without the limits file, and the ingress's `mmserve_key_admission_seconds` (the board's round trip)
 from Ray's metrics export.
 
-    .venv/bin/python -m scripts.bench fairness            # --samples 12 --max-tokens 64
+    .venv/bin/python -m scripts.bench fairness            # --samples 12 --max-tokens 64 --settings fair share none
 
 Prints one JSON line per measurement, and B's ratio of full-queue to full-batch TTFT per setting.
 """
@@ -34,15 +35,18 @@ from scripts.bench.serve import machine
 KEY_A, KEY_B = "sk-bench-key-a-0123456789", "sk-bench-key-b-0123456789"
 
 
-def limits_file(directory: Path) -> Path:
+def limits_file(directory: Path, share: float | None) -> Path:
     """Both keys named, with limits far above what the run asks: every request goes through the board
-    (its cost is measured), none is refused (what is measured is the decoders' fair share)."""
-    limits = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 10_000}
+    (its cost is measured), none is refused (what is measured is the decoders' fair share); `share`:
+    each key's `max_slot_share`."""
+    limits: dict[str, Any] = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000}
+    if share is not None:
+        limits["max_slot_share"] = share
     keys = [
         {"name": name, "key_sha256": hashlib.sha256(key.encode()).hexdigest(), **limits}
         for name, key in (("a", KEY_A), ("b", KEY_B))
     ]
-    path = directory / "limits.yaml"
+    path = directory / f"limits-{share}.yaml"
     path.write_text(yaml.safe_dump({"keys": keys}))
     return path
 
@@ -125,6 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=105, help="one-token chats for the limits' cost")
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        choices=("fair", "share", "none"),
+        default=["fair", "share", "none"],
+        help="fair: both keys named (fair queueing); share: and each capped to max_num_seqs - 1 sequences "
+        "(max_slot_share); none: no limits file (one queue, first come first served)",
+    )
     args = parser.parse_args(argv)
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     work = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
@@ -132,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     entry = yaml.safe_load(models.read_text())["models"][0]
     model, seqs = entry["name"], entry["params"]["max_num_seqs"]
     results: dict[str, dict[str, Any]] = {}
-    for setting in ("limits", "none"):
-        extra = {"limits_file": str(limits_file(work))} if setting == "limits" else {}
+    for setting in args.settings:
+        share = (seqs - 1) / seqs if setting == "share" else None
+        extra = {"limits_file": str(limits_file(work, share))} if setting != "none" else {}
         server = start_ours(models, args.port, name=f"fairness-{setting}", vision=False, args=extra)
         try:
             url = server.base_url
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             p50 = asyncio.run(one_token_p50(url, model, args.rounds))
             emit({"setting": setting, "one_token_p50_ms": round(1000 * p50, 2)})
             results[setting] = {"one_token_p50_s": p50}
-            if setting == "limits":
+            if setting != "none":
                 admission = admission_seconds()
                 emit({"setting": setting, "admission": admission})
             for load in (seqs - 1, 3 * seqs):
@@ -160,8 +173,9 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
     for setting, found in results.items():
         emit({"setting": setting, "ratio_full_queue_to_full_batch": round(found[3 * seqs] / found[seqs - 1], 2)})
-    added = results["limits"]["one_token_p50_s"] - results["none"]["one_token_p50_s"]
-    emit({"limits_added_one_token_p50_ms": round(1000 * added, 2)})
+    if "none" in results and "fair" in results:
+        added = results["fair"]["one_token_p50_s"] - results["none"]["one_token_p50_s"]
+        emit({"limits_added_one_token_p50_ms": round(1000 * added, 2)})
 
 
 if __name__ == "__main__":

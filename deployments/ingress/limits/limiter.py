@@ -10,6 +10,7 @@ minute and its concurrent requests, reserving its estimated tokens (`estimate`);
 a 429 in its API's shape with `Retry-After` (`headers`). Every admitted response carries the
 key's rate-limit headers, and when it has ended (a stream's last byte sent, or its client gone)
 the request is settled to the tokens it used (the record's counts) and counted in the key's metrics.
+The Responses WebSocket's turns and the batch lines are admitted and settled by the same `Limiter`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ LIMITED = {  # a model's endpoints, and whether they generate (an embedding's co
     "/v1/messages": True,
     "/v1/embeddings": False,
 }
+NAMING_A_MODEL = frozenset({"/tokenize", "/detokenize", "/v1/messages/count_tokens", "/v1/responses/compact"})
+"""The other routes whose body names a model (the key's model list holds there too); any other
+body is not read here (an upload to /v1/files streams on untouched)."""
 
 
 def key_of(state: Any) -> KeyIdentity | None:
@@ -159,6 +163,10 @@ class KeyLimiter:
             return
         record = record_of(State(state))
         record.tenant = identity.tenant
+        route = route_of(scope)
+        if route not in LIMITED and route not in NAMING_A_MODEL:
+            await self.app(scope, receive, send)
+            return
         body = await _read(receive)
         if body is None:
             return
@@ -167,7 +175,6 @@ class KeyLimiter:
             request = json.loads(body) if body else None
         except ValueError:
             request = None  # the route says what is wrong with it
-        route = route_of(scope)
         try:
             limiter.check_model(identity, request.get("model") if isinstance(request, dict) else None)
             if route not in LIMITED or not isinstance(request, dict):

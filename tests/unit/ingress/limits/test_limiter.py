@@ -5,6 +5,7 @@ headers, the model list, settlement to the tokens used, the decoders' tenant, an
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Sequence
 
@@ -189,3 +190,27 @@ async def test_a_batch_line_waits_for_its_keys_budget_instead_of_a_429() -> None
         await limiter.admit_waiting(key, "/v1/chat/completions", {**body, "max_tokens": 3 * need})
     gone = table.named("removed-from-the-file", "default:abc")
     assert (gone.name, gone.queue) == ("default", "default:abc")
+
+
+def test_websocket_turns_are_admitted_as_requests_and_keep_to_the_keys_models() -> None:
+    from starlette.testclient import TestClient
+
+    decoder, board = FakeDecoder(["Hi"]), LocalBoard()
+    served = served_models(decoder)
+    table = KeyTable(parse_limits(LIMITS, "limits.yaml"), None, environ={"TEAM_A_KEY": KEY_A})
+    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), limits=table)
+    limiter = Limiter(table, board, served, {"echo": 64}, FakeMetrics())
+    app = build_api(served, guard, FakeMetrics(), limiter=limiter)
+    events = []
+    with TestClient(app) as client, client.websocket_connect("/v1/responses", headers=auth(KEY_A)) as socket:
+        for model in ("echo", "echo", "echo", "other"):  # team-a: 2 requests a minute, echo only
+            socket.send_text(json.dumps({"type": "response.create", "model": model, "input": "hi", "store": False}))
+            while True:
+                event = json.loads(socket.receive_text())
+                if event["type"] in ("response.completed", "error"):
+                    events.append(event)
+                    break
+    assert [e["type"] for e in events] == ["response.completed", "response.completed", "error", "error"]
+    assert events[2]["status"] == 429 and events[2]["error"]["code"] == "rate_limit_exceeded"
+    assert events[3]["status"] == 404 and events[3]["error"]["code"] == "model_not_found"
+    assert decoder.requests[0].tenant == "team-a" and len(board.settled) == 2
