@@ -178,7 +178,9 @@ class Ingress:
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
-            f"{len(self._guard.keys)} API key(s) required" if self._guard.required else "no API keys (open)",
+            f"{len(self._guard.keys) + len(table.digests if table else [])} API key(s) required"
+            if self._guard.required
+            else "no API keys (open)",
             server.max_body_bytes,
             server.request_timeout_s,
         )

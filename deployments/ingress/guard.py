@@ -8,8 +8,9 @@ A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so stream
 through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
 A key comes as ``Authorization: Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key``;
-the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. The accepted
-key's digest stays in the request's state: the request's caller, who owns what it stores (`owners`).
+the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. The named keys
+of the limits file (`limits.table`) are accepted keys too. The accepted key's digest stays in the
+request's state: the request's caller, who owns what it stores (`owners`), and whose limits apply.
 """
 
 from __future__ import annotations
