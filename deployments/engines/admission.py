@@ -21,9 +21,8 @@ background work such as batch lines to the replica's idle capacity); llama.cpp's
 Either way a request that does not fit waits, by priority, then fairly between tenants (the API
 keys of `ingress.limits`: one key's flood does not queue another key's request behind it), then in
 arrival order (a large request is not starved by small ones of its priority behind it), until
-enough is released; one larger than
-the budget is held to the budget (it runs alone). Waiting is cancellable: a request whose client
-leaves or whose deadline passes stops waiting at once.
+enough is released; one larger than the budget is held to the budget (it runs alone). Waiting is
+cancellable: a request whose client leaves or whose deadline passes stops waiting at once.
 """
 
 from __future__ import annotations
