@@ -16,11 +16,13 @@ deployments are `PrimaryDecoder` and `VisionCaptioner`; with several, each name 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from ray.serve import Application
 
 from deployments.config import AUTO, ModelConfig, cpu_cores, parse_args, resolve_plan
+from deployments.config.limits import load_limits_file
 from deployments.ingress.batches.runner import BatchRunner, BatchRunnerConfig
 from deployments.ingress.deployment import Ingress, IngressConfig, ServedEmbedderConfig, ServedModelConfig
 from deployments.options import (
@@ -77,6 +79,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
                 else None,
                 adapters=list(primary.params.lora.adapters) if primary.params.lora else [],
                 dynamic_adapters=primary.params.lora is not None and primary.params.lora.dynamic_path is not None,
+                max_tokens=primary.params.max_tokens,
             )
         )
     embedders, embedding = {}, []
@@ -110,6 +113,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         images=plan.images,
         documents=plan.documents,
         server=plan.server,
+        limits=load_limits_file(app_args.limits_file) if app_args.limits_file else None,
+        limits_path=str(Path(app_args.limits_file).resolve()) if app_args.limits_file else None,
     )
     runner = BatchRunner.options(
         name=BatchRunner.name, **for_replicas(BatchRunner.name, BATCH_RUNNER_OPTIONS, drain_s=deadline)

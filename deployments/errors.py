@@ -150,6 +150,19 @@ class ObjectNotFoundError(ServiceError):
     code = "not_found"
 
 
+class RateLimitError(ServiceError):
+    """Over one of the key's limits (`ingress.limits`): OpenAI's 429, its `type` the limit's kind
+    (`requests`, `tokens`), as OpenAI's rate-limit errors have it."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, limit: str = "requests") -> None:
+        super().__init__(message, param=param)
+        self.type = "tokens" if limit in ("tokens", "too_large") else "requests"
+
+
 class UnavailableError(ServiceError):
     status = 503
     type = "service_unavailable"

@@ -77,7 +77,8 @@ class ServicePlan(BaseModel):
         return self.proxy_vision if self.captioners else None
 
 
-def _format_validation(where: str, exc: ValidationError) -> ConfigError:
+def format_validation(where: str, exc: ValidationError) -> ConfigError:
+    """A validation error as a `ConfigError`, a line per field: `where: field: what is wrong`."""
     lines = []
     for err in exc.errors():
         param = validation_param(tuple(err["loc"]))
@@ -101,7 +102,7 @@ def parse_models(raw: Any, path: Path) -> ModelsFile:
     try:
         parsed = ModelsFile.model_validate(raw)
     except ValidationError as exc:
-        raise _format_validation(str(path), exc) from None
+        raise format_validation(str(path), exc) from None
     captioners = {m.capabilities.captioner for m in parsed.models if m.capabilities.captioner is not None}
     models = []
     for i, m in enumerate(parsed.models):
@@ -194,7 +195,7 @@ def _with_embedding(model: ModelConfig, overrides: EmbeddingConfig, where: str) 
     try:
         embedding = EmbeddingConfig.model_validate({**model.embedding.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:
-        raise _format_validation(where, exc) from None
+        raise format_validation(where, exc) from None
     return model.model_copy(update={"embedding": embedding})
 
 
@@ -231,7 +232,7 @@ def _with_params(model: ModelConfig, overrides: EngineParams, where: str) -> Mod
     try:
         params = EngineParams.model_validate({**model.params.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:
-        raise _format_validation(where, exc) from None
+        raise format_validation(where, exc) from None
     return model.model_copy(update={"params": params})
 
 
@@ -242,7 +243,7 @@ def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> Mo
         try:
             caps = Capabilities.model_validate({**caps.model_dump(), "vision_mode": app_args.vision_mode})
         except ValidationError as exc:
-            raise _format_validation("builder args", exc) from None
+            raise format_validation("builder args", exc) from None
         primary = primary.model_copy(update={"capabilities": caps})
     return primary
 
@@ -255,7 +256,7 @@ def parse_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
     try:
         return AppArgs.model_validate(args or {})
     except ValidationError as exc:
-        raise _format_validation("builder args", exc) from None
+        raise format_validation("builder args", exc) from None
 
 
 def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:

@@ -146,7 +146,9 @@ class DeploymentConfig(StrictModel):
         None,
         gt=0,
         description="Requests one replica takes at once. Decoder default: twice max_num_seqs (a full batch "
-        "running, another waiting in the replica); the builder refuses less than max_num_seqs. Captioner: 16.",
+        "running, another waiting in the replica), four times with a limits_file (requests wait in the replica, "
+        "where the keys share the queue fairly, rather than first come first served in Serve's); the builder "
+        "refuses less than max_num_seqs. Captioner: 16.",
     )
     max_queued_requests: int | None = Field(
         None, gt=0, description="Requests waiting for a replica; beyond them, 503 with Retry-After. Default: 64."
@@ -175,6 +177,12 @@ class AppArgs(StrictModel):
     """
 
     models_file: str = Field("models.yaml", description="Path of models.yaml.")
+    limits_file: str | None = Field(
+        None,
+        description="Path of the limits file: named API keys with their rate limits, token budgets, models and "
+        "priority, and the default for other keys (docs/limits.md). Edits take effect within seconds. "
+        "None: no limits (any accepted key may do anything).",
+    )
     model: str | None = Field(
         None, description="Serve this models.yaml entry alone. Default: the file's `primaries` (else its first entry)."
     )

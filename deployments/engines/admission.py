@@ -1,5 +1,5 @@
 """When a request may enter: budgets that requests hold a share of, granted by priority (vLLM's
-`priority`: lower first), in arrival order among equal priorities.
+`priority`: lower first), fairly between tenants and in arrival order among equal priorities.
 
 The decoder replica's `max_num_seqs` sequences are one (`Sequences`, a unit each, which also keeps
 background work such as batch lines to the replica's idle capacity); llama.cpp's engine has two more:
@@ -18,10 +18,11 @@ background work such as batch lines to the replica's idle capacity); llama.cpp's
   at its first token: the first requests answer first, and short prompts pass beside a long one.
   Decoding sequences are not held back; the work done is the same.
 
-Either way a request that does not fit waits, by priority then in arrival order (a large request is
-not starved by small ones of its priority behind it), until enough is released; one larger than
-the budget is held to the budget (it runs alone). Waiting is cancellable: a request whose client
-leaves or whose deadline passes stops waiting at once.
+Either way a request that does not fit waits, by priority, then fairly between tenants (the API
+keys of `ingress.limits`: one key's flood does not queue another key's request behind it), then in
+arrival order (a large request is not starved by small ones of its priority behind it), until
+enough is released; one larger than the budget is held to the budget (it runs alone). Waiting is
+cancellable: a request whose client leaves or whose deadline passes stops waiting at once.
 """
 
 from __future__ import annotations
@@ -40,80 +41,112 @@ from deployments.protocol.replica import BACKGROUND_PRIORITY
 class _Waiter:
     need: int
     future: asyncio.Future[None]
-    order: tuple[int, int] = (0, 0)  # (priority, arrival): the queue's order
+    order: tuple[int, float, int]  # (priority, the tenant's start tag, arrival): the queue's order
+    tenant: str = ""
+    cap: int | None = None  # the most units the tenant may hold at once (None: the budget's size)
     granted: bool = field(default=False)
+
+    @property
+    def priority(self) -> int:
+        return self.order[0]
 
 
 class Budget:
     """`size` units shared by every request; `reserve(need)` holds `need` of them for a block, or
-    until the block calls the release it was given."""
+    until the block calls the release it was given.
+
+    Waiters are ordered by priority, then fairly between tenants (the API keys, `ingress.limits`):
+    start-time fair queueing, where each request's tag starts where its tenant's last one ended (or
+    at the budget's virtual time, if later) and costs its share of the budget, so that a tenant with
+    one request waiting is served next to, not behind, a tenant with a hundred. One tenant's requests
+    keep their arrival order; with a single tenant (no keys) the queue is first come, first served.
+    A tenant may be capped to `cap` units at once: its waiters beyond it are passed over."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.reserved = 0
-        self._queue: list[_Waiter] = []  # sorted by (priority, arrival)
+        self._queue: list[_Waiter] = []  # sorted by (priority, start tag, arrival)
         self._arrivals = itertools.count()
+        self._virtual = 0.0  # the start tag of the last request granted
+        self._finish: dict[str, float] = {}  # each tenant's last tag's end
+        self._held: dict[str, int] = {}  # units held, by tenant
 
     @property
     def waiting(self) -> int:
         return len(self._queue)
 
     @asynccontextmanager
-    async def reserve(self, need: int, priority: int = 0) -> AsyncIterator[Callable[[], None]]:
-        """`need` units held for the block; `priority`: lower is granted first."""
+    async def reserve(
+        self, need: int, priority: int = 0, tenant: str = "", share: float | None = None
+    ) -> AsyncIterator[Callable[[], None]]:
+        """`need` units held for the block; `priority`: lower is granted first; `tenant`: whose
+        request it is, for fair queueing; `share`: the most of the budget the tenant may hold."""
         need = min(need, self.size)
-        order = (priority, next(self._arrivals))
-        if (
-            (self._queue and self._queue[0].order < order)
-            or self.reserved + need > self.size
-            or not self._admits(priority)
-        ):
-            waiter = _Waiter(need, asyncio.get_running_loop().create_future(), order)
-            bisect.insort(self._queue, waiter, key=lambda w: w.order)
+        cap = None if share is None else max(need, int(share * self.size))
+        start = max(self._virtual, self._finish.get(tenant, 0.0))
+        self._finish[tenant] = start + need / self.size
+        waiter = _Waiter(need, asyncio.get_running_loop().create_future(), (priority, start, next(self._arrivals)))
+        waiter.tenant, waiter.cap = tenant, cap
+        bisect.insort(self._queue, waiter, key=lambda w: w.order)
+        self._grant()
+        if not waiter.granted:
             try:
                 await waiter.future
             except BaseException:
                 if waiter.granted:  # granted as it was cancelled: give the units back
-                    self._release(need, priority)
+                    self._release(waiter)
                 else:
                     self._queue.remove(waiter)
                     self._grant()  # the ones behind it may fit now
                 raise
-        else:
-            self._take(need, priority)
         held = True
 
         def release() -> None:
             nonlocal held
             if held:
                 held = False
-                self._release(need, priority)
+                self._release(waiter)
 
         try:
             yield release
         finally:
             release()
 
-    def _admits(self, priority: int) -> bool:
-        """Whether a request of `priority` may be granted now, room aside (always, here)."""
-        return True
+    def _admits(self, waiter: _Waiter) -> bool:
+        """Whether `waiter` may be granted now, room aside: its tenant is within its cap."""
+        return waiter.cap is None or self._held.get(waiter.tenant, 0) + waiter.need <= waiter.cap
 
-    def _take(self, need: int, priority: int) -> None:
-        self.reserved += need
+    def _take(self, waiter: _Waiter) -> None:
+        self.reserved += waiter.need
+        self._held[waiter.tenant] = self._held.get(waiter.tenant, 0) + waiter.need
+        self._virtual = max(self._virtual, waiter.order[1])
 
-    def _release(self, need: int, priority: int) -> None:
-        self.reserved -= need
+    def _release(self, waiter: _Waiter) -> None:
+        self.reserved -= waiter.need
+        left = self._held[waiter.tenant] - waiter.need
+        if left:
+            self._held[waiter.tenant] = left
+        else:
+            del self._held[waiter.tenant]
+            if self._finish.get(waiter.tenant, 0.0) <= self._virtual:
+                self._finish.pop(waiter.tenant, None)  # idle: its next tag starts at the virtual time anyway
         self._grant()
 
     def _grant(self) -> None:
-        """Grant the waiters at the queue's head while they fit (and are admitted: the queue is in
-        priority order, so the ones behind a refused priority are refused too)."""
-        while (
-            self._queue and self.reserved + self._queue[0].need <= self.size and self._admits(self._queue[0].order[0])
-        ):
-            waiter = self._queue.pop(0)
+        """Grant the waiters in the queue's order while they fit, passing over those not admitted
+        (a capped tenant, background work on a busy replica); the first admitted one that does not
+        fit stops the grants, so that a large request is not starved by small ones behind it."""
+        i = 0
+        while i < len(self._queue):
+            waiter = self._queue[i]
+            if not self._admits(waiter):
+                i += 1
+                continue
+            if self.reserved + waiter.need > self.size:
+                return
+            self._queue.pop(i)
             waiter.granted = True
-            self._take(waiter.need, waiter.order[0])
+            self._take(waiter)
             if not waiter.future.done():
                 waiter.future.set_result(None)
 
@@ -138,14 +171,16 @@ class Sequences(Budget):
         self._quiet_since = -float("inf")  # when the last foreground request left (the loop's clock)
 
     @asynccontextmanager
-    async def reserve(self, need: int, priority: int = 0) -> AsyncIterator[Callable[[], None]]:
+    async def reserve(
+        self, need: int, priority: int = 0, tenant: str = "", share: float | None = None
+    ) -> AsyncIterator[Callable[[], None]]:
         if priority >= BACKGROUND_PRIORITY:
-            async with super().reserve(need, priority) as release:
+            async with super().reserve(need, priority, tenant, share) as release:
                 yield release
             return
         self.foreground += 1
         try:
-            async with super().reserve(need, priority) as release:
+            async with super().reserve(need, priority, tenant, share) as release:
                 yield release
         finally:
             self.foreground -= 1
@@ -164,18 +199,20 @@ class Sequences(Budget):
         else:
             self._grant()
 
-    def _admits(self, priority: int) -> bool:
-        if priority < BACKGROUND_PRIORITY or self.background < self.busy_share:
+    def _admits(self, waiter: _Waiter) -> bool:
+        if not super()._admits(waiter):
+            return False
+        if waiter.priority < BACKGROUND_PRIORITY or self.background < self.busy_share:
             return True
         quiet_for = asyncio.get_running_loop().time() - self._quiet_since
         return not self.foreground and quiet_for >= self.quiet_s
 
-    def _take(self, need: int, priority: int) -> None:
-        super()._take(need, priority)
-        if priority >= BACKGROUND_PRIORITY:
-            self.background += need
+    def _take(self, waiter: _Waiter) -> None:
+        super()._take(waiter)
+        if waiter.priority >= BACKGROUND_PRIORITY:
+            self.background += waiter.need
 
-    def _release(self, need: int, priority: int) -> None:
-        if priority >= BACKGROUND_PRIORITY:
-            self.background -= need
-        super()._release(need, priority)
+    def _release(self, waiter: _Waiter) -> None:
+        if waiter.priority >= BACKGROUND_PRIORITY:
+            self.background -= waiter.need
+        super()._release(waiter)

@@ -28,6 +28,7 @@ from deployments.ingress.apis.responses.store import ResponseStorePort
 from deployments.ingress.apis.tokenize import routes as tokenize
 from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
+from deployments.ingress.limits.limiter import KeyLimiter, Limiter
 from deployments.ingress.routing import request_id
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
@@ -90,14 +91,17 @@ def build_api(
     store: ResponseStorePort | None = None,
     batch_service: BatchStore | None = None,
     wake_runner: Callable[[], None] = lambda: None,
+    limiter: Limiter | None = None,
 ) -> FastAPI:
     """The routes; a request goes to the served model its `model` names. Every counter and gauge of
     the ingress is exported at 0 from here on, for each served model and known label value.
     `store`: the store of /v1/responses (None: no response is kept); `batch_service`: the files and
-    batches of /v1/files and /v1/batches (None: not served), `wake_runner` tells their runner to look."""
+    batches of /v1/files and /v1/batches (None: not served), `wake_runner` tells their runner to look;
+    `limiter`: the API keys' limits (None: no limits file)."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
+    api.add_middleware(KeyLimiter, limiter=limiter)  # the keys' limits, once the guard knows the key
     api.add_middleware(RequestGuard, settings=guard)  # API keys and the body cap, before any route
     # Outermost (added last): its line and metrics cover the guard's rejections too.
     api.add_middleware(AccessLog, metrics=metrics, request_id=request_id, routes=api.router.routes, models=served.names)
@@ -107,7 +111,7 @@ def build_api(
     completions.attach(api, served)
     embeddings.attach(api, served)
     messages.attach(api, served)
-    responses.attach(api, served, store, guard.max_body_bytes)
+    responses.attach(api, served, store, guard.max_body_bytes, limiter)
     tokenize.attach(api, served)
     files.attach(api, batch_service.files if batch_service else None)
     batches.attach(api, batch_service, wake_runner)

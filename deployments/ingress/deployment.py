@@ -9,6 +9,7 @@ makes for this replica's settings."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -26,15 +27,19 @@ from deployments.config import (
     ServerConfig,
     TokenIdVocabulary,
 )
+from deployments.config.limits import LimitsFile
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
 from deployments.ingress.batches.lines import run_line
-from deployments.ingress.batches.store import BatchStore
+from deployments.ingress.batches.store import BatchStore, KeyName
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.limits.board import Board
+from deployments.ingress.limits.limiter import Limiter
+from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import AdapterView, ServedEmbedder, ServedModel, ServedModels
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline
@@ -56,6 +61,7 @@ class ServedModelConfig(BaseModel):
     native_max_images: int | None = None  # native vision: the model's own image limit
     adapters: list[str] = []  # its listed LoRA adapters (`params.lora.adapters`)
     dynamic_adapters: bool = False  # any other adapter may be named as '<model>:<adapter>' (`lora.dynamic_path`)
+    max_tokens: int = 256  # its completion length when a request sets none (`params.max_tokens`)
 
 
 class ServedEmbedderConfig(BaseModel):
@@ -79,6 +85,8 @@ class IngressConfig(BaseModel):
     images: ImageInputConfig = ImageInputConfig()
     documents: DocumentInputConfig = DocumentInputConfig()
     server: ServerConfig = ServerConfig()
+    limits: LimitsFile | None = None  # the limits file as the builder read it (None: no limits)
+    limits_path: str | None = None  # where it is, to see its edits
 
 
 def adapter_view(
@@ -155,13 +163,27 @@ class Ingress:
             for e in config.embedders
         ]
         self._served = ServedModels(served, embedding)
-        self._guard = GuardSettings.from_config(server)
         app = serve.get_replica_context().app_name
+        self._limiter: Limiter | None = None
+        table = None
+        if config.limits is not None:
+            table = KeyTable(config.limits, config.limits_path)
+            board = Board(f"mmserve-limits-{app}", lease_s=server.request_timeout_s + 60)
+            board.start()
+            self._limiter = Limiter(
+                table,
+                board,
+                served=self._served,
+                default_max_tokens={m.name: m.max_tokens for m in config.models},
+                metrics=self._metrics,
+            )
+        self._guard = GuardSettings.from_config(server, limits=table)
         self._responses = ResponseStore(
             f"mmserve-responses-{app}", server.responses_max_entries, server.responses_max_age_s
         )
         self._responses.start()
         self._batch_runner = batch_runner
+        self._batch_keys: dict[str, KeyName] = {}  # with limits, the key each batch's lines count against
         self._batches: BatchStore | None = None
         if batch_runner is not None:
             self._batches = BatchStore.open(server.batches)
@@ -169,13 +191,17 @@ class Ingress:
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),
-            f"{len(self._guard.keys)} API key(s) required" if self._guard.keys else "no API keys (open)",
+            f"{len(self._guard.keys) + len(table.digests if table else [])} API key(s) required"
+            if self._guard.required
+            else "no API keys (open)",
             server.max_body_bytes,
             server.request_timeout_s,
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._served, self._guard, self._metrics, self._responses, self._batches, self._wake_runner)
+        return build_api(
+            self._served, self._guard, self._metrics, self._responses, self._batches, self._wake_runner, self._limiter
+        )
 
     def _wake_runner(self) -> None:
         if self._batch_runner is not None:
@@ -183,5 +209,12 @@ class Ingress:
 
     async def batch_line(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """One line of a batch, for the batch runner's handle: the endpoint's answer through the same
-        service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`)."""
-        return await run_line(self._served, batch_id, endpoint, body, request_id)
+        service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`); with
+        limits, against the budget of the key that made the batch."""
+        limits = None
+        if self._limiter is not None and self._batches is not None:
+            key = self._batch_keys.get(batch_id) or await asyncio.to_thread(self._batches.key, batch_id)
+            if key is not None:
+                self._batch_keys[batch_id] = key
+                limits = (self._limiter, self._limiter.table.named(*key))
+        return await run_line(self._served, batch_id, endpoint, body, request_id, limits)

@@ -8,8 +8,9 @@ A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so stream
 through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
 A key comes as ``Authorization: Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key``;
-the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. The accepted
-key's digest stays in the request's state: the request's caller, who owns what it stores (`owners`).
+the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. The named keys
+of the limits file (`limits.table`) are accepted keys too. The accepted key's digest stays in the
+request's state: the request's caller, who owns what it stores (`owners`), and whose limits apply.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from starlette.websockets import WebSocket
 from deployments.config import ServerConfig
 from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
 from deployments.ingress import owners
+from deployments.ingress.limits.table import KeyTable
 from deployments.monitoring.access_log import record_of
 
 ANTHROPIC_PATH = "/v1/messages"
@@ -57,13 +59,13 @@ class KeyRing:
         """`Authorization: Bearer <key>` with an accepted key. Every key is compared, match or not."""
         return self.match(authorization) is not None
 
-    def match(self, authorization: str | None) -> bytes | None:
-        """The digest of the accepted key that `Authorization: Bearer <key>` presents; None for none.
-        Every key is compared, match or not."""
+    def match(self, authorization: str | None, more: Sequence[bytes] = ()) -> bytes | None:
+        """The digest of the accepted key (or of one of the digests `more`) that `Authorization:
+        Bearer <key>` presents; None for none. Every key is compared, match or not."""
         scheme, _, token = (authorization or "").partition(" ")
         presented = _digest(token.strip())
         matched = False
-        for digest in self._digests:
+        for digest in (*self._digests, *more):
             matched |= hmac.compare_digest(digest, presented)
         return presented if matched and scheme.lower() == "bearer" else None
 
@@ -77,20 +79,35 @@ class GuardSettings:
     keys: KeyRing
     max_body_bytes: int
     max_upload_bytes: int = 0  # an upload to /v1/files: the file's cap and the form around it
+    limits: KeyTable | None = None  # the limits file's named keys are accepted too
+
+    def match(self, authorization: str | None) -> bytes | None:
+        """The digest of the accepted key presented, if any."""
+        return self.keys.match(authorization, self.limits.digests if self.limits else ())
+
+    @property
+    def required(self) -> bool:
+        """Whether a key is required: some are set, here or in the limits file."""
+        return bool(self.keys) or bool(self.limits and self.limits.digests)
 
     def cap(self, scope: Scope) -> int:
         """The body cap of a request: /v1/files' uploads have their own."""
-        if _route(scope) == FILES_PATH:
+        if route_of(scope) == FILES_PATH:
             return max(self.max_body_bytes, self.max_upload_bytes)
         return self.max_body_bytes
 
     @classmethod
-    def from_config(cls, server: ServerConfig, environ: Mapping[str, str] = os.environ) -> GuardSettings:
-        """Keys from the config plus those in the `api_keys_env` variable (comma-separated)."""
+    def from_config(
+        cls, server: ServerConfig, environ: Mapping[str, str] = os.environ, limits: KeyTable | None = None
+    ) -> GuardSettings:
+        """Keys from the config plus those in the `api_keys_env` variable (comma-separated), and the
+        named keys of the limits file (`limits`)."""
         keys = list(server.api_keys)
         if server.api_keys_env:
             keys += [k.strip() for k in environ.get(server.api_keys_env, "").split(",") if k.strip()]
-        return cls(KeyRing(keys), server.max_body_bytes, server.batches.max_file_bytes + MULTIPART_MARGIN)
+        return cls(
+            KeyRing(keys), server.max_body_bytes, server.batches.max_file_bytes + MULTIPART_MARGIN, limits=limits
+        )
 
 
 class RequestGuard:
@@ -106,35 +123,36 @@ class RequestGuard:
             return
         settings = self._settings
         headers = Headers(scope=scope)
-        key = settings.keys.match(_presented(headers)) if settings.keys else None
+        required = settings.required
+        key = settings.match(_presented(headers)) if required else None
         if key is not None:  # who makes the request: the owner of what it stores (`owners`)
             scope.setdefault("state", {})[owners.STATE_KEY] = key
-        elif settings.keys and _route(scope) not in OPEN_PATHS:
+        elif required and route_of(scope) not in OPEN_PATHS:
             error = AuthenticationError(
                 "Invalid or missing API key; send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
             )
             if scope["type"] == "websocket":
                 await _refuse_socket(error, scope, receive, send)
             else:
-                await _reject(error, {"WWW-Authenticate": "Bearer"}, scope, receive, send)
+                await reject(error, {"WWW-Authenticate": "Bearer"}, scope, receive, send)
             return
         if scope["type"] == "websocket":  # each message's size is the socket's own check
             await self.app(scope, receive, send)
             return
-        if scope["method"] == "POST" and _route(scope) == FILES_PATH:
+        if scope["method"] == "POST" and route_of(scope) == FILES_PATH:
             # An upload streams on to storage (apis/files/form.py caps it as it comes): never held here.
             declared = headers.get("content-length", "")
             if declared.isdigit() and int(declared) > settings.cap(scope):
-                await _reject(_too_large(settings.cap(scope)), {"Connection": "close"}, scope, receive, send)
+                await reject(_too_large(settings.cap(scope)), {"Connection": "close"}, scope, receive, send)
                 return
         elif scope["method"] in _BODY_METHODS:
             body = await _read_body(headers, receive, settings.cap(scope))
             if body is None:  # the client left
                 return
             if isinstance(body, ServiceError):
-                await _reject(body, {"Connection": "close"}, scope, receive, send)
+                await reject(body, {"Connection": "close"}, scope, receive, send)
                 return
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
         await self.app(scope, receive, send)
 
 
@@ -146,11 +164,12 @@ def _presented(headers: Headers) -> str | None:
 
 def anthropic_route(scope: Scope) -> bool:
     """A route of Anthropic's API (/v1/messages and below), whose errors are in Anthropic's shape."""
-    route = _route(scope)
+    route = route_of(scope)
     return route == ANTHROPIC_PATH or route.startswith(ANTHROPIC_PATH + "/")
 
 
-def _route(scope: Scope) -> str:
+def route_of(scope: Scope) -> str:
+    """The request's path below the app's root path."""
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
 
@@ -177,7 +196,7 @@ def _too_large(cap: int) -> PayloadTooLargeError:
     return PayloadTooLargeError(f"Request body exceeds {cap} bytes.")
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     """A `receive` that hands the app the body already read, then defers to the real one."""
     sent = False
 
@@ -191,7 +210,8 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _reject(error: ServiceError, headers: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
+async def reject(error: ServiceError, headers: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer `error` in the route's API shape (OpenAI's, or Anthropic's on /v1/messages), with `headers`."""
     body = error_body(error.message, error.type, param=error.param, code=error.code)
     if anthropic_route(scope):
         record_of(Request(scope).state).error = error.code or error.type  # the access log's reason, as elsewhere

@@ -84,8 +84,9 @@ class ServedModels:
     def names(self) -> list[str]:
         return [*self._models, *self._embedders]
 
-    def _unknown(self, name: str) -> ModelNotFoundError:
-        available = ", ".join(repr(n) for n in self.names)
+    def unknown(self, name: str, allowed: Callable[[str], bool] = lambda name: True) -> ModelNotFoundError:
+        """The 404 of a model not served, or not `allowed` to the caller (its list names only the allowed)."""
+        available = ", ".join(repr(n) for n in self.names if allowed(n))
         return ModelNotFoundError(f"The model {name!r} does not exist. Available: {available}.", param="model")
 
     def get(self, name: str) -> ServedModel:
@@ -96,7 +97,7 @@ class ServedModels:
                 f"The model {name!r} is an embedding model: it answers /v1/embeddings only.", param="model"
             )
         if model is None:
-            raise self._unknown(name)
+            raise self.unknown(name)
         return model
 
     def _adapter(self, name: str) -> ServedModel | None:
@@ -108,7 +109,7 @@ class ServedModels:
         """The card of any served model, chat or embedding, or a LoRA adapter."""
         served = self._models.get(name) or self._adapter(name) or self._embedders.get(name)
         if served is None:
-            raise self._unknown(name)
+            raise self.unknown(name)
         return served.card
 
     def embedder(self, name: str) -> ServedEmbedder:
@@ -121,7 +122,7 @@ class ServedModels:
                 param="model",
             )
         if embedder is None:
-            raise self._unknown(name)
+            raise self.unknown(name)
         return embedder
 
     async def health(self) -> tuple[dict[str, Any], int]:

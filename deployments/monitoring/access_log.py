@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.monitoring.metrics import Recorder
+from deployments.protocol.replica import Tenant
 
 logger = logging.getLogger("ray.serve")
 
@@ -74,6 +75,8 @@ class RequestRecord:
     set_aside: str | None = None  # the request's tools that were not offered to the model (hosted tools), by type
     batch: str | None = None  # the batch of a batch line (`Ingress.batch_line`); None for HTTP requests
     key_digest: bytes | None = None  # the caller's API key's SHA-256 (documents named by file_id); never logged
+    tenant: Tenant | None = None  # whose request, as the limits know it (`ingress.limits`); None: no limits file
+    queued_s: float | None = None  # how long its first sequence waited for the decoder (the decoder's count)
 
     def first_token(self) -> None:
         if self.ttft_s is None:
@@ -97,6 +100,7 @@ class RequestRecord:
             "set_aside": self.set_aside,
             "error": self.error,
             "batch": self.batch,
+            "key": self.tenant.name if self.tenant else None,
         }
 
 

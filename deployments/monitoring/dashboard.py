@@ -358,6 +358,37 @@ LORA_PANELS = [
     ),
 ]
 
+KEY_PANELS = [
+    _panel(
+        71,
+        "Requests / s by API key",
+        "key_requests",
+        "short",
+        [Target(expr=_rate("key_requests", "key"), legend="{{key}}")],
+        note="Requests admitted to a model's endpoint, by the key's name in the limits file (default: the others).",
+    ),
+    _panel(
+        72,
+        "Rate-limited (429) / s by API key and limit",
+        "key_rate_limited",
+        "short",
+        [Target(expr=_rate("key_rate_limited", "key, limit"), legend="{{key}} {{limit}}")],
+    ),
+    _panel(
+        73,
+        "Tokens / s by API key",
+        "key_prompt_tokens",
+        "short",
+        [
+            Target(expr=_rate("key_prompt_tokens", "key"), legend="prompt {{key}}"),
+            Target(expr=_rate("key_completion_tokens", "key"), legend="completion {{key}}"),
+        ],
+        note=_spec("key_completion_tokens").description,
+    ),
+    _latency_panel(74, "Queue time by API key", "key_queue_time_seconds", by="key"),
+    _latency_panel(75, "Limits admission time by API key", "key_admission_seconds", by="key"),
+]
+
 ROWS = [
     Row(title="Overview", id=100, panels=OVERVIEW),
     Row(title="Decoder", id=101, panels=DECODER_PANELS),
@@ -366,6 +397,7 @@ ROWS = [
     Row(title="Embeddings", id=104, panels=EMBEDDER_PANELS),
     Row(title="Batches", id=105, panels=BATCH_PANELS),
     Row(title="LoRA adapters", id=106, panels=LORA_PANELS),
+    Row(title="API keys", id=107, panels=KEY_PANELS),
 ]
 
 _ids = [row.id for row in ROWS] + [panel.id for row in ROWS for panel in row.panels]

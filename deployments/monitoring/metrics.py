@@ -31,6 +31,7 @@ PREFIX = "mmserve_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+ADMISSION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,33 @@ INGRESS_METRICS = (
         "scheme",
         known={"scheme": ("http", "https", "file")},
     ),
+    # Per API key, by the name the limits file gives it (never the key; `default` for the others).
+    _spec("key_requests", "counter", "Ingress: requests admitted to a model's endpoint, by API key name.", "key"),
+    _spec(
+        "key_rate_limited",
+        "counter",
+        "Ingress: requests refused with a 429, by API key name and the limit they met.",
+        "key",
+        "limit",
+    ),
+    _spec("key_prompt_tokens", "counter", "Ingress: prompt tokens of admitted requests, by API key name.", "key"),
+    _spec(
+        "key_completion_tokens", "counter", "Ingress: tokens generated for admitted requests, by API key name.", "key"
+    ),
+    _spec(
+        "key_queue_time_seconds",
+        "histogram",
+        "Ingress: time a request waited for a place in the decoder's batch, by API key name.",
+        "key",
+        buckets=LATENCY_BUCKETS,
+    ),
+    _spec(
+        "key_admission_seconds",
+        "histogram",
+        "Ingress: time the limits took to admit or refuse a request (the shared board's round trip), by API key name.",
+        "key",
+        buckets=ADMISSION_BUCKETS,
+    ),
 )
 BATCH_METRICS = (
     _spec("batch_lines_queued", "gauge", "Batch runner: lines of running batches not yet sent."),
@@ -293,8 +321,11 @@ class DecoderRequestTimer:
         self.prompt_tokens = self.completion_tokens = 0
         self.cached_prompt_tokens = 0  # told on the last piece, by an engine with a prefix cache
 
-    def admitted(self) -> None:
-        self._recorder.observe("request_queue_time_seconds", time.monotonic() - self.arrived)
+    def admitted(self) -> float:
+        """The request's place in the batch is granted: the seconds it waited for it."""
+        queued = time.monotonic() - self.arrived
+        self._recorder.observe("request_queue_time_seconds", queued)
+        return queued
 
     def piece(self, prompt_tokens: int, completion_tokens: int) -> None:
         if self._first is None:

@@ -125,7 +125,9 @@ def decoder_options(
     `ConfigError` when a replica would take fewer requests than one batch holds, or when its
     autoscaling cannot work (see `scaling`, `decoder_layout`)."""
     seqs = model.params.max_num_seqs
-    queue = queue_bounds(model.deployment, 2 * seqs)
+    # With keys' limits, requests wait in the replica, where the keys share the queue fairly
+    # (`engines.admission`), not in Serve's queue in front of it, first come first served.
+    queue = queue_bounds(model.deployment, (4 if app_args.limits_file else 2) * seqs)
     if queue["max_ongoing_requests"] < seqs:
         raise refuse(
             app_args,

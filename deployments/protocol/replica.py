@@ -112,6 +112,14 @@ class GenerateRequest(BaseModel):
         description="Admission order when requests wait: lower first, FIFO among equals; BACKGROUND_PRIORITY "
         "or later: background work, on the replica's idle capacity.",
     )
+    tenant: str = Field(
+        "",
+        description="Whose request it is (the API key's, `ingress.limits`): waiters of equal priority are "
+        "queued fairly between tenants.",
+    )
+    tenant_share: float | None = Field(
+        None, gt=0, le=1, description="The most of the replica's sequences the tenant may hold at once."
+    )
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -138,6 +146,7 @@ class GenerateChunk(BaseModel):
     truncated_prompt_tokens: int = 0  # prompt tokens dropped to fit the context, on the last chunk
     cached_prompt_tokens: int | None = None  # prompt tokens from the prefix cache, on the last chunk (None: no cache)
     stop_sequence: str | None = None  # the stop string that ended the sequence, on its last chunk
+    queued_s: float | None = None  # seconds the sequence waited for a place in the batch, on its first chunk
     tool_format: str | None = None  # a request with tools: how the model writes calls, on each sequence's first chunk
 
 
@@ -219,3 +228,16 @@ class EmbedResult(BaseModel):
 
     vectors: list[bytes]
     prompt_tokens: int
+
+
+class Tenant(BaseModel):
+    """Whose request it is, as the ingress's limits know it (`ingress.limits`): the key's `name` (what
+    metrics and logs say), its `queue` (the decoders' fair-queueing tenant: one per key), the
+    earliest `priority` its requests get, and the `share` of a decoder replica's sequences it may hold."""
+
+    model_config = {"frozen": True}
+
+    name: str
+    queue: str
+    priority: int = 0
+    share: float | None = None

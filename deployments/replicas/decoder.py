@@ -105,13 +105,13 @@ class PrimaryDecoder:
             self._queued += 1
             waiting = True
             try:
-                async with self._seqs.reserve(1, request.priority):
+                async with self._seqs.reserve(1, request.priority, request.tenant, request.tenant_share):
                     self._queued, waiting = self._queued - 1, False
-                    timer.admitted()
+                    queued_s: float | None = timer.admitted()
                     async with aclosing(self._stream(request, timer)) as chunks:  # closed at once: frees the sequence
                         async for chunk in chunks:
                             outcome = chunk.finish_reason
-                            chunk.index = index
+                            chunk.index, chunk.queued_s, queued_s = index, queued_s, None  # told once
                             if chunk.truncated_prompt_tokens and index == 0:  # once per request
                                 logger.info(
                                     "model %s: chat truncated to fit the context: %d prompt tokens of earlier turns "

@@ -26,6 +26,7 @@ SUBCOMMANDS = (
     "lines",
     "settle",
     "lora",
+    "fairness",
     "documents",
 )
 

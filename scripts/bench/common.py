@@ -142,15 +142,16 @@ def start_ours(
     quantization: str | None = None,
     name: str = "ours",
     vision: bool = True,
+    args: Mapping[str, Any] | None = None,
 ) -> Server:
     """`serve run` with the repository's serve_config.yaml, in run.sh's environment (`ray_env`).
     `decoder_replicas` > 0: that many decoder replicas on a CPU-only machine, sharing its cores
     (`decoder_cpu_replicas`; 0: as shipped).
-    `vision`: ready only once a captioner is (False: `models_file` serves no vision)."""
+    `vision`: ready only once a captioner is (False: `models_file` serves no vision); `args`: more builder args."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
-        app["args"] = {**app["args"], "models_file": str(models_file)}
+        app["args"] = {**app["args"], "models_file": str(models_file), **(args or {})}
     if quantization:
         config["applications"][0]["args"]["decoder.quantization"] = quantization
     if decoder_replicas:

@@ -94,7 +94,16 @@ def test_the_uid_is_stable(board):
 
 def test_rows_and_panels_with_queries(board):
     rows = [panel["title"] for panel in board["panels"] if panel["type"] == "row"]
-    assert rows == ["Overview", "Decoder", "Captioner", "Images and cache", "Embeddings", "Batches", "LoRA adapters"]
+    assert rows == [
+        "Overview",
+        "Decoder",
+        "Captioner",
+        "Images and cache",
+        "Embeddings",
+        "Batches",
+        "LoRA adapters",
+        "API keys",
+    ]
     assert len(panels(board)) >= 20
     for panel in panels(board):
         assert panel["title"] and panel["description"], panel["id"]

@@ -100,6 +100,11 @@ def test_the_decoder_takes_two_batches_by_default_and_never_less_than_one():
     assert str(err.value).startswith(f"{Path('conf/models.yaml').resolve()}: model 'llm': deployment.")
 
 
+def test_with_keys_limits_the_decoder_takes_four_batches_so_waiters_queue_where_keys_share_fairly():
+    options, _ = decoder_options(AppArgs(decoder_gpus=0, limits_file="limits.yaml"), model(), 2)
+    assert options["max_ongoing_requests"] == 4 * 12
+
+
 def commented_profile(header: str) -> ModelsFile:
     """A commented-out profile of models.yaml, from its `# --- ...` header to the next one, parsed."""
     path = ROOT / "models.yaml"

@@ -233,8 +233,10 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         prepared = await asyncio.to_thread(self._prepare, request)
         need = prepared.prompt_tokens + int(prepared.body.get("n_predict") or self.max_model_len)
         priority = request.priority
-        room = self._room.reserve(need, priority) if self._room is not None else contextlib.nullcontext()
-        async with room, self._prefill.reserve(prepared.prompt_tokens, priority) as prefilled:
+        room = (
+            self._room.reserve(need, priority, request.tenant) if self._room is not None else contextlib.nullcontext()
+        )
+        async with room, self._prefill.reserve(prepared.prompt_tokens, priority, request.tenant) as prefilled:
             key = next(self._ids)
             prompt_tokens = prepared.prompt_tokens
             live = self._live[key] = [prompt_tokens, 0]

@@ -178,9 +178,22 @@ class AnswerCore:
     async def generate(self, requests: list[GenerateRequest], deadline: Deadline, record: RequestRecord) -> Generation:
         """One decoder call per request (all of the same `n`), read as one answer; `record` gets the
         time of the first chunk and the token counts. A batch line's requests (`record.batch`) are
-        background work: `BACKGROUND_PRIORITY`, or the later priority the line asked for."""
+        background work: `BACKGROUND_PRIORITY`, or the later priority the line asked for; a keyed
+        request (`record.tenant`) queues as its key's, at no earlier a priority than the key's."""
         if record.batch is not None:
             requests = [r.model_copy(update={"priority": max(r.priority, BACKGROUND_PRIORITY)}) for r in requests]
+        if record.tenant is not None:  # the key's place in the decoders' queue: its priority at the earliest
+            tenant = record.tenant
+            requests = [
+                r.model_copy(
+                    update={
+                        "priority": max(r.priority, tenant.priority),
+                        "tenant": tenant.queue,
+                        "tenant_share": tenant.share,
+                    }
+                )
+                for r in requests
+            ]
         streams = [
             DecoderStream(
                 self._decoder.options(stream=True).generate.remote(request), deadline.at, deadline.error, record

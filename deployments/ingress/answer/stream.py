@@ -56,6 +56,8 @@ class DecoderStream:
         except Exception as exc:  # a full queue, a dead replica: ours to name
             raise from_serve(exc) from None
         self._record.first_token()
+        if chunk.queued_s is not None and self._record.queued_s is None:
+            self._record.queued_s = chunk.queued_s
         if chunk.prompt_tokens:
             self._record.prompt_tokens = chunk.prompt_tokens
         if chunk.completion_tokens or chunk.finish_reason is not None:

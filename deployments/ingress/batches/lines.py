@@ -10,6 +10,8 @@ from typing import Any
 
 from deployments.errors import ServiceError, to_openai_error
 from deployments.ingress.batches.endpoints import ENDPOINTS
+from deployments.ingress.limits.limiter import Limiter
+from deployments.ingress.limits.table import KeyIdentity
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, error_code, log_access
 
@@ -26,12 +28,25 @@ async def _answer(served: ServedModels, endpoint: str, body: dict[str, Any], rec
 
 
 async def run_line(
-    served: ServedModels, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str
+    served: ServedModels,
+    batch_id: str,
+    endpoint: str,
+    body: dict[str, Any],
+    request_id: str,
+    limits: tuple[Limiter, KeyIdentity] | None = None,
 ) -> dict[str, Any]:
     """`{"status_code", "body"}` of one line: the endpoint's answer (200), or its error as the route
-    would send it. Its access-log line is an HTTP request's, with `batch=<batch id>`."""
+    would send it. Its access-log line is an HTTP request's, with `batch=<batch id>`. `limits`: the
+    limiter and the key that made the batch: the line keeps to the key's models and waits for its
+    budget (`Limiter.admit_waiting`), and is settled to the tokens it used."""
     record = RequestRecord(request_id=request_id, method="POST", path=endpoint, batch=batch_id)
+    admission = None
     try:
+        if limits is not None:
+            limiter, key = limits
+            limiter.check_model(key, body.get("model"))
+            record.tenant = key.tenant
+            admission = await limiter.admit_waiting(key, endpoint, body)
         answer = await _answer(served, endpoint, body, record)
         record.status = 200
         return {"status_code": 200, "body": answer}
@@ -42,4 +57,6 @@ async def run_line(
         record.status, record.error = status, error_code(error)
         return {"status_code": status, "body": error}
     finally:
+        if admission is not None and limits is not None:
+            limits[0].settle(admission, record)
         log_access(record)

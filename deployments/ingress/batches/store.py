@@ -23,6 +23,8 @@ from deployments.ingress.owners import Caller
 
 logger = logging.getLogger("ray.serve")
 
+KeyName = tuple[str, str]  # a key as the limits name it: its entry's name, its own queue (`limits.table.KeyIdentity`)
+
 
 def cancel_marker(batch_id: str) -> str:
     return f"batches/{batch_id}.cancel"
@@ -46,7 +48,8 @@ class BatchStore:
         self.storage = files.storage
         self.records = Records(files.storage, "batches", files.records.owners, "batch")
 
-    def create(self, body: BatchCreateRequest, caller: Caller) -> dict[str, Any]:
+    def create(self, body: BatchCreateRequest, caller: Caller, key: KeyName | None = None) -> dict[str, Any]:
+        """A new batch of `caller`'s; `key`: its key as the limits name it (its lines count against it)."""
         source = self.files.retrieve(body.input_file_id, caller)  # 404 unless the caller's
         if source["purpose"] != "batch":
             raise InvalidRequestError(
@@ -63,7 +66,10 @@ class BatchStore:
             expires_at=now + COMPLETION_WINDOW_S[body.completion_window],
             metadata=body.metadata,
         )
-        self.records.save(batch.id, {"object": batch.model_dump(), "owner": self.records.owners.tag(caller)})
+        record: dict[str, Any] = {"object": batch.model_dump(), "owner": self.records.owners.tag(caller)}
+        if key is not None:
+            record["key"] = list(key)
+        self.records.save(batch.id, record)
         logger.info(
             "request %s: batch %s created: validating, %s on %s",
             caller.request_id,
@@ -82,6 +88,12 @@ class BatchStore:
                 batch["status"] = "cancelling"
                 batch["cancelling_at"] = json.loads(marker)["at"]
         return batch
+
+    def key(self, batch_id: str) -> KeyName | None:
+        """The key a batch's lines count against (None: no limits when it was made)."""
+        record = self.records.load(batch_id)
+        key = record.get("key") if record else None
+        return (str(key[0]), str(key[1])) if isinstance(key, list) and len(key) == 2 else None
 
     def retrieve(self, batch_id: str, caller: Caller) -> dict[str, Any]:
         return self._shown(self.records.owned(batch_id, caller))

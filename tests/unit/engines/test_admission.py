@@ -1,5 +1,6 @@
 """`Budget`: units reserved per request, waiting in arrival order, cancellable, released early on demand.
-`Sequences`: a decoder's sequences, background work (batch lines) on idle capacity only."""
+`Sequences`: a decoder's sequences, background work (batch lines) on idle capacity only. Both queue
+tenants (API keys) fairly, and cap a tenant to its share."""
 
 import asyncio
 
@@ -194,3 +195,73 @@ async def test_a_background_request_waiting_for_room_is_held_back_once_a_chat_ar
     for name in ("bg3", "chat"):
         await finish(name)
     assert (seqs.foreground, seqs.background, seqs.reserved, seqs.waiting) == (0, 0, 0, 0)
+
+
+async def test_a_tenant_with_one_waiter_is_served_next_to_a_tenant_with_many():
+    seqs, started, done = Sequences(2), [], asyncio.Event()
+
+    async def run(tenant: str, name: str) -> None:
+        async with seqs.reserve(1, tenant=tenant):
+            started.append(name)
+            await done.wait()
+            done.clear()
+
+    flood = [asyncio.create_task(run("a", f"a{i}")) for i in range(8)]
+    await settle()
+    lone = asyncio.create_task(run("b", "b0"))
+    await settle()
+    assert started == ["a0", "a1"] and seqs.waiting == 7
+    await _drain([*flood, lone], done)
+    assert started.index("b0") <= 3  # beside a's first waiter, not behind its six
+    assert [n for n in started if n.startswith("a")] == [f"a{i}" for i in range(8)]  # a's own order kept
+
+
+async def test_a_tenant_capped_to_a_share_leaves_the_rest_to_others_and_waits_beyond_it():
+    seqs, started, done = Sequences(4), [], asyncio.Event()
+
+    async def run(tenant: str, name: str, share: float | None) -> None:
+        async with seqs.reserve(1, tenant=tenant, share=share):
+            started.append(name)
+            await done.wait()
+
+    capped = [asyncio.create_task(run("a", f"a{i}", 0.5)) for i in range(4)]
+    await settle()
+    assert started == ["a0", "a1"] and seqs.reserved == 2  # half of 4: two sequences
+    others = [asyncio.create_task(run("b", f"b{i}", None)) for i in range(2)]
+    await settle()
+    assert started == ["a0", "a1", "b0", "b1"]  # b passes a's capped waiters
+    done.set()
+    await asyncio.gather(*capped, *others)
+    assert seqs.reserved == 0 and seqs.waiting == 0
+
+
+async def test_a_tenant_served_alone_before_neither_jumps_the_queue_nor_waits_behind_it():
+    budget, started, done = Budget(1), [], asyncio.Event()
+
+    async def run(tenant: str, name: str) -> None:
+        async with budget.reserve(1, tenant=tenant):
+            started.append(name)
+            await done.wait()
+            done.clear()
+
+    for i in range(3):  # b alone, served at once each time: no credit saved for later
+        await asyncio.gather(asyncio.create_task(run("b", f"b{i}")), _set_soon(done))
+    first = [asyncio.create_task(run("a", f"a{i}")) for i in range(3)]
+    await settle()
+    late = asyncio.create_task(run("b", "b3"))
+    await settle()
+    await _drain([*first, late], done)
+    assert started[3:] == ["a0", "a1", "b3", "a2"]  # b3 among a's waiters: no credit saved, no penalty kept
+
+
+async def _drain(tasks: list[asyncio.Task], done: asyncio.Event) -> None:
+    """Let the running holders end, one round at a time, until every task has."""
+    while not all(task.done() for task in tasks):
+        done.set()
+        await settle()
+    await asyncio.gather(*tasks)
+
+
+async def _set_soon(event: asyncio.Event) -> None:
+    await settle()
+    event.set()

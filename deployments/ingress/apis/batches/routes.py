@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from deployments.ingress.apis.batches.protocol import Batch, BatchCreateRequest, BatchList
 from deployments.ingress.batches.store import BatchStore
+from deployments.ingress.limits.limiter import key_of
 from deployments.ingress.routing import ERRORS, caller
 
 
@@ -21,7 +22,9 @@ def attach(api: FastAPI, batches: BatchStore | None, wake: Callable[[], None]) -
 
     @api.post("/v1/batches", responses={200: {"model": Batch}, **ERRORS})
     async def create_batch(body: BatchCreateRequest, request: Request) -> Any:
-        created = await asyncio.to_thread(batches.create, body, caller(request))
+        key = key_of(request.state)  # with limits, the batch's lines count against the key that made it
+        name = (key.name, key.queue) if key is not None else None
+        created = await asyncio.to_thread(batches.create, body, caller(request), name)
         wake()
         return JSONResponse(created)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from deployments.ingress.limits.limiter import model_allowed
 from deployments.ingress.routing import NOT_FOUND
 from deployments.ingress.served_models import ServedModels
 from deployments.protocol.openai.common import ModelCard, ModelList
@@ -14,11 +15,14 @@ def attach(api: FastAPI, served: ServedModels) -> None:
     """Add the routes to `api`."""
 
     @api.get("/v1/models", responses={401: NOT_FOUND[401]})
-    async def models() -> ModelList:
-        return served.cards
+    async def models(request: Request) -> ModelList:
+        allowed = model_allowed(request.state)  # a key limited to some models sees only those
+        return ModelList(data=[card for card in served.cards.data if allowed(card.id)])
 
     @api.get("/v1/models/{model:path}", responses=NOT_FOUND)
-    async def model_card(model: str) -> ModelCard:
+    async def model_card(model: str, request: Request) -> ModelCard:
+        if not model_allowed(request.state)(model):
+            raise served.unknown(model)
         return served.card(model)
 
     @api.get("/health", responses={503: {"description": "No decoder is ready; the body says why"}})

@@ -14,6 +14,7 @@ from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.apis.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
+from deployments.ingress.limits.limiter import Admission, Limiter, key_of
 from deployments.ingress.owners import Caller
 from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, recorded, request_id, streamed
 from deployments.ingress.served_models import ServedModels
@@ -45,8 +46,15 @@ def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str 
     )
 
 
-def attach(api: FastAPI, served: ServedModels, store: ResponseStorePort | None, max_message_bytes: int) -> None:
-    """`store`: the responses kept (None: none are); `max_message_bytes`: a WebSocket message's cap."""
+def attach(
+    api: FastAPI,
+    served: ServedModels,
+    store: ResponseStorePort | None,
+    max_message_bytes: int,
+    limiter: Limiter | None = None,
+) -> None:
+    """`store`: the responses kept (None: none are); `max_message_bytes`: a WebSocket message's cap;
+    `limiter`: the keys' limits, which admit each WebSocket turn (HTTP requests pass its middleware)."""
 
     @api.post(PATH, responses=streamed("A response, or its events when stream is true"))
     async def create_response(body: ResponseRequest, request: Request) -> Any:
@@ -58,9 +66,25 @@ def attach(api: FastAPI, served: ServedModels, store: ResponseStorePort | None, 
     async def response_socket(websocket: WebSocket) -> None:
         """The WebSocket mode: `response.create` turns on one connection (`socket`)."""
 
+        key = key_of(websocket.state)
+        admitted: dict[str, Admission] = {}  # each turn is admitted by the limits as a request is
+
         async def turn(body: ResponseRequest, record: RequestRecord, connection: ConnectionCache) -> Reply:
+            if limiter is not None and key is not None:
+                limiter.check_model(key, body.model)
+                record.tenant = key.tenant
+                request = body.model_dump(mode="json", exclude_none=True)
+                admitted[record.request_id] = await limiter.admit(key, PATH, request, anthropic=False)
             service = ResponseService(served.get(body.model).core)
             return await service.create(body, record, store, caller(websocket, record.request_id), connection)
+
+        log = turn_log_of(websocket.state)
+
+        def turn_ended(record: RequestRecord) -> None:
+            admission = admitted.pop(record.request_id, None)
+            if limiter is not None and admission is not None:
+                limiter.settle(admission, record)
+            log(record)
 
         rid = request_id(websocket.scope)
         await ResponseSocket(
@@ -68,7 +92,7 @@ def attach(api: FastAPI, served: ServedModels, store: ResponseStorePort | None, 
             turn,
             max_message_bytes=max_message_bytes,
             request_id=connection_id() if rid == "unknown" else rid,
-            log=turn_log_of(websocket.state),
+            log=turn_ended,
         ).run()
 
     @api.post("/v1/responses/compact", responses={200: {"model": CompactedResponse}, **ERRORS})

@@ -1,0 +1,208 @@
+"""The keys' limits at the door: a pure ASGI middleware inside the API-key guard (it knows the
+caller) and around every route.
+
+For every request it names the caller (`KeyTable.identify`) in the request's state and its record
+(the access log's `key`, the decoders' fair-queueing `tenant`). A body that names a model the key
+may not use is answered as an unknown model (404 `model_not_found`, listing only the models the key
+may use: nothing tells it the others exist). A request to a model's endpoint (`LIMITED`) is
+admitted by the application's board (`board.Board`) against the key's requests and tokens per
+minute and its concurrent requests, reserving its estimated tokens (`estimate`); over a limit it is
+a 429 in its API's shape with `Retry-After` (`headers`). Every admitted response carries the
+key's rate-limit headers, and when it has ended (a stream's last byte sent, or its client gone)
+the request is settled to the tokens it used (the record's counts) and counted in the key's metrics.
+The Responses WebSocket's turns and the batch lines are admitted and settled by the same `Limiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import MutableHeaders, State
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from deployments.errors import InvalidRequestError, ModelNotFoundError, RateLimitError
+from deployments.ingress import owners
+from deployments.ingress.guard import anthropic_route, reject, replay, route_of
+from deployments.ingress.limits import estimate
+from deployments.ingress.limits.board import BoardPort
+from deployments.ingress.limits.headers import rate_headers, retry_headers
+from deployments.ingress.limits.ledger import Caps, Verdict
+from deployments.ingress.limits.table import KeyIdentity, KeyTable
+from deployments.ingress.served_models import ServedModels
+from deployments.monitoring.access_log import RequestRecord, record_of
+from deployments.monitoring.metrics import Recorder
+
+STATE_KEY = "mmserve_key"  # the request's `state` entry: the caller's `KeyIdentity`
+LIMITED = {  # a model's endpoints, and whether they generate (an embedding's completion is nothing)
+    "/v1/chat/completions": True,
+    "/v1/completions": True,
+    "/v1/responses": True,
+    "/v1/messages": True,
+    "/v1/embeddings": False,
+}
+NAMING_A_MODEL = frozenset({"/tokenize", "/detokenize", "/v1/messages/count_tokens", "/v1/responses/compact"})
+"""The other routes whose body names a model (the key's model list holds there too); any other
+body is not read here (an upload to /v1/files streams on untouched)."""
+
+
+def key_of(state: Any) -> KeyIdentity | None:
+    """The caller as the limits know it (None: no limits file)."""
+    identity = getattr(state, STATE_KEY, None)
+    return identity if isinstance(identity, KeyIdentity) else None
+
+
+def model_allowed(state: Any) -> Callable[[str], bool]:
+    """Whether the request's caller may use a model."""
+    identity = key_of(state)
+    return identity.allows if identity is not None else lambda model: True
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request: its ticket at the board (None: the board could not be asked) and the
+    headers that tell its key's buckets."""
+
+    identity: KeyIdentity
+    ticket: int | None
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Limiter:
+    """The limits of one ingress replica: who each caller is, and their admission and settlement."""
+
+    table: KeyTable
+    board: BoardPort
+    served: ServedModels  # their names, and the 404 of a model not served
+    default_max_tokens: Mapping[str, int]  # each model's, for a request that sets none
+    metrics: Recorder
+
+    def check_model(self, identity: KeyIdentity, model: object) -> None:
+        """A model the key may not use is unknown to it: `ModelNotFoundError`, listing only its models."""
+        if isinstance(model, str) and not identity.allows(model):
+            raise self.served.unknown(model, identity.allows)
+
+    async def admit(self, identity: KeyIdentity, route: str, request: dict[str, Any], anthropic: bool) -> Admission:
+        """Admit a request to a model's endpoint `route` (`LIMITED`); over a limit, `RefusedError`."""
+        if identity.caps == Caps():  # nothing to count: no round trip to the board
+            return Admission(identity, None, {})
+        completion = 0
+        if LIMITED[route]:
+            model = request.get("model")
+            base = (model if isinstance(model, str) else self.served.names[0]).partition(":")[0]
+            completion = estimate.completion_tokens(request, self.default_max_tokens.get(base, 256))
+        started = time.monotonic()
+        verdict = await self.board.admit(identity.name, identity.caps, estimate.prompt_tokens(request) + completion)
+        tags = {"key": identity.name}
+        self.metrics.observe("key_admission_seconds", time.monotonic() - started, tags=tags)
+        if verdict is None:  # the board is unreachable: admitted without limits (logged by the board)
+            return Admission(identity, None, {})
+        headers = rate_headers(verdict, anthropic)
+        if verdict.ticket is None:
+            limit = verdict.limit or "requests"
+            self.metrics.inc("key_rate_limited", tags={**tags, "limit": limit})
+            raise RefusedError(verdict, headers={**headers, **retry_headers(verdict)})
+        return Admission(identity, verdict.ticket, headers)
+
+    async def admit_waiting(self, identity: KeyIdentity, route: str, request: dict[str, Any]) -> Admission:
+        """Admit a batch line: over a limit it waits until the key's buckets let it in (the caller's
+        deadline bounds the wait), never a 429; a line too large ever to fit is a 400."""
+        while True:
+            try:
+                return await self.admit(identity, route, request, anthropic=False)
+            except RefusedError as refused:
+                if refused.limit == "too_large":
+                    raise InvalidRequestError(refused.message, param="max_tokens") from None
+                await asyncio.sleep(min(max(refused.retry_after_s, 0.05), 60.0))
+
+    def settle(self, admission: Admission, record: RequestRecord) -> None:
+        """The request has ended: its tokens (the record's counts) settle its reservation and count in
+        its key's metrics."""
+        prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
+        if admission.ticket is not None:
+            self.board.settle(admission.ticket, prompt + completion)
+        tags = {"key": admission.identity.name}
+        self.metrics.inc("key_requests", tags=tags)
+        self.metrics.inc("key_prompt_tokens", prompt, tags=tags)
+        self.metrics.inc("key_completion_tokens", completion, tags=tags)
+        if record.queued_s is not None:
+            self.metrics.observe("key_queue_time_seconds", record.queued_s, tags=tags)
+
+
+class RefusedError(RateLimitError):
+    """A 429 of the limits: the limit met, when to try again, and the headers its answer carries."""
+
+    def __init__(self, verdict: Verdict, *, headers: dict[str, str]) -> None:
+        super().__init__(verdict.message, limit=verdict.limit or "requests")
+        self.limit = verdict.limit or "requests"
+        self.retry_after_s = verdict.retry_after_s
+        self.headers = headers
+
+
+class KeyLimiter:
+    def __init__(self, app: ASGIApp, limiter: Limiter | None) -> None:
+        self.app = app
+        self._limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limiter = self._limiter
+        if limiter is None or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        digest = state.get(owners.STATE_KEY)
+        identity = limiter.table.identify(digest if isinstance(digest, bytes) else None)
+        state[STATE_KEY] = identity
+        if scope["type"] == "websocket" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        record = record_of(State(state))
+        record.tenant = identity.tenant
+        route = route_of(scope)
+        if route not in LIMITED and route not in NAMING_A_MODEL:
+            await self.app(scope, receive, send)
+            return
+        body = await _read(receive)
+        if body is None:
+            return
+        receive = replay(body, receive)
+        try:
+            request = json.loads(body) if body else None
+        except ValueError:
+            request = None  # the route says what is wrong with it
+        try:
+            limiter.check_model(identity, request.get("model") if isinstance(request, dict) else None)
+            if route not in LIMITED or not isinstance(request, dict):
+                await self.app(scope, receive, send)
+                return
+            admission = await limiter.admit(identity, route, request, anthropic_route(scope))
+        except (ModelNotFoundError, RefusedError) as refused:
+            await reject(refused, getattr(refused, "headers", {}), scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(admission.headers)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            limiter.settle(admission, record)
+
+
+async def _read(receive: Receive) -> bytes | None:
+    """The request's body (the guard has read it already: this reads its replay); None: the client left."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(body)
