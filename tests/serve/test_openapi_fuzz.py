@@ -83,8 +83,10 @@ def breaks_a_rule_across_fields(body: object, path: str = "") -> bool:
         or (path == "/detokenize" and bool(body.get("tokens")))
         # Not in the schema: the configured image limits (images.max_images_per_message 8, per request 16).
         or _too_many_images(body.get("messages"))
-        # A document names exactly one source: file_data, file_id or file_url (chat's `file`, Responses' `input_file`).
-        or _not_one_file_source(body)
+        # Not in the schema: a document names exactly one source (file_data, file_id or file_url), and its bytes
+        # (a PDF or text behind it) are read; what cannot be read is a 400 naming it. The generator's strings
+        # are never a document.
+        or _names_a_document(body)
         # Not a rule across fields: near 2**63 the generator oversteps the spec's own exact bound on
         # `seed` (9223372036854775999 against `exclusiveMaximum: 9223372036854775808`), float rounding.
         or (isinstance(body.get("seed"), int) and not -(2**63) <= body["seed"] < 2**63)
@@ -102,19 +104,15 @@ def _too_many_images(messages: object) -> bool:
     return any(count > 8 for count in counts) or sum(counts) > 16
 
 
-_FILE_SOURCES = ("file_data", "file_id", "file_url")
-
-
-def _not_one_file_source(value: object) -> bool:
-    """Anywhere in the body, a chat `file` part or a Responses `input_file` whose sources are not exactly one."""
+def _names_a_document(value: object) -> bool:
+    """Anywhere in the body, a chat `file` part, a Responses `input_file` or a Messages `document` block."""
     if isinstance(value, list):
-        return any(_not_one_file_source(item) for item in value)
+        return any(_names_a_document(item) for item in value)
     if not isinstance(value, dict):
         return False
-    source = value.get("file") if value.get("type") == "file" else value if value.get("type") == "input_file" else None
-    if isinstance(source, dict) and sum(source.get(key) is not None for key in _FILE_SOURCES) != 1:
-        return True
-    return any(_not_one_file_source(item) for item in value.values())
+    return value.get("type") in ("file", "input_file", "document") or any(
+        _names_a_document(item) for item in value.values()
+    )
 
 
 _CHAT_ONLY = {"tools", "add_generation_prompt", "continue_final_message"}

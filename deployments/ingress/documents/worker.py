@@ -24,6 +24,7 @@ import json
 import os
 import re
 import resource
+import signal
 import sys
 from typing import Any, BinaryIO
 
@@ -125,7 +126,20 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
         stdout.flush()
 
 
+def die_with_parent(parent: int) -> None:
+    """Killed as soon as the ingress replica that started it dies (Linux's parent-death signal), even
+    in the middle of a file whose reading would outlast it: no worker outlives its replica."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the signal was set
+        os._exit(0)
+
+
 def main() -> None:
+    die_with_parent(os.getppid())
     import pypdfium2  # noqa: F401  (loaded before the limit: the limit is for parsing)
     from PIL import Image  # noqa: F401
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from typing import Any
 
 import pytest
@@ -315,3 +316,36 @@ def test_each_apis_document_becomes_chats_file_part():
     assert chat[3].content[1].file.file_data == "aGk="  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="exactly one of file_data, file_id, file_url"):
         MESSAGES.validate_python([{"role": "user", "content": [{"type": "file", "file": {"filename": "x"}}]}])
+
+
+def test_a_worker_dies_with_the_process_that_started_it():
+    """A replica killed while its worker reads leaves no worker behind: here the worker's input stays
+    open (this test holds the pipe's other end), so only the parent-death signal ends it."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from deployments.ingress.documents.reader import WORKER
+
+    read_end, write_end = os.pipe()
+    start = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-I', {str(WORKER)!r}, '256'], stdin={read_end}); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", start], pass_fds=(read_end,))
+    os.close(read_end)
+    try:
+        deadline = time.monotonic() + 20
+        while not (children := psutil.Process(parent.pid).children()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "the worker did not start"
+        time.sleep(1)  # past its start: the signal is set before pypdfium2 loads
+        parent.kill()
+        parent.wait()
+        gone, _ = psutil.wait_procs(children, timeout=10)
+        assert gone, "the worker outlived the process that started it"
+    finally:
+        parent.kill()
+        os.close(write_end)
