@@ -3,6 +3,8 @@
 tenants (API keys) fairly, and cap a tenant to its share."""
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -197,14 +199,21 @@ async def test_a_background_request_waiting_for_room_is_held_back_once_a_chat_ar
     assert (seqs.foreground, seqs.background, seqs.reserved, seqs.waiting) == (0, 0, 0, 0)
 
 
+async def holds(
+    budget: Budget, tenant: str, name: str, started: list[str], done: asyncio.Event, share: float | None = None
+) -> None:
+    """One unit of `tenant`'s, held until the round that `done` ends (`_drain`)."""
+    async with budget.reserve(1, tenant=tenant, share=share):
+        started.append(name)
+        await done.wait()
+        done.clear()
+
+
 async def test_a_tenant_with_one_waiter_is_served_next_to_a_tenant_with_many():
     seqs, started, done = Sequences(2), [], asyncio.Event()
 
-    async def run(tenant: str, name: str) -> None:
-        async with seqs.reserve(1, tenant=tenant):
-            started.append(name)
-            await done.wait()
-            done.clear()
+    def run(tenant: str, name: str) -> Coroutine[Any, Any, None]:
+        return holds(seqs, tenant, name, started, done)
 
     flood = [asyncio.create_task(run("a", f"a{i}")) for i in range(8)]
     await settle()
@@ -219,10 +228,8 @@ async def test_a_tenant_with_one_waiter_is_served_next_to_a_tenant_with_many():
 async def test_a_tenant_capped_to_a_share_leaves_the_rest_to_others_and_waits_beyond_it():
     seqs, started, done = Sequences(4), [], asyncio.Event()
 
-    async def run(tenant: str, name: str, share: float | None) -> None:
-        async with seqs.reserve(1, tenant=tenant, share=share):
-            started.append(name)
-            await done.wait()
+    def run(tenant: str, name: str, share: float | None) -> Coroutine[Any, Any, None]:
+        return holds(seqs, tenant, name, started, done, share)
 
     capped = [asyncio.create_task(run("a", f"a{i}", 0.5)) for i in range(4)]
     await settle()
@@ -230,19 +237,15 @@ async def test_a_tenant_capped_to_a_share_leaves_the_rest_to_others_and_waits_be
     others = [asyncio.create_task(run("b", f"b{i}", None)) for i in range(2)]
     await settle()
     assert started == ["a0", "a1", "b0", "b1"]  # b passes a's capped waiters
-    done.set()
-    await asyncio.gather(*capped, *others)
+    await _drain([*capped, *others], done)
     assert seqs.reserved == 0 and seqs.waiting == 0
 
 
 async def test_a_tenant_served_alone_before_neither_jumps_the_queue_nor_waits_behind_it():
     budget, started, done = Budget(1), [], asyncio.Event()
 
-    async def run(tenant: str, name: str) -> None:
-        async with budget.reserve(1, tenant=tenant):
-            started.append(name)
-            await done.wait()
-            done.clear()
+    def run(tenant: str, name: str) -> Coroutine[Any, Any, None]:
+        return holds(budget, tenant, name, started, done)
 
     for i in range(3):  # b alone, served at once each time: no credit saved for later
         await asyncio.gather(asyncio.create_task(run("b", f"b{i}")), _set_soon(done))
