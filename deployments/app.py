@@ -21,9 +21,9 @@ from typing import Any
 
 from ray.serve import Application
 
+from deployments.batch_runner.runner import BatchRunner, BatchRunnerConfig
 from deployments.config import AUTO, ModelConfig, cpu_cores, parse_args, resolve_plan
 from deployments.config.limits import load_limits_file
-from deployments.ingress.batches.runner import BatchRunner, BatchRunnerConfig
 from deployments.ingress.deployment import Ingress, IngressConfig, ServedEmbedderConfig, ServedModelConfig
 from deployments.options import (
     BATCH_RUNNER_OPTIONS,

@@ -26,13 +26,13 @@ from deployments.ingress.apis.models import routes as models
 from deployments.ingress.apis.responses import routes as responses
 from deployments.ingress.apis.responses.store import ResponseStorePort
 from deployments.ingress.apis.tokenize import routes as tokenize
-from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.guard import GuardSettings, RequestGuard, anthropic_route
 from deployments.ingress.limits.limiter import KeyLimiter, Limiter
 from deployments.ingress.routing import request_id
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
+from deployments.state.batches import BatchStore
 
 
 def _openapi_without_422(api: FastAPI) -> None:

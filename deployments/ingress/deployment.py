@@ -32,7 +32,6 @@ from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import ResponseStore
 from deployments.ingress.batches.lines import run_line
-from deployments.ingress.batches.store import BatchStore, KeyName
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
@@ -46,6 +45,7 @@ from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
 from deployments.protocol.openai.common import ModelCard
 from deployments.roles import Role
+from deployments.state.batches import BatchStore, KeyName
 
 logger = logging.getLogger("ray.serve")
 

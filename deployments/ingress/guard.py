@@ -30,9 +30,9 @@ from starlette.websockets import WebSocket
 
 from deployments.config import ServerConfig
 from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
-from deployments.ingress import owners
 from deployments.ingress.limits.table import KeyTable
 from deployments.monitoring.access_log import record_of
+from deployments.state import owners
 
 ANTHROPIC_PATH = "/v1/messages"
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})

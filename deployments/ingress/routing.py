@@ -24,10 +24,10 @@ from deployments.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
 )
-from deployments.ingress.owners import Caller, caller_of
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, record_of
 from deployments.protocol.openai.common import ErrorResponse
+from deployments.state.owners import Caller, caller_of
 
 Responses = dict[int | str, dict[str, Any]]
 

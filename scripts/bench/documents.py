@@ -29,8 +29,8 @@ from pydantic import TypeAdapter
 
 from deployments.config import DocumentInputConfig, ImageInputConfig
 from deployments.ingress.documents.stage import DocumentStage
-from deployments.ingress.owners import Caller
 from deployments.protocol.openai.chat import ChatMessage
+from deployments.state.owners import Caller
 from scripts.bench.common import arguments, emit
 
 WORDS = [

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from deployments.batch_runner.input_lines import lines
 from deployments.config import ServerConfig
-from deployments.ingress.batches.input_lines import lines
-from deployments.ingress.batches.storage import LocalStorage, Storage
+from deployments.state.storage import LocalStorage, Storage
 from scripts.bench.common import arguments, emit
 
 CAP: int = ServerConfig.model_fields["max_body_bytes"].default

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from deployments.config import DocumentInputConfig, ImageInputConfig
 from deployments.errors import InvalidDocumentError, InvalidImageError
-from deployments.ingress.owners import Caller
 from deployments.ingress.vision.fetch import fetch_remote
 from deployments.protocol.openai.common import FileInput
+from deployments.state.owners import Caller
 
 _DATA_URL = re.compile(r"^data:(?P<media>[^;,]*)(?P<params>(;[^;,]*)*?);base64,(?P<payload>.*)$", re.DOTALL)
 _PDF_MAGIC = b"%PDF-"

@@ -27,9 +27,9 @@ from deployments.errors import InvalidDocumentError
 from deployments.ingress.documents.cache import DocumentCache, document_key
 from deployments.ingress.documents.reader import DocumentWorkers, Page, ReadDocument, read_text
 from deployments.ingress.documents.source import DocumentBytes, FileSource, load_document
-from deployments.ingress.owners import Caller
 from deployments.protocol.openai.chat import ChatMessage, UserMessage
 from deployments.protocol.openai.common import FilePart, ImagePart, ImageURL, PageUnseenReason, TextPart, UnseenPage
+from deployments.state.owners import Caller
 
 _WHY: dict[PageUnseenReason, str] = {
     "vision_disabled": "this model takes no images",

@@ -26,7 +26,6 @@ from starlette.datastructures import MutableHeaders, State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.errors import InvalidRequestError, ModelNotFoundError, RateLimitError
-from deployments.ingress import owners
 from deployments.ingress.guard import anthropic_route, reject, replay, route_of
 from deployments.ingress.limits import estimate
 from deployments.ingress.limits.board import BoardPort
@@ -36,6 +35,7 @@ from deployments.ingress.limits.table import KeyIdentity, KeyTable
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, record_of
 from deployments.monitoring.metrics import Recorder
+from deployments.state import owners
 
 STATE_KEY = "mmserve_key"  # the request's `state` entry: the caller's `KeyIdentity`
 LIMITED = {  # a model's endpoints, and whether they generate (an embedding's completion is nothing)

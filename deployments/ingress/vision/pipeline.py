@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, VisionDisabledError
 from deployments.ingress.documents.stage import DocumentStage, Expanded, count_documents, unseen_page_marker
-from deployments.ingress.owners import Caller
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.client import Captioner
 from deployments.ingress.vision.collect import check_image_counts, collect_images, count_images
@@ -34,6 +33,7 @@ from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChatMessage, UserMessage
 from deployments.protocol.openai.common import ImagePart, UnseenImage, UnseenPage, UnseenReason, VisionReport
 from deployments.protocol.replica import ImageBytes, TextMessage
+from deployments.state.owners import Caller
 
 logger = logging.getLogger("ray.serve")
 

@@ -12,14 +12,14 @@ import threading
 import tracemalloc
 from typing import Any
 
-from deployments.ingress.batches import runner as runner_module
-from deployments.ingress.batches import storage as storage_module
-from deployments.ingress.batches.files import data_path, new_file_id
-from deployments.ingress.batches.input_lines import LongLine, lines
-from deployments.ingress.batches.progress import resume
-from deployments.ingress.batches.runner import BatchRuntime
-from deployments.ingress.batches.storage import LocalStorage
-from deployments.ingress.batches.validation import validate
+from deployments.batch_runner import runner as runner_module
+from deployments.batch_runner.input_lines import LongLine, lines
+from deployments.batch_runner.progress import resume
+from deployments.batch_runner.runner import BatchRuntime
+from deployments.batch_runner.validation import validate
+from deployments.state import storage as storage_module
+from deployments.state.files import data_path, new_file_id
+from deployments.state.storage import LocalStorage
 from tests.unit.ingress.test_batches import (
     ALICE,
     CHAT,

@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 from starlette.types import Scope
 
+from deployments.batch_runner.input_lines import lines
+from deployments.batch_runner.progress import resume
+from deployments.batch_runner.runner import BatchRunnerConfig, BatchRuntime
+from deployments.batch_runner.validation import ServedNames, validate
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
 from deployments.ingress.apis.batches.protocol import BatchCreateRequest
-from deployments.ingress.batches import storage as storage_module
-from deployments.ingress.batches.files import data_path
-from deployments.ingress.batches.input_lines import lines
-from deployments.ingress.batches.progress import resume
-from deployments.ingress.batches.records import stored_owners
-from deployments.ingress.batches.runner import BatchRunnerConfig, BatchRuntime
-from deployments.ingress.batches.storage import LocalStorage, open_storage
-from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
-from deployments.ingress.owners import Caller
+from deployments.state import storage as storage_module
+from deployments.state.files import data_path
+from deployments.state.owners import Caller
+from deployments.state.records import stored_owners
+from deployments.state.storage import LocalStorage, open_storage
 from tests.unit.fake_metrics import FakeMetrics
 
 CHAT = "/v1/chat/completions"
@@ -227,7 +227,9 @@ def config(root: Path, **batches: Any) -> BatchRunnerConfig:
 def submit(runtime: BatchRuntime, data: bytes, caller: Caller = ALICE) -> str:
     files = runtime.batches.files
     source = files.create("in.jsonl", data, "batch", caller)
-    return runtime.batches.create(BatchCreateRequest(input_file_id=source["id"], endpoint=CHAT), caller)["id"]
+    return runtime.batches.create(BatchCreateRequest(input_file_id=source["id"], endpoint=CHAT).new_batch(), caller)[
+        "id"
+    ]
 
 
 async def settled(runtime: BatchRuntime, batch_id: str, caller: Caller = ALICE, timeout_s: float = 20.0) -> dict:
@@ -417,7 +419,7 @@ def test_files_and_batches_are_seen_only_by_their_key(tmp_path, caplog):
         lambda: files.delete(file_id, BOB),
         lambda: batches.retrieve(batch_id, BOB),
         lambda: batches.cancel(batch_id, BOB),
-        lambda: batches.create(BatchCreateRequest(input_file_id=file_id, endpoint=CHAT), BOB),
+        lambda: batches.create(BatchCreateRequest(input_file_id=file_id, endpoint=CHAT).new_batch(), BOB),
     ):
         with pytest.raises(ObjectNotFoundError):
             read()

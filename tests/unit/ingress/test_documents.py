@@ -19,9 +19,9 @@ from deployments.config import DocumentInputConfig, ImageInputConfig
 from deployments.errors import InvalidDocumentError, ObjectNotFoundError
 from deployments.ingress.documents.reader import text_parts
 from deployments.ingress.documents.stage import DocumentStage
-from deployments.ingress.owners import Caller
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChatMessage
+from deployments.state.owners import Caller
 from tests.support import pdfs
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
 

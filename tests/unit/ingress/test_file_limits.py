@@ -19,15 +19,15 @@ from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.batches.protocol import BatchCreateRequest
-from deployments.ingress.batches import files as files_module
-from deployments.ingress.batches.files import BATCH_FILE_EXPIRY_S, ExpiresAfter, data_path
-from deployments.ingress.batches.storage import CHUNK_BYTES, LocalStorage
-from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.owners import Caller
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
+from deployments.state import files as files_module
+from deployments.state.batches import BatchStore
+from deployments.state.files import BATCH_FILE_EXPIRY_S, ExpiresAfter, data_path
+from deployments.state.owners import Caller
+from deployments.state.storage import CHUNK_BYTES, LocalStorage
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
@@ -230,7 +230,7 @@ def test_an_expired_file_is_not_found_and_its_bytes_and_record_are_gone(tmp_path
         lambda: files.retrieve(short["id"], ALICE),
         lambda: files.content(short["id"], ALICE),
         lambda: files.delete(short["id"], ALICE),
-        lambda: batches.create(BatchCreateRequest(input_file_id=short["id"], endpoint=CHAT), ALICE),
+        lambda: batches.create(BatchCreateRequest(input_file_id=short["id"], endpoint=CHAT).new_batch(), ALICE),
     ):
         with pytest.raises(ObjectNotFoundError):
             reach()
@@ -278,8 +278,8 @@ def test_a_list_reads_only_the_callers_records(tmp_path):
     files = batches.files
     mine = [files.create("a", b"{}\n", "batch", ALICE) for _ in range(3)]
     theirs = [files.create("b", b"{}\n", "batch", BOB) for _ in range(3)]
-    my_batch = batches.create(BatchCreateRequest(input_file_id=mine[0]["id"], endpoint=CHAT), ALICE)
-    their_batch = batches.create(BatchCreateRequest(input_file_id=theirs[0]["id"], endpoint=CHAT), BOB)
+    my_batch = batches.create(BatchCreateRequest(input_file_id=mine[0]["id"], endpoint=CHAT).new_batch(), ALICE)
+    their_batch = batches.create(BatchCreateRequest(input_file_id=theirs[0]["id"], endpoint=CHAT).new_batch(), BOB)
     storage.reads.clear()
     assert {f["id"] for f in files.list(ALICE, None, 100, None, "desc")["data"]} == {f["id"] for f in mine}
     assert [b["id"] for b in batches.list(ALICE, 20, None)["data"]] == [my_batch["id"]]
@@ -290,7 +290,7 @@ def test_a_list_reads_only_the_callers_records(tmp_path):
 def test_a_root_written_before_the_index_is_indexed_when_opened(tmp_path):
     batches, _ = store(tmp_path)
     kept = batches.files.create("a", b"{}\n", "batch", ALICE)
-    batch = batches.create(BatchCreateRequest(input_file_id=kept["id"], endpoint=CHAT), ALICE)
+    batch = batches.create(BatchCreateRequest(input_file_id=kept["id"], endpoint=CHAT).new_batch(), ALICE)
     shutil.rmtree(tmp_path / "index")  # as a root of the previous release has it
     again, _ = store(tmp_path)
     assert [f["id"] for f in again.files.list(ALICE, None, 100, None, "desc")["data"]] == [kept["id"]]

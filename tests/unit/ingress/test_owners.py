@@ -20,9 +20,9 @@ from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.owners import Caller, Owners
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
+from deployments.state.owners import Caller, Owners
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 

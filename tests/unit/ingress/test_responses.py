@@ -19,9 +19,9 @@ from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.owners import Caller
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
+from deployments.state.owners import Caller
 from tests.conftest import data_url, png_bytes
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core

@@ -13,8 +13,8 @@ import pytest
 
 from deployments.config.batches import BatchesConfig
 from deployments.errors import ConfigError
-from deployments.ingress.batches.records import SECRET, stored_owners
-from deployments.ingress.batches.storage import LocalStorage, UnsafePathError, open_storage
+from deployments.state.records import SECRET, stored_owners
+from deployments.state.storage import LocalStorage, UnsafePathError, open_storage
 
 
 def mode(path: Path) -> int:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from deployments.ingress.batches.endpoints import ENDPOINTS
 from deployments.protocol.openai.common import RequestModel
+from deployments.state.batches import TERMINAL
+
+__all__ = ["TERMINAL"]  # a batch's last states, kept by the store
 
 if TYPE_CHECKING:
     Endpoint = str
 else:  # one of the paths that `batches.endpoints` lists, as the schema's enum and the 400's words say
     Endpoint = Literal[tuple(ENDPOINTS)]
 Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
 
 
@@ -43,6 +47,19 @@ class BatchCreateRequest(RequestModel):
                     f"values have at most {METADATA_VALUE_CHARS} characters; that of {key!r} has {len(value)}"
                 )
         return metadata
+
+    def new_batch(self) -> dict[str, Any]:
+        """The batch this request makes, as the store keeps it: OpenAI's batch object, `validating`."""
+        now = int(time.time())
+        return Batch(
+            id=f"batch_{uuid.uuid4().hex}",
+            endpoint=self.endpoint,
+            input_file_id=self.input_file_id,
+            completion_window=self.completion_window,
+            created_at=now,
+            expires_at=now + COMPLETION_WINDOW_S[self.completion_window],
+            metadata=self.metadata,
+        ).model_dump()
 
 
 def _bounded_schema(schema: dict[str, Any]) -> None:

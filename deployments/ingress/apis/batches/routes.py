@@ -10,9 +10,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from deployments.ingress.apis.batches.protocol import Batch, BatchCreateRequest, BatchList
-from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.limits.limiter import key_of
 from deployments.ingress.routing import ERRORS, caller
+from deployments.state.batches import BatchStore
 
 
 def attach(api: FastAPI, batches: BatchStore | None, wake: Callable[[], None]) -> None:
@@ -24,7 +24,7 @@ def attach(api: FastAPI, batches: BatchStore | None, wake: Callable[[], None]) -
     async def create_batch(body: BatchCreateRequest, request: Request) -> Any:
         key = key_of(request.state)  # with limits, the batch's lines count against the key that made it
         name = (key.name, key.queue) if key is not None else None
-        created = await asyncio.to_thread(batches.create, body, caller(request), name)
+        created = await asyncio.to_thread(batches.create, body.new_batch(), caller(request), name)
         wake()
         return JSONResponse(created)
 

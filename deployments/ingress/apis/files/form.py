@@ -13,7 +13,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from deployments.errors import InvalidRequestError, PayloadTooLargeError
 from deployments.ingress.apis.files.protocol import EXPIRES_ANCHOR, EXPIRES_SECONDS
-from deployments.ingress.batches.storage import CHUNK_BYTES
+from deployments.state.storage import CHUNK_BYTES
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from deployments.state.files import FileObject
+
 UploadPurpose = Literal["batch", "user_data"]
 EXPIRES_ANCHOR, EXPIRES_SECONDS = "expires_after[anchor]", "expires_after[seconds]"  # as OpenAI's clients send them
 
@@ -35,18 +37,6 @@ UPLOAD_FORM: dict[str, Any] = {  # the upload's form, for the OpenAPI schema (th
         },
     }
 }
-
-
-class FileObject(BaseModel):
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str
-    status: Literal["uploaded", "processed", "error"] = "processed"
-    expires_at: int | None = None
-    status_details: str | None = None
 
 
 class FileList(BaseModel):

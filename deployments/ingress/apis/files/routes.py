@@ -19,10 +19,10 @@ from deployments.ingress.apis.files.protocol import (
     FileList,
     FileObject,
 )
-from deployments.ingress.batches.files import ExpiresAfter, FileStore, checked_purpose
 from deployments.ingress.guard import MULTIPART_MARGIN
-from deployments.ingress.owners import Caller
 from deployments.ingress.routing import ERRORS, caller
+from deployments.state.files import ExpiresAfter, FileStore, checked_purpose
+from deployments.state.owners import Caller
 
 
 def attach(api: FastAPI, files: FileStore | None) -> None:

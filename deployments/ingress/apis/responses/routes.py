@@ -15,10 +15,10 @@ from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.apis.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
 from deployments.ingress.limits.limiter import Admission, Limiter, key_of
-from deployments.ingress.owners import Caller
 from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, recorded, request_id, streamed
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, turn_log_of
+from deployments.state.owners import Caller
 
 PATH = "/v1/responses"
 

@@ -47,11 +47,11 @@ from deployments.ingress.apis.responses.objects import Response
 from deployments.ingress.apis.responses.output import ResponseEvents, ResponseOutput, response_usage, socket_frame
 from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
-from deployments.ingress.owners import Caller
 from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
 from deployments.protocol.replica import GenerateChunk
+from deployments.state.owners import Caller
 
 # The reply's header that names the hosted tools set aside (not offered to the model), by type.
 SET_ASIDE_HEADER = "X-Tools-Set-Aside"

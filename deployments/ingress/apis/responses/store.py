@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import ray
 
 from deployments.errors import PreviousResponseNotFound, ResponseNotFoundError
-from deployments.ingress.owners import Caller, Found, Owners, refused
+from deployments.state.owners import Caller, Found, Owners, refused
 
 logger = logging.getLogger("ray.serve")
 

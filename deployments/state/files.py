@@ -16,14 +16,15 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
-from deployments.ingress.apis.files.protocol import FileObject
-from deployments.ingress.batches.records import INDEX, RECORD_ID, Records, page
-from deployments.ingress.batches.storage import Storage, as_chunks
-from deployments.ingress.owners import Caller, Owners
+from deployments.state.owners import Caller, Owners
+from deployments.state.records import INDEX, RECORD_ID, Records, page
+from deployments.state.storage import Storage, as_chunks
 
 logger = logging.getLogger("ray.serve")
 
@@ -72,6 +73,20 @@ class ExpiresAfter:
                 param="expires_after[seconds]",
             )
         return cls(anchor, value)
+
+
+class FileObject(BaseModel):
+    """OpenAI's file object: what a file's record keeps and /v1/files answers."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
 
 
 class FileStore:

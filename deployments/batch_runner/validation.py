@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from deployments.batch_runner.input_lines import LongLine, body_of, custom_id_of, parse_line
 from deployments.config.lora import named_adapter
 from deployments.errors import validation_message
 from deployments.ingress.apis.batches.protocol import BatchError
 from deployments.ingress.batches.endpoints import ENDPOINTS
-from deployments.ingress.batches.input_lines import LongLine, body_of, custom_id_of, parse_line
 
 logger = logging.getLogger("ray.serve")
 

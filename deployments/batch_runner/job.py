@@ -24,6 +24,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from deployments.batch_runner.input_lines import MAX_LINE_BYTES, lines, read_ahead, read_line, unreadable_line
+from deployments.batch_runner.progress import Progress, resume
+from deployments.batch_runner.validation import ServedNames, validate
 from deployments.config import BatchesConfig
 from deployments.errors import UnavailableError, to_openai_error
 from deployments.ingress.apis.batches.protocol import (
@@ -35,12 +38,9 @@ from deployments.ingress.apis.batches.protocol import (
     RequestCounts,
     output_line,
 )
-from deployments.ingress.batches.files import data_path, new_file_id
-from deployments.ingress.batches.input_lines import MAX_LINE_BYTES, lines, read_ahead, read_line, unreadable_line
-from deployments.ingress.batches.progress import Progress, resume
-from deployments.ingress.batches.store import BatchStore, cancel_marker
-from deployments.ingress.batches.validation import ServedNames, validate
 from deployments.monitoring.metrics import Recorder
+from deployments.state.batches import BatchStore, cancel_marker
+from deployments.state.files import data_path, new_file_id
 
 logger = logging.getLogger("ray.serve")
 

@@ -28,12 +28,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
+from deployments.batch_runner.job import MAX_LINE_BYTES, BatchJob, Send
+from deployments.batch_runner.validation import ServedNames
 from deployments.config import BatchesConfig
 from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchError
-from deployments.ingress.batches.job import MAX_LINE_BYTES, BatchJob, Send
-from deployments.ingress.batches.store import BatchStore, cancel_marker
-from deployments.ingress.batches.validation import ServedNames
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
+from deployments.state.batches import BatchStore, cancel_marker
 
 logger = logging.getLogger("ray.serve")
 

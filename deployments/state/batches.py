@@ -10,19 +10,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from typing import Any
 
 from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError
-from deployments.ingress.apis.batches.protocol import COMPLETION_WINDOW_S, TERMINAL, Batch, BatchCreateRequest
-from deployments.ingress.batches.files import FileStore
-from deployments.ingress.batches.records import Records, page, stored_owners
-from deployments.ingress.batches.storage import Storage, open_storage
-from deployments.ingress.owners import Caller
+from deployments.state.files import FileStore
+from deployments.state.owners import Caller
+from deployments.state.records import Records, page, stored_owners
+from deployments.state.storage import Storage, open_storage
 
 logger = logging.getLogger("ray.serve")
 
+TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})  # a batch's last states
 KeyName = tuple[str, str]  # a key as the limits name it: its entry's name, its own queue (`limits.table.KeyIdentity`)
 
 
@@ -48,36 +47,28 @@ class BatchStore:
         self.storage = files.storage
         self.records = Records(files.storage, "batches", files.records.owners, "batch")
 
-    def create(self, body: BatchCreateRequest, caller: Caller, key: KeyName | None = None) -> dict[str, Any]:
-        """A new batch of `caller`'s; `key`: its key as the limits name it (its lines count against it)."""
-        source = self.files.retrieve(body.input_file_id, caller)  # 404 unless the caller's
+    def create(self, batch: dict[str, Any], caller: Caller, key: KeyName | None = None) -> dict[str, Any]:
+        """Keep a new batch of `caller`'s (OpenAI's batch object, `validating`, made by the route) on its
+        input file, which must be the caller's and of purpose `batch`; `key`: its key as the limits name
+        it (its lines count against it)."""
+        source = self.files.retrieve(batch["input_file_id"], caller)  # 404 unless the caller's
         if source["purpose"] != "batch":
             raise InvalidRequestError(
-                f"The file {body.input_file_id!r} has purpose {source['purpose']!r}; a batch needs purpose 'batch'.",
+                f"The file {source['id']!r} has purpose {source['purpose']!r}; a batch needs purpose 'batch'.",
                 param="input_file_id",
             )
-        now = int(time.time())
-        batch = Batch(
-            id=f"batch_{uuid.uuid4().hex}",
-            endpoint=body.endpoint,
-            input_file_id=body.input_file_id,
-            completion_window=body.completion_window,
-            created_at=now,
-            expires_at=now + COMPLETION_WINDOW_S[body.completion_window],
-            metadata=body.metadata,
-        )
-        record: dict[str, Any] = {"object": batch.model_dump(), "owner": self.records.owners.tag(caller)}
+        record: dict[str, Any] = {"object": batch, "owner": self.records.owners.tag(caller)}
         if key is not None:
             record["key"] = list(key)
-        self.records.save(batch.id, record)
+        self.records.save(batch["id"], record)
         logger.info(
             "request %s: batch %s created: validating, %s on %s",
             caller.request_id,
-            batch.id,
-            body.endpoint,
+            batch["id"],
+            batch["endpoint"],
             source["id"],
         )
-        return batch.model_dump()
+        return batch
 
     def _shown(self, record: dict[str, Any]) -> dict[str, Any]:
         """The batch as its caller sees it: `cancelling` once cancelled, until the runner acts."""

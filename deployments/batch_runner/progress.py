@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.batch_runner.input_lines import lines
 from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, BatchUsage, RequestCounts
-from deployments.ingress.batches.input_lines import lines
-from deployments.ingress.batches.storage import Storage
+from deployments.state.storage import Storage
 
 
 @dataclass

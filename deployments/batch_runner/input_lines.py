@@ -15,7 +15,7 @@ from typing import Any, overload
 
 from deployments.config import ServerConfig
 from deployments.ingress.apis.batches.protocol import BatchError, output_line
-from deployments.ingress.batches.storage import Storage
+from deployments.state.storage import Storage
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import secrets
 from typing import Any
 
 from deployments.errors import ObjectNotFoundError
-from deployments.ingress.batches.storage import Storage
-from deployments.ingress.owners import Caller, Owners, refused
+from deployments.state.owners import Caller, Owners, refused
+from deployments.state.storage import Storage
 
 SECRET = "owners.secret"
 INDEX = "index"
