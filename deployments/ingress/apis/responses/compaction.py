@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 
 from deployments.ingress.apis.responses.items import SUMMARY_INTRO, Item, item_id, stored_item
 from deployments.ingress.apis.responses.objects import ResponseUsage
-from deployments.ingress.apis.responses.protocol import (
+from deployments.protocol.openai.common import RequestModel
+from deployments.protocol.openai.items import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -30,7 +31,6 @@ from deployments.ingress.apis.responses.protocol import (
     InputItem,
     MessageItem,
 )
-from deployments.protocol.openai.common import RequestModel
 from deployments.protocol.replica import GenerateRequest, TextMessage
 
 SUMMARY_MAX_TOKENS = 256

@@ -33,14 +33,7 @@ from typing import Any
 
 from deployments.errors import InvalidRequestError
 from deployments.ingress.apis.responses.protocol import (
-    CompactionItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionTool,
-    InputFile,
-    InputImage,
-    InputText,
-    MessageItem,
     NamedFunctionChoice,
     NamespaceTool,
     ResponseRequest,
@@ -57,6 +50,15 @@ from deployments.protocol.openai.chat import (
     UserMessage,
 )
 from deployments.protocol.openai.common import FileInput, FilePart, FunctionDefinition, ImagePart, ImageURL, TextPart
+from deployments.protocol.openai.items import (
+    CompactionItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputFile,
+    InputImage,
+    InputText,
+    MessageItem,
+)
 from deployments.protocol.replica import GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 
