@@ -121,6 +121,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     ).bind(
         BatchRunnerConfig(
             batches=plan.server.batches,
+            storage_root=plan.server.state.storage_root,
             chat_models=[m.name for m in served],
             embedding_models=[e.name for e in embedding],
             adapters={m.name: list(m.adapters) for m in served},

@@ -34,6 +34,7 @@ from deployments.config import BatchesConfig
 from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchError
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
 from deployments.state.batches import BatchStore, cancel_marker
+from deployments.state.storage import open_storage
 
 logger = logging.getLogger("ray.serve")
 
@@ -49,6 +50,7 @@ class BatchRunnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batches: BatchesConfig
+    storage_root: str  # server.state.storage_root
     chat_models: list[str]
     embedding_models: list[str] = []
     adapters: dict[str, list[str]] = {}  # each chat model's listed LoRA adapters
@@ -62,7 +64,7 @@ class BatchRuntime:
     """The runner's loop over the storage root, apart from Serve (unit tests drive it with a fake `send`)."""
 
     def __init__(self, config: BatchRunnerConfig, send: Send, metrics: Recorder | None = None) -> None:
-        self.batches = BatchStore.open(config.batches)
+        self.batches = BatchStore.open(config.batches, open_storage(config.storage_root))
         self._config = config
         self._send = send
         self._metrics = metrics
@@ -192,9 +194,7 @@ class BatchRunner:
         metrics.export_zeros()
         self._runtime = BatchRuntime(config, self._send_line, metrics)
         self._loop = asyncio.get_running_loop().create_task(self._runtime.loop())
-        logger.info(
-            "batch runner: storage %s, %d lines at once", config.batches.storage_root, config.batches.max_concurrency
-        )
+        logger.info("batch runner: storage %s, %d lines at once", config.storage_root, config.batches.max_concurrency)
 
     async def _send_line(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         if self._ingress is None:

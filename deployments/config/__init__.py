@@ -1,10 +1,10 @@
 """Configuration: the typed mirror of models.yaml and of the builders' arguments, a module per
 section (`models`: the file and its entries; `params`: an engine's settings; `vision`: capabilities,
 captioning, proxy vision and image input; `documents`: document input; `chat`: the tool-call formats
-and the check of a chat template file; `serving`: server, deployment, autoscaling and the
-builder's arguments; `strict`: their base), `loading` (reading the file and resolving the arguments
-into a `ServicePlan`), `machine` (cores) and `gguf` (a GGUF file's header, which the LoRA
-checks and the llama.cpp engine read).
+and the check of a chat template file; `state`: the storage root and the bounds of stored state;
+`serving`: server, deployment, autoscaling and the builder's arguments; `strict`: their base),
+`loading` (reading the file and resolving the arguments into a `ServicePlan`), `machine` (cores)
+and `gguf` (a GGUF file's header, which the LoRA checks and the llama.cpp engine read).
 
 Every section forbids unknown keys and every field has a default and a description. The checks of
 one field, section or entry are in its section (types and bounds; exactly one of hf_id and
@@ -31,6 +31,7 @@ from deployments.config.models import (
 )
 from deployments.config.params import EVERY_ENGINE, EngineParams
 from deployments.config.serving import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ServerConfig
+from deployments.config.state import StateConfig
 from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig, VisionMode
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "ProxyVisionConfig",
     "ServerConfig",
     "ServicePlan",
+    "StateConfig",
     "TokenIdVocabulary",
     "ToolCallFormat",
     "VisionMode",

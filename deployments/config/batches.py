@@ -8,18 +8,9 @@ from deployments.config.strict import StrictModel
 
 
 class BatchesConfig(StrictModel):
-    """Where /v1/files keeps its files and /v1/batches its batches, their caps, and how fast the batch
+    """The caps of /v1/files and /v1/batches (kept in `server.state.storage_root`), and how fast the batch
     runner sends their lines (``server.batches:``)."""
 
-    storage_root: str = Field(
-        "$XDG_STATE_HOME/mmserve/storage",
-        description="Where files, batches and their progress are kept: a local directory (a shared path on a "
-        "cluster), or an `s3://` / `gs://` URI read and written through `pyarrow.fs` (pyarrow must then be "
-        "installed). Every ingress replica and the batch runner reach it. A leading `$XDG_STATE_HOME` is that "
-        "variable, or `~/.local/state` where it is unset (read when the storage opens, as is `~`). A local "
-        "directory is private to the service's user: made 0700 (its files 0600); one that belongs to another "
-        "user, is writable by others or is a symbolic link is refused at start.",
-    )
     max_file_bytes: int = Field(100 * 1024 * 1024, gt=0, description="Largest file uploaded to /v1/files; 413 beyond.")
     max_files_per_key: int = Field(
         10_000,

@@ -13,12 +13,18 @@ from pydantic import (
 from deployments.config.batches import BatchesConfig
 from deployments.config.embedding import EmbeddingConfig
 from deployments.config.params import EngineParams
+from deployments.config.state import StateConfig, moved_settings
 from deployments.config.strict import StrictModel
 from deployments.config.vision import VisionMode
 
 
 class ServerConfig(StrictModel):
     """HTTP-level limits and access of the ingress (the ``server:`` section of models.yaml)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return moved_settings(data)
 
     api_keys: list[Annotated[str, Field(min_length=8)]] = Field(
         default_factory=list,
@@ -42,17 +48,10 @@ class ServerConfig(StrictModel):
     max_n: int = Field(
         8, ge=1, le=128, description="Most choices (`n`) one request may ask for; each is a sequence in the batch."
     )
-    responses_max_entries: int = Field(
-        1000,
-        ge=0,
-        description="Most responses of /v1/responses kept (`store: true`) for `previous_response_id` and GET, in "
-        "one store that every ingress replica reaches; the oldest goes first. 0 keeps none.",
-    )
-    responses_max_age_s: float = Field(
-        3600.0,
-        gt=0,
-        description="How long a stored response is kept; after it, continuing it or getting it is "
-        "`previous_response_not_found` (400) or 404.",
+    state: StateConfig = Field(
+        default_factory=StateConfig,
+        description="Where files, batches, stored responses and conversations are kept (the storage root), and "
+        "the bounds of stored responses and conversations.",
     )
     batches: BatchesConfig = Field(
         default_factory=BatchesConfig,

@@ -30,7 +30,6 @@ from deployments.config import (
 from deployments.config.limits import LimitsFile
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
-from deployments.ingress.apis.responses.store import ResponseStore
 from deployments.ingress.batches.lines import run_line
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.embedding.core import EmbeddingCore
@@ -46,6 +45,9 @@ from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
 from deployments.protocol.openai.common import ModelCard
 from deployments.roles import Role
 from deployments.state.batches import BatchStore, KeyName
+from deployments.state.records import stored_owners
+from deployments.state.responses import StoredResponses
+from deployments.state.storage import open_storage
 
 logger = logging.getLogger("ray.serve")
 
@@ -178,15 +180,16 @@ class Ingress:
                 metrics=self._metrics,
             )
         self._guard = GuardSettings.from_config(server, limits=table)
-        self._responses = ResponseStore(
-            f"mmserve-responses-{app}", server.responses_max_entries, server.responses_max_age_s
+        storage = open_storage(server.state.storage_root)  # what outlives a request: one root, one owners' secret
+        owners = stored_owners(storage)
+        self._responses = StoredResponses(
+            storage, owners, server.state.responses_max_bytes, server.state.responses_max_age_s
         )
-        self._responses.start()
         self._batch_runner = batch_runner
         self._batch_keys: dict[str, KeyName] = {}  # with limits, the key each batch's lines count against
         self._batches: BatchStore | None = None
         if batch_runner is not None:
-            self._batches = BatchStore.open(server.batches)
+            self._batches = BatchStore.open(server.batches, storage)
             documents.files = self._batches.files  # documents named by file_id
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",

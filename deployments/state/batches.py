@@ -17,7 +17,7 @@ from deployments.errors import InvalidRequestError
 from deployments.state.files import FileStore
 from deployments.state.owners import Caller
 from deployments.state.records import Records, page, stored_owners
-from deployments.state.storage import Storage, open_storage
+from deployments.state.storage import Storage
 
 logger = logging.getLogger("ray.serve")
 
@@ -33,10 +33,9 @@ class BatchStore:
     """The batches of one storage root (the files' service reads their input files)."""
 
     @classmethod
-    def open(cls, config: BatchesConfig, storage: Storage | None = None) -> BatchStore:
-        """The files and batches of `config.storage_root` (the ingress's and the runner's alike), or of
-        `storage`; a root written before the owners' index is indexed once."""
-        storage = storage or open_storage(config.storage_root)
+    def open(cls, config: BatchesConfig, storage: Storage) -> BatchStore:
+        """The files and batches of the storage root (the ingress's and the runner's alike), with
+        `config`'s caps; a root written before the owners' index is indexed once."""
         store = cls(FileStore(storage, stored_owners(storage), config))
         store.files.records.index_existing()
         store.records.index_existing()

@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     path = models_file(work, invariant=False)
     models = yaml.safe_load(path.read_text())
-    models.setdefault("server", {})["batches"] = {
-        "storage_root": str(work / "storage"),
+    models.setdefault("server", {})["state"] = {"storage_root": str(work / "storage")}
+    models["server"]["batches"] = {
         "max_concurrency": args.concurrency,
         "poll_interval_s": 0.25,
     }

@@ -46,7 +46,8 @@ def service(serve_cluster, tmp_path_factory):
         ],
         server={
             "api_keys": [KEY_A, KEY_B],
-            "batches": {"storage_root": str(folder / "storage"), "max_concurrency": 2, "poll_interval_s": 0.2},
+            "state": {"storage_root": str(folder / "storage")},
+            "batches": {"max_concurrency": 2, "poll_interval_s": 0.2},
         },
     )
     deploy(models)

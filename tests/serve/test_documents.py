@@ -41,7 +41,7 @@ def service(serve_cluster, tmp_path_factory, tiny_vlm_dir):
         folder,
         echo_with_captioner(tiny_vlm_dir, max_new_tokens=6),
         documents={"max_pages_per_request": MAX_PAGES},
-        server={"batches": {"storage_root": str(folder / "storage")}},
+        server={"state": {"storage_root": str(folder / "storage")}},
     )
     deploy(models)
     yield

@@ -24,13 +24,13 @@ from deployments.errors import ContextLengthError
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.items import Namespaces, flat_name, tool_plan
 from deployments.ingress.apis.responses.protocol import ResponseRequest
-from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
 from deployments.protocol.replica import GenerateRequest
 from tests.support.agent_clients import claude_code_call, codex_call, recorded
+from tests.support.stores import stored_responses
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, FakeStream, answer_core
 
@@ -46,7 +46,7 @@ def app(decoder: FakeDecoder, model: str) -> Any:
     health = HealthService(decoder, None, model_name=model)
     served = ServedModels([ServedModel(ModelCard(id=model, created=1), core, health)])
     guard = GuardSettings.from_config(ServerConfig(api_keys_env=None))
-    return build_api(served, guard, FakeMetrics(), BoundedResponses(10, 60))
+    return build_api(served, guard, FakeMetrics(), stored_responses())
 
 
 def codex(decoder: FakeDecoder) -> openai.AsyncOpenAI:

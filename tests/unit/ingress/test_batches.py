@@ -220,8 +220,8 @@ class FakeIngress:
 
 
 def config(root: Path, **batches: Any) -> BatchRunnerConfig:
-    settings = BatchesConfig(storage_root=str(root), poll_interval_s=0.05, **{"max_concurrency": 2, **batches})
-    return BatchRunnerConfig(batches=settings, chat_models=["echo"], embedding_models=["embed"])
+    settings = BatchesConfig(poll_interval_s=0.05, **{"max_concurrency": 2, **batches})
+    return BatchRunnerConfig(batches=settings, storage_root=str(root), chat_models=["echo"], embedding_models=["embed"])
 
 
 def submit(runtime: BatchRuntime, data: bytes, caller: Caller = ALICE) -> str:

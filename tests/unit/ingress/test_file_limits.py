@@ -84,7 +84,7 @@ class RecordingStorage:
 
 def store(root: Path, **batches: Any) -> tuple[BatchStore, RecordingStorage]:
     storage = RecordingStorage(root)
-    return BatchStore.open(BatchesConfig(storage_root=str(root), **batches), storage), storage
+    return BatchStore.open(BatchesConfig(**batches), storage), storage
 
 
 def app(batches: BatchStore, keys: tuple[str, ...] = (KEY_A, KEY_B)) -> httpx.AsyncClient:

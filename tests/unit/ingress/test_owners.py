@@ -17,12 +17,13 @@ from starlette.testclient import TestClient
 
 from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
-from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
 from deployments.state.owners import Caller, Owners
+from deployments.state.responses import StoredResponses
+from tests.support.stores import stored_responses
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
@@ -30,7 +31,7 @@ KEY_A, KEY_B = "key-tenant-a-0001", "key-tenant-b-0002"
 UNKNOWN = "resp_" + "0" * 24
 
 
-def app(store: BoundedResponses, keys: list[str]) -> Any:
+def app(store: StoredResponses, keys: list[str]) -> Any:
     decoder = FakeDecoder(["Noted."])
     core = answer_core(decoder)
     served = ServedModels(
@@ -45,8 +46,8 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def tenants() -> Iterator[tuple[TestClient, BoundedResponses]]:
-    store = BoundedResponses(10, 60)
+def tenants() -> Iterator[tuple[TestClient, StoredResponses]]:
+    store = stored_responses()
     with TestClient(app(store, [KEY_A, KEY_B])) as client:
         yield client, store
 
@@ -61,6 +62,11 @@ def ask(client: TestClient, method: str, path: str, body: dict[str, Any] | None,
     """The request, by key B, for the response `rid` (in place of "{id}")."""
     payload = json.loads(json.dumps(body).replace("{id}", rid)) if body else None
     return client.request(method, path.replace("{id}", rid), json=payload, headers=auth(KEY_B))
+
+
+def kept_owner(store: StoredResponses, response_id: str) -> str | None:
+    """The owner's tag that the store keeps beside a response, as it lies in the storage root."""
+    return json.loads(store.storage.read(f"responses/{response_id}.json") or b"{}")["owner"]
 
 
 def test_another_keys_response_is_an_unknown_id_and_stays_its_owners(tenants, caplog):
@@ -87,7 +93,7 @@ def test_another_keys_response_is_an_unknown_id_and_stays_its_owners(tenants, ca
     assert client.post("/v1/responses", json=going_on, headers=auth(KEY_A)).status_code == 200
     refusals = [r.getMessage() for r in caplog.records if "another API key" in r.getMessage()]
     assert len(refusals) == len(reads)
-    kept_tag = store._entries[secret][1]
+    kept_tag = kept_owner(store, secret)
     for line in refusals:
         assert secret in line and "request " in line
         assert KEY_A not in line and KEY_B not in line and (kept_tag or "-") not in line
@@ -97,7 +103,9 @@ def test_another_keys_response_is_an_unknown_id_and_stays_its_owners(tenants, ca
 def test_the_store_keeps_a_keyed_hash_of_the_owner_never_the_key(tenants):
     client, store = tenants
     created = client.post("/v1/responses", json={"model": "echo", "input": "hi"}, headers=auth(KEY_A)).json()
-    _, tag, _ = store._entries[created["id"]]
+    tag = kept_owner(store, created["id"])
+    record = store.storage.read(f"responses/{created['id']}.json") or b""
+    assert KEY_A.encode() not in record and hashlib.sha256(KEY_A.encode()).hexdigest().encode() not in record
     digest = hashlib.sha256(KEY_A.encode()).digest()
     assert tag is not None and KEY_A not in tag and digest.hex() not in tag
     assert tag != hashlib.sha256(digest).hexdigest()  # keyed: not a plain hash of what the guard holds
@@ -121,18 +129,18 @@ def test_a_continuation_over_the_websocket_by_another_key_is_not_found(tenants):
 
 
 def test_without_keys_every_caller_reaches_every_response():
-    with TestClient(app(BoundedResponses(10, 60), [])) as client:
+    with TestClient(app(stored_responses(), [])) as client:
         rid = client.post("/v1/responses", json={"model": "echo", "input": "hi"}).json()["id"]
         assert client.get(f"/v1/responses/{rid}").status_code == 200
 
 
 async def test_keys_rotated_leave_responses_unreachable_never_reassigned():
-    store = BoundedResponses(10, 60)
+    store = stored_responses()
     a, b = (Caller(hashlib.sha256(k.encode()).digest()) for k in (KEY_A, KEY_B))
-    await store.put("by-a", {"response": {}}, a)
-    await store.put("by-nobody", {"response": {}}, Caller())
-    assert (await store.get("by-a", a)).thing is not None
-    for other, rid in ((b, "by-a"), (Caller(), "by-a"), (a, "by-nobody")):
+    await store.put("resp_by_a", {"response": {}}, a)
+    await store.put("resp_by_nobody", {"response": {}}, Caller())
+    assert (await store.get("resp_by_a", a)).thing is not None
+    for other, rid in ((b, "resp_by_a"), (Caller(), "resp_by_a"), (a, "resp_by_nobody")):
         found = await store.get(rid, other)
         assert found.thing is None and found.foreign
-    assert (await store.delete("by-a", b)).thing is None and (await store.get("by-a", a)).thing is not None
+    assert (await store.delete("resp_by_a", b)).thing is None and (await store.get("resp_by_a", a)).thing is not None

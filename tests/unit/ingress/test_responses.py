@@ -5,7 +5,6 @@ input items) and the 400s that name what this server does not honour."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -16,13 +15,14 @@ from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.items import chat_messages
 from deployments.ingress.apis.responses.protocol import ResponseRequest
-from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
 from deployments.state.owners import Caller
+from deployments.state.responses import StoredResponses
 from tests.conftest import data_url, png_bytes
+from tests.support.stores import stored_responses
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core
 
@@ -35,12 +35,12 @@ WEATHER = {
 }
 
 
-def http(decoder: FakeDecoder, store: BoundedResponses | None = None, captioner=None) -> httpx.AsyncClient:
+def http(decoder: FakeDecoder, store: StoredResponses | None = None, captioner=None) -> httpx.AsyncClient:
     core = answer_core(decoder, captioner)
     health = HealthService(decoder, captioner, model_name="echo")
     guard = GuardSettings.from_config(ServerConfig(api_keys_env=None))
     served = ServedModels([ServedModel(ModelCard(id="echo", created=1), core, health)])
-    api = build_api(served, guard, FakeMetrics(), store if store is not None else BoundedResponses(10, 60))
+    api = build_api(served, guard, FakeMetrics(), store if store is not None else stored_responses())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 
 
@@ -216,24 +216,13 @@ async def test_previous_response_id_get_input_items_and_delete():
 
 
 async def test_a_streamed_response_is_stored_before_its_last_event():
-    store = BoundedResponses(10, 60)
+    store = stored_responses()
     async with http(FakeDecoder(["Hi"]), store) as transport:
         api = client(transport)
         async with api.responses.stream(model="echo", input="hi") as stream:
             async for event in stream:
                 if event.type == "response.completed":
                     assert (await store.get(event.response.id, Caller())).thing is not None
-
-
-async def test_the_store_is_bounded_by_count_and_age():
-    store = BoundedResponses(2, 60)
-    for rid in ("a", "b", "c"):
-        await store.put(rid, {"response": {"id": rid}}, Caller())
-    assert (await store.get("a", Caller())).thing is None and (await store.get("c", Caller())).thing is not None
-    aged = BoundedResponses(5, 0.01)
-    await aged.put("x", {}, Caller())
-    await asyncio.sleep(0.02)
-    assert (await aged.get("x", Caller())).thing is None
 
 
 @pytest.mark.parametrize(
@@ -245,7 +234,7 @@ async def test_the_store_is_bounded_by_count_and_age():
         ({"include": ["message.output_text.logprobs"]}, "include", "not supported"),
         ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"truncation": "auto"}, "truncation", "disabled"),
-        ({"conversation": "conv_1"}, "conversation", "not supported"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation", "Mutually exclusive"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", ""),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"tools": True}, "tools", ""),  # not a list: a 400, not the validator's TypeError (a 500)

@@ -16,11 +16,11 @@ from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.compaction import transcript
 from deployments.ingress.apis.responses.protocol import ResponseCreateEvent
-from deployments.ingress.apis.responses.store import BoundedResponses
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
+from tests.support.stores import stored_responses
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
@@ -33,7 +33,7 @@ def app_client(decoder: FakeDecoder, keys: list[str] | None = None) -> TestClien
         [ServedModel(ModelCard(id="echo", created=1), core, HealthService(decoder, None, model_name="echo"))]
     )
     guard = GuardSettings.from_config(ServerConfig(api_keys_env=None, api_keys=keys or []))
-    return TestClient(build_api(served, guard, FakeMetrics(), BoundedResponses(10, 60)))
+    return TestClient(build_api(served, guard, FakeMetrics(), stored_responses()))
 
 
 def turn(socket: Any, **body: Any) -> list[dict]:

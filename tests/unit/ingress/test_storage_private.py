@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.config.batches import BatchesConfig
+from deployments.config.state import StateConfig
 from deployments.errors import ConfigError
 from deployments.state.records import SECRET, stored_owners
 from deployments.state.storage import LocalStorage, UnsafePathError, open_storage
@@ -134,7 +134,7 @@ def test_a_path_that_leaves_the_root_is_refused(tmp_path, path):
 
 
 def test_the_default_root_is_under_the_state_directory(tmp_path, monkeypatch):
-    default = BatchesConfig().storage_root
+    default = StateConfig().storage_root
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert isinstance(open_storage(default), LocalStorage)
     assert LocalStorage(default).root == tmp_path / "xdg" / "mmserve" / "storage"

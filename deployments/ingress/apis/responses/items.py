@@ -248,9 +248,18 @@ def stored_item(item: Item) -> dict[str, Any]:
     return data
 
 
+def continued(item: dict[str, Any]) -> dict[str, Any]:
+    """A kept item (a conversation's: input or output) as the input item that continues it."""
+    if item.get("type") == "function_call" or (item.get("type") == "message" and item.get("role") == "assistant"):
+        return as_input(item) if isinstance(item.get("content", []), list) else item
+    return item
+
+
 def as_input(output: dict[str, Any]) -> dict[str, Any]:
     """An output item (message or function call) as the input item that continues the conversation."""
     if output["type"] == "message":
-        content = [{"type": "output_text", "text": part["text"]} for part in output["content"]]
+        content = [
+            {"type": "output_text", "text": part["text"]} if "text" in part else part for part in output["content"]
+        ]
         return {"type": "message", "role": "assistant", "content": content, "id": output["id"]}
     return {key: output[key] for key in ("type", "call_id", "name", "namespace", "arguments", "id") if key in output}

@@ -94,6 +94,7 @@ class Response(VisionFields):
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     store: bool = True
     previous_response_id: str | None = None
+    conversation: dict[str, str] | None = None  # {"id": ...}: the conversation it was added to
     user: str | None = Field(None, exclude_if=absent)
     truncation: Literal["disabled"] = "disabled"
     reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})

@@ -126,7 +126,6 @@ INCLUDABLE = get_args(Includable)
 
 # Fields of OpenAI's request that this server does not honour: a 400 that names the field when set.
 UNSUPPORTED_RESPONSE_FIELDS = (
-    "conversation",
     "prompt",
     "max_tool_calls",
     "top_logprobs",
@@ -140,6 +139,10 @@ _HOSTED = (
     "hosted tools (web search, file search, code interpreter, computer use, MCP, image generation, shell, "
     "custom) are set aside"
 )
+
+
+class ConversationRef(RequestModel):
+    id: str = Field(min_length=1)
 
 
 class ResponseRequest(RequestModel):
@@ -177,8 +180,13 @@ class ResponseRequest(RequestModel):
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     client_metadata: dict[str, Any] | None = Field(None, description="The client's own notes: accepted, ignored.")
+    conversation: str | ConversationRef | None = Field(
+        None,
+        description="The conversation (/v1/conversations, the caller's) this response belongs to: its items come "
+        "before the input, and the input and output are added to it once the response completes. Not with "
+        "previous_response_id.",
+    )
     # Declared (null only) so that the 400 names them (UNSUPPORTED_RESPONSE_FIELDS).
-    conversation: None = None
     prompt: None = None
     max_tool_calls: None = None
     top_logprobs: None = None
@@ -192,6 +200,20 @@ class ResponseRequest(RequestModel):
         if value is not None:
             raise ValueError("not supported by this server")
         return value
+
+    @field_validator("conversation")
+    @classmethod
+    def _not_with_previous_response(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("previous_response_id") is not None:
+            raise ValueError(
+                "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' or "
+                "'conversation'."
+            )
+        return value
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
     @field_validator("tool_choice", mode="before")
     @classmethod

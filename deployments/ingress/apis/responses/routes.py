@@ -13,7 +13,13 @@ from deployments.ingress.apis.responses.objects import InputItemList
 from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
-from deployments.ingress.apis.responses.store import ConnectionCache, ResponseStorePort, delete_entry, stored_entry
+from deployments.ingress.apis.responses.store import (
+    ConnectionCache,
+    ConversationPort,
+    ResponseStorePort,
+    delete_entry,
+    stored_entry,
+)
 from deployments.ingress.limits.limiter import Admission, Limiter, key_of
 from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, recorded, request_id, streamed
 from deployments.ingress.served_models import ServedModels
@@ -52,15 +58,18 @@ def attach(
     store: ResponseStorePort | None,
     max_message_bytes: int,
     limiter: Limiter | None = None,
+    conversations: ConversationPort | None = None,
 ) -> None:
     """`store`: the responses kept (None: none are); `max_message_bytes`: a WebSocket message's cap;
-    `limiter`: the keys' limits, which admit each WebSocket turn (HTTP requests pass its middleware)."""
+    `limiter`: the keys' limits, which admit each WebSocket turn (HTTP requests pass its middleware);
+    `conversations`: those a response may belong to (`conversation`; None: none are served)."""
 
     @api.post(PATH, responses=streamed("A response, or its events when stream is true"))
     async def create_response(body: ResponseRequest, request: Request) -> Any:
         record = recorded(request, body.model)
         service = ResponseService(served.get(body.model).core)
-        return (await service.create(body, record, store, caller(request, record.request_id))).response()
+        who = caller(request, record.request_id)
+        return (await service.create(body, record, store, who, conversations=conversations)).response()
 
     @api.websocket(PATH)
     async def response_socket(websocket: WebSocket) -> None:
@@ -76,7 +85,8 @@ def attach(
                 request = body.model_dump(mode="json", exclude_none=True)
                 admitted[record.request_id] = await limiter.admit(key, PATH, request, anthropic=False)
             service = ResponseService(served.get(body.model).core)
-            return await service.create(body, record, store, caller(websocket, record.request_id), connection)
+            who = caller(websocket, record.request_id)
+            return await service.create(body, record, store, who, connection, conversations)
 
         log = turn_log_of(websocket.state)
 

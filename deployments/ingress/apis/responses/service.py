@@ -20,10 +20,12 @@ the model writes of the conversation (`responses.compaction`)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 from typing import Any
 
-from deployments.errors import InvalidRequestError
+from deployments.errors import InvalidRequestError, ObjectNotFoundError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, streamed, whole
@@ -38,6 +40,7 @@ from deployments.ingress.apis.responses.items import (
     Namespaces,
     as_input,
     chat_messages,
+    continued,
     item_id,
     stored_item,
     text_grammar,
@@ -46,12 +49,20 @@ from deployments.ingress.apis.responses.items import (
 from deployments.ingress.apis.responses.objects import Response
 from deployments.ingress.apis.responses.output import ResponseEvents, ResponseOutput, response_usage, socket_frame
 from deployments.ingress.apis.responses.protocol import ResponseRequest
-from deployments.ingress.apis.responses.store import ConnectionCache, Entry, ResponseStorePort, earlier_entry
+from deployments.ingress.apis.responses.store import (
+    ConnectionCache,
+    ConversationPort,
+    Entry,
+    ResponseStorePort,
+    earlier_entry,
+)
 from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
 from deployments.protocol.replica import GenerateChunk
 from deployments.state.owners import Caller
+
+logger = logging.getLogger("ray.serve")
 
 # The reply's header that names the hosted tools set aside (not offered to the model), by type.
 SET_ASIDE_HEADER = "X-Tools-Set-Aside"
@@ -68,12 +79,17 @@ class ResponseService:
         store: ResponseStorePort | None,
         caller: Caller,
         connection: ConnectionCache | None = None,
+        conversations: ConversationPort | None = None,
     ) -> Reply:
         """`record`: what this request's access-log line and metrics say; `store`: the responses kept
-        (None: none are); `caller`: who asks (a response continued must be theirs, the response is
-        kept as theirs); `connection`: the WebSocket connection's cache, for a turn of that mode."""
+        (None: none are); `caller`: who asks (a response or conversation continued must be theirs, the
+        response is kept as theirs); `connection`: the WebSocket connection's cache, for a turn of that
+        mode; `conversations`: the conversations a turn may belong to (None: none are served)."""
         core = self._core
-        conversation = await _conversation(store, body.previous_response_id, caller, connection)
+        thread = _Thread(conversations, body.conversation_id, caller)
+        conversation = await thread.history() or await _conversation(
+            store, body.previous_response_id, caller, connection
+        )
         set_aside = body.set_aside
         record.set_aside = ",".join(set_aside) or None
         plan = tool_plan(body)
@@ -85,7 +101,7 @@ class ResponseService:
         output = ResponseOutput(answer, Namespaces(body))
         headers = {**opened.headers, **({SET_ASIDE_HEADER: ", ".join(set_aside)} if set_aside else {})}
         base = echoed(body, f"resp_{secrets.token_hex(12)}", core.model, opened.degraded)
-        kept = _Keeper(store if body.store else None, caller, body, conversation, connection)
+        kept = _Keeper(store if body.store else None, caller, body, conversation, connection, thread)
         if body.stream:
             events = ResponseEvents(base, output, socket_frame if connection is not None else named_sse)
 
@@ -138,6 +154,45 @@ def _items(conversation: list[dict[str, Any]]) -> list[Item]:
     return parsed.items if parsed is not None else []
 
 
+class _Thread:
+    """The conversation a response belongs to (`conversation`; none: `conversation_id` None): its
+    items before the input, and the turn's items added once the response completes."""
+
+    def __init__(self, conversations: ConversationPort | None, conversation_id: str | None, caller: Caller) -> None:
+        if conversation_id is not None and conversations is None:
+            raise InvalidRequestError(
+                "Conversations are not served here (a batch line has none).", param="conversation"
+            )
+        self._conversations = conversations
+        self._id = conversation_id
+        self._caller = caller
+
+    async def history(self) -> list[dict[str, Any]]:
+        """The conversation's items as input (none without a conversation); a 400 when it is full."""
+        if self._conversations is None or self._id is None:
+            return []
+        conversations, conversation_id = self._conversations, self._id
+
+        def read() -> list[dict[str, Any]]:
+            conversations.check_room(conversation_id, self._caller)
+            return conversations.items(conversation_id, self._caller)
+
+        return [continued(item) for item in await asyncio.to_thread(read)]
+
+    async def add(self, items: list[dict[str, Any]]) -> None:
+        """Add the turn's input and output (whole, even past the conversation's cap: it started within it)."""
+        if self._conversations is None or self._id is None:
+            return
+        try:
+            await asyncio.to_thread(self._conversations.add, self._id, items, self._caller, True)
+        except ObjectNotFoundError:  # deleted while the response ran: the response stands
+            logger.warning(
+                "request %s: conversation %r was deleted before the response was added",
+                self._caller.request_id,
+                self._id,
+            )
+
+
 class _Keeper:
     """Keeps a finished response in the store (when there is one and `store` is true) and on its
     WebSocket connection (a turn of that mode), as the caller's, with the request's input items and the
@@ -150,8 +205,10 @@ class _Keeper:
         body: ResponseRequest,
         conversation: list[dict[str, Any]],
         connection: ConnectionCache | None,
+        thread: _Thread,
     ):
         self._store = store
+        self._thread = thread
         self._caller = caller
         self._input = [stored_item(item) for item in body.items]
         self._conversation = conversation
@@ -167,6 +224,7 @@ class _Keeper:
             await self._store.put(response.id, entry, self._caller)
         if self._connection is not None:
             self._connection.remember(response.id, entry)
+        await self._thread.add(self._input + entry["response"]["output"])
         return response
 
 
@@ -189,6 +247,7 @@ def echoed(body: ResponseRequest, response_id: str, model: str, degraded: Degrad
         text=body.text.model_dump() if body.text is not None else {"format": {"type": "text"}},
         store=body.store,
         previous_response_id=body.previous_response_id,
+        conversation={"id": body.conversation_id} if body.conversation_id is not None else None,
         user=body.user,
         system_fingerprint=DEGRADED_FINGERPRINT if degraded else None,
         vision=degraded.report if degraded else None,
