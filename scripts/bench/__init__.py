@@ -25,6 +25,11 @@ configuration (docs/benchmarks.md records the runs).
 - `settle`: concurrency-8 tokens/s at `scripts/run.sh`'s ready line and five minutes later
   (`settle.py`);
 - `lora`: concurrency-8 tokens/s on the base model and spread over four GGUF LoRA adapters (`lora.py`);
+- `fairness`: one key's time to first token while another fills the decoder, per limits setting
+  (`fairness.py`);
+- `documents`: PDF pages read per second, first read and cache hit (`documents.py`);
+- `store`: what `store: true` adds to a response, and the responses store's size under its caps
+  (`store.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they

@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     "lora",
     "fairness",
     "documents",
+    "store",
 )
 
 

@@ -112,3 +112,37 @@ def test_scripts_never_import_the_tests():
         for path in (root / "scripts").rglob("*.py")
     }
     assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def _room_imports() -> dict[str, set[str]]:
+    """Each room of the package (a top-level package or module of `deployments/`) and the rooms its
+    modules import, read from the sources' import statements."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "deployments"
+    rooms: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        room = parts[0]
+        imported = {n.split(".")[1] for n in imported_names(path.read_text()) if n.startswith("deployments.")}
+        rooms.setdefault(room, set()).update(imported - {room})
+    return rooms
+
+
+def test_the_rooms_import_each_other_without_a_circle():
+    """Between the package's rooms the imports run one way: no room reaches back to one that imports it."""
+    import graphlib
+
+    rooms = _room_imports()
+    graphlib.TopologicalSorter(rooms).static_order()  # raises CycleError on a circle
+
+
+def test_stored_state_sits_under_the_ingress_and_the_batch_runner():
+    """`deployments/state/` (files, batches, stored responses, conversations) imports only what is
+    below both of its users, and the runner is a room of its own that the ingress never imports."""
+    rooms = _room_imports()
+    assert rooms["state"] <= {"config", "errors", "protocol"}, rooms["state"]
+    assert "batch_runner" not in rooms["ingress"] | rooms["state"]
+    assert {"state", "ingress"} <= rooms["batch_runner"]
