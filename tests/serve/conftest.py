@@ -41,7 +41,10 @@ def start_local_cluster() -> None:
 
 
 @pytest.fixture(scope="session")
-def serve_cluster():
+def serve_cluster(tmp_path_factory):
+    # The default storage root (stored responses, conversations, files) in this session's own folder,
+    # for every Ray worker (they inherit the environment Ray starts with), never the user's.
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
     start_local_cluster()
     yield
     serve.shutdown()

@@ -1,10 +1,11 @@
 """/v1/responses through real Ray Serve, driven by the official openai client: the fake engine
 (echo, its Hermes tool call when a request brings tools, the fake captioner) where the answer's
 words do not matter, and the offline default (SmolLM2 on llama.cpp) for a whole and a streamed
-response that must say the same. The store is the named Ray actor that the ingress replicas share.
+response that must say the same. Stored responses and conversations live in the storage root that
+every ingress replica shares, and survive `serve shutdown`.
 
 One deployment for the module: both models behind one endpoint, with two API keys (two tenants: a
-stored response is its key's alone)."""
+stored response and a conversation are their key's alone)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import json
 import httpx
 import openai
 import pytest
-import ray
+from ray import serve
 
 from tests.conftest import data_url, png_bytes
-from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models
+from tests.serve.conftest import BASE_URL, PORT, deploy, undeploy, write_models
 
 ECHO, SMOL = "echo", "smollm2-llamacpp"
 KEY_A, KEY_B = "key-tenant-a-0001", "key-tenant-b-0002"
@@ -29,7 +30,7 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def client(serve_cluster, tmp_path_factory, smollm2):
+def models(serve_cluster, tmp_path_factory, smollm2):
     call = {"name": "get_weather", "arguments": {"city": "Paris"}}
     models = write_models(
         tmp_path_factory.mktemp("responses"),
@@ -51,25 +52,18 @@ def client(serve_cluster, tmp_path_factory, smollm2):
         primaries=[ECHO, SMOL],
         server={"api_keys": [KEY_A, KEY_B]},
     )
-    for actor in store_actors():  # an earlier module's: the deploy below must start its own
-        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
     deploy(models, decoder_gpus=0, captioner_gpus=0)
-    yield tenant(KEY_A)
+    yield models
     undeploy("default", "vision")
+
+
+@pytest.fixture(scope="module")
+def client(models):
+    return tenant(KEY_A)
 
 
 def tenant(key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{BASE_URL}/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def store_actors() -> list[dict]:
-    return [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "mmserve-responses-default"]
-
-
-def test_the_store_is_up_before_the_first_response(client):
-    # A new actor is a new worker process (seconds on a busy machine): the ingress starts it as it
-    # starts, so that the first requests do not wait for it.
-    assert len(store_actors()) == 1
 
 
 def test_llamacpp_whole_and_streamed_say_the_same(client):
@@ -275,3 +269,54 @@ def test_compact_on_the_offline_default_and_a_new_chain_from_it(client):
         "Summary of our conversation so far: " + compacted.output[-1].encrypted_content
         in events[-1].response.output_text
     )
+
+
+def said(response) -> str:
+    return response.output[0].content[0].text
+
+
+def test_a_conversation_and_a_chain_survive_serve_shutdown_and_stay_their_keys(models):
+    """Five turns on a conversation (`conversation=`) and a chain (`previous_response_id`), with
+    `serve shutdown` and a new deployment after the second turn: the later prompts carry the earlier
+    turns (the echo model answers with its prompt), the conversation holds each turn's input and
+    output once, in order, and another key finds neither."""
+    a, b = tenant(KEY_A), tenant(KEY_B)
+    conversation = a.conversations.create(metadata={"topic": "colours"})
+    turns = [f"turn {i}: colour{i}" for i in range(1, 6)]
+    answers = []
+    chain = [a.responses.create(model=ECHO, input="chain one: amber")]
+    for i, text in enumerate(turns):
+        if i == 2:
+            chain.append(a.responses.create(model=ECHO, input="chain two: teal", previous_response_id=chain[0].id))
+            serve.shutdown()  # every replica gone, and Serve with them
+            serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+            deploy(models, decoder_gpus=0, captioner_gpus=0)
+        answers.append(said(a.responses.create(model=ECHO, input=text, conversation=conversation.id)))
+    for i, answer in enumerate(answers):
+        assert all(earlier in answer for earlier in turns[: i + 1]), (i, answer)
+        assert not any(later in answer for later in turns[i + 1 :]), (i, answer)
+    continued = a.responses.create(model=ECHO, input="chain three", previous_response_id=chain[1].id)
+    assert "amber" in said(continued) and "teal" in said(continued)
+
+    items = list(a.conversations.items.list(conversation.id, order="asc", limit=100))
+    assert [item.role for item in items] == ["user", "assistant"] * 5
+    assert [item.content[0].text for item in items[::2]] == turns
+    assert [item.content[0].text for item in items[1::2]] == answers
+    assert len({item.id for item in items}) == 10
+    assert a.conversations.retrieve(conversation.id).metadata == {"topic": "colours"}
+
+    for call in (
+        lambda: b.conversations.retrieve(conversation.id),
+        lambda: b.conversations.items.list(conversation.id),
+        lambda: b.responses.create(model=ECHO, input="mine?", conversation=conversation.id),
+        lambda: b.responses.retrieve(chain[1].id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    with pytest.raises(openai.BadRequestError) as foreign:
+        b.responses.create(model=ECHO, input="mine?", previous_response_id=chain[1].id)
+    assert foreign.value.code == "previous_response_not_found"
+    with pytest.raises(openai.BadRequestError) as both:
+        a.responses.create(model=ECHO, input="x", conversation=conversation.id, previous_response_id=chain[1].id)
+    assert both.value.param == "conversation"
+    assert len(list(a.conversations.items.list(conversation.id, limit=100))) == 10  # the refused turns added nothing
