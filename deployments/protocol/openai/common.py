@@ -1,7 +1,7 @@
 """What OpenAI's API families share on the wire: the request base (unknown fields are refused, so an
 unsupported feature is a 400 that names it rather than being silently ignored), the sampling fields,
-content parts, function definitions, the `metadata` of a stored object; and on the way back: tool calls, token logprobs, usage, the
-service's `vision` extension, the model list and the error body."""
+content parts, function definitions, the `metadata` of a stored object; and on the way back: tool
+calls, token logprobs, usage, the service's `vision` extension, the model list and the error body."""
 
 from __future__ import annotations
 
