@@ -250,7 +250,8 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     first = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = _strip_union_tags(tuple(first.get("loc", ())))
     if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # loc stops at the union: name its tag field
-        loc += (str(first.get("ctx", {}).get("discriminator", "")).strip("'"),)
+        tag = str(first.get("ctx", {}).get("discriminator", "")).strip("'")
+        loc += ("type" if tag.endswith("()") else tag,)  # a function's tag (`_item_type()`): the items' `type`
     param = validation_param(loc)
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
@@ -258,7 +259,12 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-_UNION_TAGS = {"user", "system", "developer", "assistant", "tool", "text", "image_url", "json_object", "json_schema"}
+_UNION_TAGS = {
+    *("user", "system", "developer", "assistant", "tool", "text", "image_url", "json_object", "json_schema"),
+    # The Responses API's items (its input, a conversation's) and their parts.
+    *("message", "function_call", "function_call_output", "compaction"),
+    *("input_text", "input_image", "input_file", "output_text", "refusal"),
+}
 
 
 def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:

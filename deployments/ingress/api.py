@@ -19,6 +19,7 @@ from deployments.errors import ServiceError, as_anthropic, error_body, known_err
 from deployments.ingress.apis.batches import routes as batches
 from deployments.ingress.apis.chat import routes as chat
 from deployments.ingress.apis.completions import routes as completions
+from deployments.ingress.apis.conversations import routes as conversations_routes
 from deployments.ingress.apis.embeddings import routes as embeddings
 from deployments.ingress.apis.files import routes as files
 from deployments.ingress.apis.messages import routes as messages
@@ -33,6 +34,7 @@ from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import AccessLog, record_of
 from deployments.monitoring.metrics import Recorder
 from deployments.state.batches import BatchStore
+from deployments.state.conversations import ConversationStore
 
 
 def _openapi_without_422(api: FastAPI) -> None:
@@ -92,12 +94,14 @@ def build_api(
     batch_service: BatchStore | None = None,
     wake_runner: Callable[[], None] = lambda: None,
     limiter: Limiter | None = None,
+    conversations: ConversationStore | None = None,
 ) -> FastAPI:
     """The routes; a request goes to the served model its `model` names. Every counter and gauge of
     the ingress is exported at 0 from here on, for each served model and known label value.
     `store`: the store of /v1/responses (None: no response is kept); `batch_service`: the files and
     batches of /v1/files and /v1/batches (None: not served), `wake_runner` tells their runner to look;
-    `limiter`: the API keys' limits (None: no limits file)."""
+    `limiter`: the API keys' limits (None: no limits file); `conversations`: the Conversations API's
+    store (None: not served)."""
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
@@ -111,10 +115,11 @@ def build_api(
     completions.attach(api, served)
     embeddings.attach(api, served)
     messages.attach(api, served)
-    responses.attach(api, served, store, guard.max_body_bytes, limiter)
+    responses.attach(api, served, store, guard.max_body_bytes, limiter, conversations)
     tokenize.attach(api, served)
     files.attach(api, batch_service.files if batch_service else None)
     batches.attach(api, batch_service, wake_runner)
+    conversations_routes.attach(api, conversations)
 
     metrics.export_zeros(
         served.names,

@@ -45,6 +45,7 @@ from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
 from deployments.protocol.openai.common import ModelCard
 from deployments.roles import Role
 from deployments.state.batches import BatchStore, KeyName
+from deployments.state.conversations import ConversationStore
 from deployments.state.records import stored_owners
 from deployments.state.responses import StoredResponses
 from deployments.state.storage import open_storage
@@ -185,6 +186,7 @@ class Ingress:
         self._responses = StoredResponses(
             storage, owners, server.state.responses_max_bytes, server.state.responses_max_age_s
         )
+        self._conversations = ConversationStore(storage, owners, server.state.conversation_max_bytes)
         self._batch_runner = batch_runner
         self._batch_keys: dict[str, KeyName] = {}  # with limits, the key each batch's lines count against
         self._batches: BatchStore | None = None
@@ -203,7 +205,14 @@ class Ingress:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_api(
-            self._served, self._guard, self._metrics, self._responses, self._batches, self._wake_runner, self._limiter
+            self._served,
+            self._guard,
+            self._metrics,
+            self._responses,
+            self._batches,
+            self._wake_runner,
+            self._limiter,
+            self._conversations,
         )
 
     def _wake_runner(self) -> None:

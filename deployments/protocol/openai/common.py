@@ -1,19 +1,59 @@
 """What OpenAI's API families share on the wire: the request base (unknown fields are refused, so an
 unsupported feature is a 400 that names it rather than being silently ignored), the sampling fields,
-content parts, function definitions; and on the way back: tool calls, token logprobs, usage, the
-service's `vision` extension, the model list and the error body."""
+content parts, function definitions, the `metadata` of a stored object; and on the way back: tool
+calls, token logprobs, usage, the service's `vision` extension, the model list and the error body."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 
 class RequestModel(BaseModel):
     """A request body or a part of one: unknown fields are refused."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's bounds
+
+
+def _bounded_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """OpenAI's bounds: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
+    if len(metadata) > METADATA_PAIRS:
+        raise ValueError(f"at most {METADATA_PAIRS} pairs; got {len(metadata)}")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise ValueError(f"keys have at most {METADATA_KEY_CHARS} characters; {key[:16]!r}... has {len(key)}")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise ValueError(f"values have at most {METADATA_VALUE_CHARS} characters; that of {key!r} has {len(value)}")
+    return metadata
+
+
+Metadata = Annotated[
+    dict[str, str],
+    AfterValidator(_bounded_metadata),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": METADATA_PAIRS,
+            "propertyNames": {"maxLength": METADATA_KEY_CHARS},
+            "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
+        }
+    ),
+]
+"""The `metadata` of a stored object (a batch, a conversation), within OpenAI's bounds; the schema
+says them too, so that clients and schema-driven tools see them."""
 
 
 class ImageURL(RequestModel):

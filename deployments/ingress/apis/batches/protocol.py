@@ -6,10 +6,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from deployments.ingress.batches.endpoints import ENDPOINTS
-from deployments.protocol.openai.common import RequestModel
+from deployments.protocol.openai.common import Metadata, RequestModel
 from deployments.state.batches import TERMINAL
 
 __all__ = ["TERMINAL"]  # a batch's last states, kept by the store
@@ -22,31 +22,11 @@ Status = Literal["validating", "failed", "in_progress", "finalizing", "completed
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
 
 
-METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's bounds
-
-
 class BatchCreateRequest(RequestModel):
     input_file_id: str
     endpoint: Endpoint
     completion_window: Literal["24h"] = "24h"
-    metadata: dict[str, str] | None = Field(None, json_schema_extra=lambda schema: _bounded_schema(schema))
-
-    @field_validator("metadata")
-    @classmethod
-    def _bounded(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        """OpenAI's bounds: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
-        if metadata is None:
-            return None
-        if len(metadata) > METADATA_PAIRS:
-            raise ValueError(f"at most {METADATA_PAIRS} pairs; got {len(metadata)}")
-        for key, value in metadata.items():
-            if len(key) > METADATA_KEY_CHARS:
-                raise ValueError(f"keys have at most {METADATA_KEY_CHARS} characters; {key[:16]!r}... has {len(key)}")
-            if len(value) > METADATA_VALUE_CHARS:
-                raise ValueError(
-                    f"values have at most {METADATA_VALUE_CHARS} characters; that of {key!r} has {len(value)}"
-                )
-        return metadata
+    metadata: Metadata | None = None
 
     def new_batch(self) -> dict[str, Any]:
         """The batch this request makes, as the store keeps it: OpenAI's batch object, `validating`."""
@@ -60,16 +40,6 @@ class BatchCreateRequest(RequestModel):
             expires_at=now + COMPLETION_WINDOW_S[self.completion_window],
             metadata=self.metadata,
         ).model_dump()
-
-
-def _bounded_schema(schema: dict[str, Any]) -> None:
-    """The metadata's bounds in the OpenAPI schema too (on its object branch), so that clients and
-    schema-driven tools see them."""
-    for branch in schema.get("anyOf", [schema]):
-        if branch.get("type") == "object":
-            branch["maxProperties"] = METADATA_PAIRS
-            branch["propertyNames"] = {"maxLength": METADATA_KEY_CHARS}
-            branch["additionalProperties"] = {"type": "string", "maxLength": METADATA_VALUE_CHARS}
 
 
 class BatchError(BaseModel):

@@ -1,0 +1,225 @@
+"""The Conversations API through the ingress's app (guard and error mapping included, no Ray): the
+official openai client's calls, from create to delete; OpenAI's bounds as 400s (20 items at a time,
+16 metadata pairs, an item of no known shape); another key's conversation, the 404 of an unknown
+one; and the routes absent without a store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from deployments.config import ServerConfig
+from deployments.ingress.api import build_api
+from deployments.ingress.guard import GuardSettings
+from deployments.ingress.health import HealthService
+from deployments.ingress.served_models import ServedModel, ServedModels
+from deployments.protocol.openai.common import ModelCard
+from deployments.state.conversations import ConversationStore
+from deployments.state.records import stored_owners
+from deployments.state.storage import LocalStorage
+from tests.unit.fake_metrics import FakeMetrics
+from tests.unit.ingress.fakes import FakeDecoder, answer_core
+
+KEY_A, KEY_B = "sk-alice-0123456", "sk-bob-012345678"
+UNKNOWN = "conv_" + "0" * 32
+
+
+def served() -> ServedModels:
+    health = HealthService(FakeDecoder(), None, model_name="echo")
+    return ServedModels([ServedModel(ModelCard(id="echo", created=1), answer_core(FakeDecoder()), health)])
+
+
+def app(root: Path | None, max_bytes: int = 1_000_000) -> TestClient:
+    """The ingress's app with two keys, over a conversations' store at `root` (None: no store)."""
+    conversations = None
+    if root is not None:
+        storage = LocalStorage(str(root))
+        conversations = ConversationStore(storage, stored_owners(storage), max_bytes)
+    guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_A, KEY_B], api_keys_env=None))
+    return TestClient(build_api(served(), guard, FakeMetrics(), conversations=conversations), base_url="http://test")
+
+
+def client(http: TestClient, key: str = KEY_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://test/v1", api_key=key, http_client=http, max_retries=0)
+
+
+def auth(key: str = KEY_A) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def http(tmp_path: Path) -> Iterator[TestClient]:
+    with app(tmp_path) as test_client:
+        yield test_client
+
+
+def test_the_openai_client_from_create_to_delete(http):
+    api = client(http)
+    created = api.conversations.create(
+        items=[{"role": "system", "content": "Be terse."}, {"type": "message", "role": "user", "content": "Hi"}],
+        metadata={"topic": "greeting"},
+    )
+    assert created.id.startswith("conv_") and created.object == "conversation"
+    assert created.metadata == {"topic": "greeting"}
+    assert api.conversations.retrieve(created.id) == created
+    assert api.conversations.update(created.id, metadata={"topic": "other"}).metadata == {"topic": "other"}
+
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q": "x"}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "found"}
+    added = api.conversations.items.create(
+        created.id, items=[answer, call, output], include=["message.output_text.logprobs"]
+    )
+    assert [item.type for item in added.data] == ["message", "function_call", "function_call_output"]
+    assert added.first_id == added.data[0].id and added.last_id == added.data[2].id and not added.has_more
+    assert [item.id.split("_")[0] for item in added.data] == ["msg", "fc", "fco"]
+
+    newest = api.conversations.items.list(created.id, limit=2)
+    assert [item.type for item in newest.data] == ["function_call_output", "function_call"] and newest.has_more
+    everything = [item.id for item in api.conversations.items.list(created.id, limit=2, order="asc")]  # every page
+    assert len(everything) == 5 and everything[2:] == [item.id for item in added.data]
+
+    first = api.conversations.items.retrieve(everything[0], conversation_id=created.id)
+    assert first.type == "message" and first.role == "system" and first.status == "completed"
+    kept = api.conversations.items.delete(everything[0], conversation_id=created.id)
+    assert kept.id == created.id and kept.object == "conversation"  # the conversation, as OpenAI answers
+    assert [item.id for item in api.conversations.items.list(created.id, order="asc")] == everything[1:]
+    with pytest.raises(openai.NotFoundError):
+        api.conversations.items.retrieve(everything[0], conversation_id=created.id)
+
+    deleted = api.conversations.delete(created.id)
+    assert deleted.id == created.id and deleted.deleted and deleted.object == "conversation.deleted"
+    with pytest.raises(openai.NotFoundError):
+        api.conversations.retrieve(created.id)
+
+
+def test_an_item_is_kept_as_validated_with_its_id(http):
+    conversation = http.post("/v1/conversations", json={}, headers=auth()).json()
+    assert conversation["metadata"] == {}
+    body = {"items": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]}]}
+    stored = http.post(f"/v1/conversations/{conversation['id']}/items", json=body, headers=auth()).json()["data"][0]
+    assert stored == {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "a"}],
+        "id": stored["id"],
+        "status": "completed",
+    }
+    listed = http.get(f"/v1/conversations/{conversation['id']}/items?include=x&include[]=y", headers=auth()).json()
+    assert listed["data"] == [stored]
+
+
+def _conversation(http: TestClient, key: str = KEY_A) -> str:
+    return str(
+        http.post("/v1/conversations", json={"items": [{"role": "user", "content": "hi"}]}, headers=auth(key)).json()[
+            "id"
+        ]
+    )
+
+
+def _item(**extra: Any) -> dict[str, Any]:
+    return {"role": "user", "content": "x", **extra}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("", {"items": [_item() for _ in range(21)]}, "items"),
+        ("/items", {"items": [_item() for _ in range(21)]}, "items"),
+        ("/items", {"items": []}, "items"),
+        ("/items", {}, "items"),
+        ("", {"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
+        ("", {"metadata": {"k" * 65: "v"}}, "metadata"),
+        ("/update", {"metadata": {"k": "v" * 513}}, "metadata"),
+        ("/update", {}, "metadata"),
+        ("", {"items": [{"type": "nope"}]}, "items[0].type"),
+        ("/items", {"items": [{"role": "robot", "content": "x"}]}, "items[0].role"),
+        ("/items", {"items": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "items[0].call_id"),
+        ("/items", {"items": [_item(), _item(colour="red")]}, "items[1].colour"),
+        (
+            "/items",
+            {"items": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "items[0].content[0].image_url",
+        ),
+        ("/items", {"items": "hello"}, "items"),
+    ],
+)
+def test_a_request_past_openais_bounds_or_of_no_known_shape_is_a_400_naming_the_field(http, path, body, param):
+    conversation = _conversation(http)
+    url = "/v1/conversations" if path == "" else f"/v1/conversations/{conversation}{path.replace('/update', '')}"
+    answer = http.post(url, json=body, headers=auth())
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    listed = http.get(f"/v1/conversations/{conversation}/items", headers=auth()).json()
+    assert len(listed["data"]) == 1  # nothing added
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=101", "order=sideways"])
+def test_list_parameters_out_of_bounds_are_a_400(http, query):
+    answer = http.get(f"/v1/conversations/{_conversation(http)}/items?{query}", headers=auth())
+    assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_conversation_past_its_size_is_refused_with_a_400(tmp_path):
+    with app(tmp_path, max_bytes=400) as http:
+        conversation = _conversation(http)
+        answer = http.post(
+            f"/v1/conversations/{conversation}/items", json={"items": [_item(content="y" * 400)]}, headers=auth()
+        )
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "items"
+
+
+def test_another_keys_conversation_is_the_404_of_an_unknown_one(http):
+    conversation = _conversation(http, KEY_A)
+    item = http.get(f"/v1/conversations/{conversation}/items", headers=auth(KEY_A)).json()["data"][0]["id"]
+    calls = [
+        ("GET", ""),
+        ("POST", ""),
+        ("DELETE", ""),
+        ("GET", "/items"),
+        ("POST", "/items"),
+        ("GET", f"/items/{item}"),
+        ("DELETE", f"/items/{item}"),
+    ]
+    for method, tail in calls:
+        body = {"metadata": {"k": "v"}} if tail == "" else {"items": [_item()]}
+        kwargs: dict[str, Any] = {"json": body} if method == "POST" else {}
+        foreign = http.request(method, f"/v1/conversations/{conversation}{tail}", headers=auth(KEY_B), **kwargs)
+        unknown = http.request(method, f"/v1/conversations/{UNKNOWN}{tail}", headers=auth(KEY_B), **kwargs)
+        assert foreign.status_code == unknown.status_code == 404, (method, tail)
+        assert foreign.json() == _with_id(unknown.json(), UNKNOWN, conversation), (method, tail)
+        assert foreign.json()["error"]["param"] == "conversation_id"
+    with pytest.raises(openai.NotFoundError):
+        client(http, KEY_B).conversations.retrieve(conversation)
+    still = client(http, KEY_A).conversations.items.list(conversation)  # untouched
+    assert [i.id for i in still.data] == [item]
+
+
+def _with_id(body: dict[str, Any], unknown: str, known: str) -> dict[str, Any]:
+    return {"error": {**body["error"], "message": body["error"]["message"].replace(unknown, known)}}
+
+
+def test_without_a_store_the_routes_are_not_served():
+    with app(None) as http:
+        assert http.post("/v1/conversations", json={}, headers=auth()).status_code == 404
+        assert not [p for p in http.app.openapi()["paths"] if p.startswith("/v1/conversations")]  # type: ignore[attr-defined]
+
+
+def test_the_openapi_schema_has_the_routes_and_the_bounds(http):
+    schema = http.get("/openapi.json").json()
+    assert {
+        "/v1/conversations",
+        "/v1/conversations/{conversation_id}",
+        "/v1/conversations/{conversation_id}/items",
+        "/v1/conversations/{conversation_id}/items/{item_id}",
+    } <= set(schema["paths"])
+    create = schema["components"]["schemas"]["ConversationCreateRequest"]["properties"]
+    assert create["items"]["anyOf"][0]["maxItems"] == 20
+    metadata = next(branch for branch in create["metadata"]["anyOf"] if branch.get("type") == "object")
+    assert metadata["maxProperties"] == 16 and metadata["additionalProperties"]["maxLength"] == 512

@@ -1,0 +1,178 @@
+"""The conversations' store on a local storage root: items kept in order with their ids, their list
+pages, deletions, the key rule (another key's conversation is an unknown one, logged), the size cap
+and a Responses turn's forced add, a log torn by a crash, and adds at once that lose nothing."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import re
+from typing import Any
+
+import pytest
+
+from deployments.errors import InvalidRequestError, ObjectNotFoundError
+from deployments.state.conversations import ConversationStore, items_path
+from deployments.state.owners import Caller
+from deployments.state.records import stored_owners
+from deployments.state.storage import LocalStorage
+
+ALICE, BOB = Caller(b"a" * 32, "req-alice"), Caller(b"b" * 32, "req-bob")
+
+
+def store(tmp_path: Any, max_bytes: int = 1_000_000) -> ConversationStore:
+    storage = LocalStorage(str(tmp_path))
+    return ConversationStore(storage, stored_owners(storage), max_bytes)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def texts(items: list[dict[str, Any]]) -> list[str]:
+    return [item.get("content", item["type"]) for item in items]
+
+
+def test_a_conversation_keeps_its_items_in_order_with_ids(tmp_path):
+    conversations = store(tmp_path)
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    created = conversations.create([user("one"), call, {"role": "user", "content": "two"}], {"k": "v"}, ALICE)
+    assert re.fullmatch(r"conv_[0-9a-f]{32}", created["id"])
+    assert created["object"] == "conversation" and created["metadata"] == {"k": "v"}
+    assert isinstance(created["created_at"], int)
+    assert conversations.retrieve(created["id"], ALICE) == created
+
+    items = conversations.items(created["id"], ALICE)
+    assert [item["type"] for item in items] == ["message", "function_call", "message"]
+    assert re.fullmatch(r"msg_[0-9a-f]{32}", items[0]["id"]) and re.fullmatch(r"fc_[0-9a-f]{32}", items[1]["id"])
+    assert items[0]["status"] == "completed" and "status" not in items[1]  # a message's status only
+    assert len({item["id"] for item in items}) == 3
+
+    added = conversations.add(created["id"], [user("three"), {**user("four"), "id": "msg_mine"}], ALICE)
+    assert added[1]["id"] == "msg_mine"  # a given id is kept
+    assert texts(conversations.items(created["id"], ALICE))[-2:] == ["three", "four"]
+    assert conversations.item(created["id"], "msg_mine", ALICE)["content"] == "four"
+
+
+def test_items_are_listed_in_pages_newest_first_or_oldest_first(tmp_path):
+    conversations = store(tmp_path)
+    conversation = conversations.create([user(str(n)) for n in range(5)], None, ALICE)["id"]
+    newest = conversations.list_items(conversation, ALICE, limit=2, after=None)
+    assert newest["object"] == "list" and texts(newest["data"]) == ["4", "3"] and newest["has_more"]
+    assert newest["first_id"] == newest["data"][0]["id"] and newest["last_id"] == newest["data"][1]["id"]
+    rest = conversations.list_items(conversation, ALICE, limit=10, after=newest["last_id"])
+    assert texts(rest["data"]) == ["2", "1", "0"] and not rest["has_more"]
+    oldest = conversations.list_items(conversation, ALICE, limit=3, after=None, order="asc")
+    assert texts(oldest["data"]) == ["0", "1", "2"] and oldest["has_more"]
+    last = conversations.list_items(conversation, ALICE, limit=3, after=oldest["last_id"], order="asc")
+    assert texts(last["data"]) == ["3", "4"] and not last["has_more"]
+    empty = conversations.list_items(conversations.create([], None, ALICE)["id"], ALICE, 20, None)
+    assert empty["data"] == [] and empty["first_id"] is None and not empty["has_more"]
+
+
+def test_an_item_or_the_conversation_deleted_is_gone(tmp_path):
+    conversations = store(tmp_path)
+    created = conversations.create([user("keep"), user("drop")], None, ALICE)
+    drop = conversations.items(created["id"], ALICE)[1]["id"]
+    assert conversations.delete_item(created["id"], drop, ALICE) == created  # the conversation, as OpenAI
+    assert texts(conversations.items(created["id"], ALICE)) == ["keep"]
+    for missing in (
+        lambda: conversations.item(created["id"], drop, ALICE),
+        lambda: conversations.delete_item(created["id"], drop, ALICE),
+    ):
+        with pytest.raises(ObjectNotFoundError, match=drop) as found:
+            missing()
+        assert found.value.status == 404 and found.value.param == "item_id"
+
+    assert conversations.update(created["id"], {"topic": "x"}, ALICE)["metadata"] == {"topic": "x"}
+    assert conversations.retrieve(created["id"], ALICE)["metadata"] == {"topic": "x"}
+    assert conversations.update(created["id"], None, ALICE)["metadata"] == {}
+
+    deleted = conversations.delete(created["id"], ALICE)
+    assert deleted == {"id": created["id"], "object": "conversation.deleted", "deleted": True}
+    assert conversations.storage.size(items_path(created["id"])) is None  # its items are gone with it
+    with pytest.raises(ObjectNotFoundError):
+        conversations.retrieve(created["id"], ALICE)
+
+
+def test_another_keys_conversation_is_an_unknown_one_and_the_refusal_is_logged(tmp_path, caplog):
+    conversations = store(tmp_path)
+    created = conversations.create([user("secret")], None, ALICE)
+    item = conversations.items(created["id"], ALICE)[0]["id"]
+    calls = {
+        "retrieve": lambda cid: conversations.retrieve(cid, BOB),
+        "update": lambda cid: conversations.update(cid, {"k": "v"}, BOB),
+        "items": lambda cid: conversations.items(cid, BOB),
+        "add": lambda cid: conversations.add(cid, [user("intruder")], BOB, force=True),
+        "check_room": lambda cid: conversations.check_room(cid, BOB),
+        "list_items": lambda cid: conversations.list_items(cid, BOB, 20, None),
+        "item": lambda cid: conversations.item(cid, item, BOB),
+        "delete_item": lambda cid: conversations.delete_item(cid, item, BOB),
+        "delete": lambda cid: conversations.delete(cid, BOB),
+    }
+    for name, call in calls.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ray.serve"), pytest.raises(ObjectNotFoundError) as foreign:
+            call(created["id"])
+        with pytest.raises(ObjectNotFoundError) as unknown:
+            call("conv_" + "0" * 32)
+        assert (str(foreign.value), foreign.value.param) == (
+            str(unknown.value).replace("0" * 32, created["id"][5:]),
+            "conversation_id",
+        ), name
+        assert "req-bob" in caplog.text and "another API key" in caplog.text, name
+    assert texts(conversations.items(created["id"], ALICE)) == ["secret"]  # untouched
+    assert conversations.retrieve(created["id"], ALICE)["metadata"] == {}
+
+
+@pytest.mark.parametrize("conversation_id", ["../owners.secret", "conv_a/b", "", ".", "conv_\0"])
+def test_an_id_that_is_not_ours_is_never_a_path(tmp_path, conversation_id):
+    with pytest.raises(ObjectNotFoundError):
+        store(tmp_path).items(conversation_id, ALICE)
+
+
+def test_a_full_conversation_refuses_items_unless_a_turn_forces_them(tmp_path):
+    conversations = store(tmp_path, max_bytes=600)
+    with pytest.raises(InvalidRequestError, match="600"):
+        conversations.create([user("x" * 700)], None, ALICE)
+    assert conversations.records.mine(ALICE) == []  # nothing kept
+    conversation = conversations.create([user("x" * 300)], None, ALICE)["id"]
+    conversations.check_room(conversation, ALICE)  # room left
+    with pytest.raises(InvalidRequestError) as full:
+        conversations.add(conversation, [user("y" * 300)], ALICE)
+    assert full.value.status == 400 and full.value.param == "items"
+    assert texts(conversations.items(conversation, ALICE)) == ["x" * 300]
+    conversations.add(conversation, [user("y" * 300)], ALICE, force=True)  # a turn already answered
+    assert texts(conversations.items(conversation, ALICE)) == ["x" * 300, "y" * 300]
+    with pytest.raises(InvalidRequestError, match="full") as no_room:
+        conversations.check_room(conversation, ALICE)
+    assert no_room.value.param == "conversation"
+
+
+def test_a_record_torn_by_a_crash_is_skipped_and_the_next_one_is_whole(tmp_path, caplog):
+    conversations = store(tmp_path)
+    conversation = conversations.create([user("before")], None, ALICE)["id"]
+    record = b"\n" + json.dumps({"add": [{**user("torn"), "id": "msg_t"}]}).encode()
+    conversations.storage.append(items_path(conversation), record[: len(record) // 2])  # the crash
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        assert texts(conversations.items(conversation, ALICE)) == ["before"]
+    assert "torn" in caplog.text
+    conversations.add(conversation, [user("after")], ALICE)
+    assert texts(conversations.items(conversation, ALICE)) == ["before", "after"]
+
+
+def test_adds_at_once_lose_nothing(tmp_path):
+    conversations = store(tmp_path)
+    conversation = conversations.create([], None, ALICE)["id"]
+    # A second store on the same root: another ingress replica, with a lock of its own.
+    other = store(tmp_path)
+
+    def add(n: int) -> None:
+        (conversations if n % 2 else other).add(conversation, [user(f"{n}-a"), user(f"{n}-b")], ALICE)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(add, range(64)))
+    items = texts(conversations.items(conversation, ALICE))
+    assert sorted(items) == sorted(f"{n}-{part}" for n in range(64) for part in "ab")
+    assert all(items[items.index(f"{n}-a") + 1] == f"{n}-b" for n in range(64))  # an add stays together
