@@ -5,6 +5,7 @@ one; and the routes absent without a store."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
 from deployments.state.conversations import ConversationStore
 from deployments.state.records import stored_owners
+from deployments.state.responses import StoredResponses
 from deployments.state.storage import LocalStorage
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
@@ -223,3 +225,78 @@ def test_the_openapi_schema_has_the_routes_and_the_bounds(http):
     assert create["items"]["anyOf"][0]["maxItems"] == 20
     metadata = next(branch for branch in create["metadata"]["anyOf"] if branch.get("type") == "object")
     assert metadata["maxProperties"] == 16 and metadata["additionalProperties"]["maxLength"] == 512
+
+
+def prompt_of(decoder: FakeDecoder) -> str:
+    """The text of the last chat the decoder was sent."""
+    return json.dumps([m.model_dump() for m in decoder.requests[-1].messages])
+
+
+def test_responses_on_a_conversation_read_its_items_and_add_each_turn_over_http_and_websocket(tmp_path):
+    decoder = FakeDecoder(["Noted"])
+    storage = LocalStorage(str(tmp_path))
+    owners = stored_owners(storage)
+    conversations = ConversationStore(storage, owners, 1_000_000)
+    responses = StoredResponses(storage, owners, 1 << 20, 3600)
+    health = HealthService(decoder, None, model_name="echo")
+    models = ServedModels([ServedModel(ModelCard(id="echo", created=1), answer_core(decoder), health)])
+    guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_A, KEY_B], api_keys_env=None))
+    api_app = build_api(models, guard, FakeMetrics(), responses, conversations=conversations)
+    with TestClient(api_app, base_url="http://test") as http:
+        api = client(http)
+        conversation = api.conversations.create(items=[{"role": "user", "content": "The code word is heron."}])
+        first = api.responses.create(model="echo", input="Remember it.", conversation=conversation.id)
+        assert first.conversation is not None and first.conversation.id == conversation.id
+        assert "heron" in prompt_of(decoder)
+        with http.websocket_connect("/v1/responses", headers=auth()) as socket:
+            turn = {
+                "type": "response.create",
+                "model": "echo",
+                "input": "And now?",
+                "conversation": {"id": conversation.id},
+            }
+            socket.send_text(json.dumps(turn))
+            while (event := json.loads(socket.receive_text()))["type"] not in ("response.completed", "error"):
+                pass
+        assert event["type"] == "response.completed", event
+        assert "heron" in prompt_of(decoder) and "Remember it." in prompt_of(decoder)
+        assert "Noted" in prompt_of(decoder)  # the first turn's answer, as the assistant's
+
+        def kept() -> list[tuple[str, str]]:
+            listed = api.conversations.items.list(conversation.id, order="asc", limit=100)
+            return [(item.role, item.content[0].text) for item in listed]
+
+        expected = [
+            ("user", "The code word is heron."),
+            ("user", "Remember it."),
+            ("assistant", "Noted"),
+            ("user", "And now?"),
+            ("assistant", "Noted"),
+        ]
+        assert kept() == expected
+        sent = len(decoder.requests)
+        with pytest.raises(openai.BadRequestError) as both:
+            api.responses.create(model="echo", input="x", conversation=conversation.id, previous_response_id=first.id)
+        assert both.value.param == "conversation" and "Mutually exclusive" in both.value.message
+        with pytest.raises(openai.NotFoundError):
+            client(http, KEY_B).responses.create(model="echo", input="mine?", conversation=conversation.id)
+        assert kept() == expected and len(decoder.requests) == sent  # refused turns: nothing sent, nothing added
+        chained = api.responses.create(model="echo", input="Continue.", previous_response_id=first.id)
+        assert "heron" in prompt_of(decoder) and chained.conversation is None  # the stored turn carries its history
+
+
+def test_a_full_conversation_refuses_a_turn_before_it_generates_and_a_started_turn_is_added_whole(tmp_path):
+    decoder = FakeDecoder(["x" * 400])
+    storage = LocalStorage(str(tmp_path))
+    conversations = ConversationStore(storage, stored_owners(storage), 600)
+    health = HealthService(decoder, None, model_name="echo")
+    models = ServedModels([ServedModel(ModelCard(id="echo", created=1), answer_core(decoder), health)])
+    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None))
+    with TestClient(build_api(models, guard, FakeMetrics(), conversations=conversations), base_url="http://t") as http:
+        api = openai.OpenAI(base_url="http://t/v1", api_key="none", http_client=http, max_retries=0)
+        conversation = api.conversations.create()
+        api.responses.create(model="echo", input="Go.", conversation=conversation.id)  # passes 600 bytes: kept whole
+        assert len(list(api.conversations.items.list(conversation.id))) == 2
+        with pytest.raises(openai.BadRequestError) as full:
+            api.responses.create(model="echo", input="Again.", conversation=conversation.id)
+        assert full.value.param == "conversation" and len(decoder.requests) == 1

@@ -31,7 +31,8 @@ def user(text: str) -> dict[str, Any]:
 
 
 def texts(items: list[dict[str, Any]]) -> list[str]:
-    return [item.get("content", item["type"]) for item in items]
+    """Each message's text (kept as one part), or another item's type."""
+    return [item["content"][0]["text"] if "content" in item else item["type"] for item in items]
 
 
 def test_a_conversation_keeps_its_items_in_order_with_ids(tmp_path):
@@ -52,7 +53,7 @@ def test_a_conversation_keeps_its_items_in_order_with_ids(tmp_path):
     added = conversations.add(created["id"], [user("three"), {**user("four"), "id": "msg_mine"}], ALICE)
     assert added[1]["id"] == "msg_mine"  # a given id is kept
     assert texts(conversations.items(created["id"], ALICE))[-2:] == ["three", "four"]
-    assert conversations.item(created["id"], "msg_mine", ALICE)["content"] == "four"
+    assert conversations.item(created["id"], "msg_mine", ALICE)["content"] == [{"type": "input_text", "text": "four"}]
 
 
 def test_items_are_listed_in_pages_newest_first_or_oldest_first(tmp_path):
