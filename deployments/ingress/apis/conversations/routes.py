@@ -23,6 +23,7 @@ from deployments.ingress.apis.conversations.protocol import (
 from deployments.ingress.routing import ERRORS, caller
 from deployments.protocol.openai.items import InputItem
 from deployments.state.conversations import ConversationStore
+from deployments.state.records import page
 
 Include = Annotated[list[str] | None, Query(description="Accepted and ignored: an item is kept and answered whole.")]
 
@@ -71,15 +72,7 @@ def attach(api: FastAPI, conversations: ConversationStore | None) -> None:
         include: Include = None,
     ) -> Any:
         added = await asyncio.to_thread(store.add, conversation_id, as_stored(body.items), caller(request))
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": added,
-                "first_id": added[0]["id"],
-                "last_id": added[-1]["id"],
-                "has_more": False,
-            }
-        )
+        return JSONResponse(page(added, len(added), None))
 
     @api.get("/v1/conversations/{conversation_id}/items/{item_id}", responses={200: {"model": InputItem}, **ERRORS})
     async def retrieve_item(
