@@ -83,7 +83,7 @@ class StoredResponses:
             return
         await asyncio.to_thread(self.save, response_id, entry, caller)
         if self._due():
-            self._sweeping = asyncio.ensure_future(asyncio.to_thread(self.sweep))  # not awaited by the request
+            self._sweeping = asyncio.ensure_future(asyncio.to_thread(self._sweep_or_say))  # the request goes on
 
     async def get(self, response_id: str, caller: Caller) -> Lookup:
         return await asyncio.to_thread(self.find, response_id, caller)
@@ -129,6 +129,14 @@ class StoredResponses:
         if self._sweeping is not None and not self._sweeping.done():
             return False
         return self._written * 8 >= self._max_bytes or self._clock() - self._swept_at >= SWEEP_INTERVAL_S
+
+    def _sweep_or_say(self) -> int:
+        """A sweep in the background: a storage error is logged (the next put tries again), never raised."""
+        try:
+            return self.sweep()
+        except OSError as exc:
+            logger.warning("responses store: the sweep failed (%s); the next one tries again", exc)
+            return 0
 
     def sweep(self) -> int:
         """Remove the responses past their age, then the oldest until the rest fit in `max_bytes`

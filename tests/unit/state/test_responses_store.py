@@ -110,3 +110,17 @@ async def test_an_id_that_is_not_ours_is_never_a_path(tmp_path):
     kept = store(tmp_path)
     for rid in ("../owners.secret", "resp_1/../../x", "a\0b", ""):
         assert (await kept.get(rid, ANYONE)).thing is None
+
+
+async def test_a_failed_background_sweep_is_said_and_puts_go_on(tmp_path, caplog):
+    kept = store(tmp_path, max_bytes=8)
+
+    def broken(directory: str) -> list[str]:
+        raise OSError("the disk went away")
+
+    kept.storage.names = broken  # type: ignore[method-assign]
+    await kept.put("resp_1", entry("resp_1"), ANYONE)  # past an eighth of the bound: a sweep is started
+    assert kept._sweeping is not None and await kept._sweeping == 0
+    assert "the sweep failed" in caplog.text and "the disk went away" in caplog.text
+    await kept.put("resp_2", entry("resp_2"), ANYONE)
+    assert (await kept.get("resp_2", ANYONE)).thing is not None
