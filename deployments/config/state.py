@@ -68,6 +68,8 @@ def moved_settings(server: Any) -> Any:
             value = parent.pop(path[-1])
             state.setdefault(name, value)
             logger.warning("models.yaml: server.%s is now server.state.%s (read there)", ".".join(path), name)
+    if server.get("responses_max_entries") == 0:  # it kept none: so do the bytes
+        state.setdefault("responses_max_bytes", 0)
     for name, why in _DROPPED.items():
         if name in server:
             server.pop(name)

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+import ray
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 from ray import serve
@@ -48,7 +49,7 @@ from deployments.state.batches import BatchStore, KeyName
 from deployments.state.conversations import ConversationStore
 from deployments.state.records import stored_owners
 from deployments.state.responses import StoredResponses
-from deployments.state.storage import open_storage
+from deployments.state.storage import LocalStorage, Storage, open_storage
 
 logger = logging.getLogger("ray.serve")
 
@@ -183,6 +184,7 @@ class Ingress:
         self._guard = GuardSettings.from_config(server, limits=table)
         storage = open_storage(server.state.storage_root)  # what outlives a request: one root, one owners' secret
         owners = stored_owners(storage)
+        _say_if_local_on_a_cluster(storage)
         self._responses = StoredResponses(
             storage, owners, server.state.responses_max_bytes, server.state.responses_max_age_s
         )
@@ -230,3 +232,17 @@ class Ingress:
                 self._batch_keys[batch_id] = key
                 limits = (self._limiter, self._limiter.table.named(*key))
         return await run_line(self._served, batch_id, endpoint, body, request_id, limits)
+
+
+def _say_if_local_on_a_cluster(storage: Storage) -> None:
+    """A local storage root on a cluster of several nodes: each node's replicas keep their own state
+    unless every node mounts that path (a warning, once per replica)."""
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    if isinstance(storage, LocalStorage) and nodes > 1:
+        logger.warning(
+            "storage root %s is a local path on a cluster of %d nodes: unless every node mounts it, each node's "
+            "replicas keep files, batches, stored responses and conversations of their own "
+            "(server.state.storage_root: a shared mount or an object-store URI)",
+            storage.root,
+            nodes,
+        )

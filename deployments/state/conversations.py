@@ -70,7 +70,7 @@ class ConversationStore:
         items are written before the conversation's record: a crash between them leaves nothing seen."""
         conversation_id = new_conversation_id()
         if items:
-            self._append(conversation_id, {"add": _stored(items)}, force=False)
+            self._add(conversation_id, items, force=False, new=True)
         shown = {"id": conversation_id, "object": "conversation", "created_at": int(time.time())}
         shown["metadata"] = dict(metadata or {})
         self.records.save(conversation_id, {"object": shown, "owner": self.records.owners.tag(caller)})
@@ -81,17 +81,19 @@ class ConversationStore:
 
     def update(self, conversation_id: str, metadata: dict[str, str] | None, caller: Caller) -> dict[str, Any]:
         """Replace the conversation's metadata (None: none); its object."""
-        record = self._owned(conversation_id, caller)
-        shown = {**record["object"], "metadata": dict(metadata or {})}
-        self.records.save(conversation_id, {**record, "object": shown})
+        with self._writing:  # a delete meanwhile is not undone by this save (within this replica)
+            record = self._owned(conversation_id, caller)
+            shown = {**record["object"], "metadata": dict(metadata or {})}
+            self.records.save(conversation_id, {**record, "object": shown})
         return shown
 
     def delete(self, conversation_id: str, caller: Caller) -> dict[str, Any]:
         """Forget the conversation: its record, then its items (a crash between them leaves a log no
         one reaches)."""
         self._owned(conversation_id, caller)
-        self.records.remove(conversation_id)
-        self.storage.delete(items_path(conversation_id))
+        with self._writing:  # not between another write's check and its append (within this replica)
+            self.records.remove(conversation_id)
+            self.storage.delete(items_path(conversation_id))
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     def items(self, conversation_id: str, caller: Caller) -> list[dict[str, Any]]:
@@ -106,9 +108,7 @@ class ConversationStore:
         message's `status`; the items as stored. Refused (a 400) when the conversation would pass
         `max_bytes`, unless `force` (a Responses turn whose answer is already given)."""
         self._owned(conversation_id, caller)
-        stored = _stored(items)
-        self._append(conversation_id, {"add": stored}, force)
-        return stored
+        return self._add(conversation_id, items, force)
 
     def check_room(self, conversation_id: str, caller: Caller) -> None:
         """A 400 when the conversation is already at `max_bytes`: a Responses turn asks before it
@@ -140,10 +140,11 @@ class ConversationStore:
 
     def delete_item(self, conversation_id: str, item_id: str, caller: Caller) -> dict[str, Any]:
         """Remove an item (a deletion record in the log); the conversation's object, as OpenAI answers."""
-        record = self._owned(conversation_id, caller)
-        if all(item["id"] != item_id for item in self._replay(conversation_id)):
-            raise _no_item(item_id)
-        self._append(conversation_id, {"delete": item_id}, force=True)
+        with self._writing:
+            record = self._owned(conversation_id, caller)
+            if all(item["id"] != item_id for item in self._replay(conversation_id)):
+                raise _no_item(item_id)
+            self._append(conversation_id, {"delete": item_id}, force=True)
         return dict(record["object"])
 
     def _owned(self, conversation_id: str, caller: Caller) -> dict[str, Any]:
@@ -154,24 +155,45 @@ class ConversationStore:
             refused("conversation", conversation_id, caller)
             record = None
         if record is None:
-            raise ObjectNotFoundError(f"Conversation with id {conversation_id!r} not found.", param="conversation_id")
+            raise _no_conversation(conversation_id)
         return record
 
+    def _add(self, conversation_id: str, items: list[dict[str, Any]], force: bool, new: bool = False) -> list[dict]:
+        """Add `items` as one record of the log (ids given where missing): a 400 for an id the
+        conversation (or the items themselves) already holds, unless `force` (a Responses turn: a
+        fresh id instead); the items as stored."""
+        with self._writing:
+            if not new and self.records.load(conversation_id) is None:  # deleted since it was found
+                raise _no_conversation(conversation_id)
+            held = set() if new else {item.get("id") for item in self._replay(conversation_id)}
+            stored = _stored(items)
+            for item in stored:
+                if item["id"] in held:
+                    if not force:
+                        raise InvalidRequestError(
+                            f"An item with id {item['id']!r} is already in the conversation: ids are unique.",
+                            param="items",
+                        )
+                    item["id"] = new_item_id(item["type"])
+                held.add(item["id"])
+            self._append(conversation_id, {"add": stored}, force)
+        return stored
+
     def _append(self, conversation_id: str, change: dict[str, Any], force: bool) -> None:
-        """Append one record of the log, in one call (refused past `max_bytes` unless `force`)."""
+        """Append one record of the log, in one call (refused past `max_bytes` unless `force`); the
+        caller holds `_writing`."""
         if not RECORD_ID.fullmatch(conversation_id):  # checked by `_owned`, or made here: never a path
             raise ValueError(f"not a conversation id: {conversation_id!r}")
         data = b"\n" + json.dumps(change, separators=(",", ":")).encode()
         path = items_path(conversation_id)
-        with self._writing:
-            size = self.storage.size(path) or 0
-            if not force and size + len(data) > self.max_bytes:
-                raise InvalidRequestError(
-                    f"The items would take the conversation to {size + len(data)} bytes, past its "
-                    f"{self.max_bytes}. Add fewer or smaller items, or start a new conversation.",
-                    param="items",
-                )
-            self.storage.append(path, data)
+        size = self.storage.size(path) or 0
+        if not force and size + len(data) > self.max_bytes:
+            raise InvalidRequestError(
+                f"The items would take the conversation to {size + len(data)} bytes, past its "
+                f"{self.max_bytes}. Add fewer or smaller items, or start a new conversation.",
+                param="items",
+            )
+        self.storage.append(path, data)
 
     def _replay(self, conversation_id: str) -> list[dict[str, Any]]:
         """The live items, oldest first, from the log (a record that cannot be read is skipped: the
@@ -210,6 +232,10 @@ def _stored(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             item["content"] = [{"type": part, "text": item["content"]}]
         stored.append(item)
     return stored
+
+
+def _no_conversation(conversation_id: str) -> ObjectNotFoundError:
+    return ObjectNotFoundError(f"Conversation with id {conversation_id!r} not found.", param="conversation_id")
 
 
 def _no_item(item_id: str) -> ObjectNotFoundError:

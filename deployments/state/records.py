@@ -22,6 +22,7 @@ from deployments.state.storage import Storage
 SECRET = "owners.secret"
 INDEX = "index"
 ANONYMOUS = "anon"  # the index folder of what was stored with no keys set (a tag is 64 hex digits)
+INDEXED_KEPT = 4096  # ids whose marker a process remembers having written (a record saved again skips it)
 RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what this service issues (`file-...`, `batch_...`)
 
 
@@ -57,6 +58,8 @@ class Records:
         """Write the record, its owner's index marker first (a marker without its record is skipped)."""
         if record_id not in self._indexed:
             self.storage.write(f"{self._index(record.get('owner'))}/{record_id}", b"")
+            if len(self._indexed) >= INDEXED_KEPT:  # a long-lived replica's: forget, and write a marker again
+                self._indexed.clear()
             self._indexed.add(record_id)
         self.storage.write(self._path(record_id), json.dumps(record).encode())
 

@@ -38,6 +38,7 @@ Lookup = Found[Entry]
 FOLDER = "responses"
 SHELF = f"{INDEX}/responses-shelf"
 SWEEP_INTERVAL_S = 60.0
+SETTLING_S = 10.0  # a marker this young may be a save whose record is still being written: not swept for size
 
 
 def _marker(stored_at: float, size: int, response_id: str) -> str:
@@ -146,8 +147,9 @@ class StoredResponses:
         total = sum(found[1] for _, found in shelf if found is not None)
         oldest = self._clock() - self._max_age_s
         removed = 0
+        settling = self._clock() - SETTLING_S
         for name, found in shelf:  # oldest first: the names sort by age
-            if found is not None and found[0] >= oldest and total <= self._max_bytes:
+            if found is not None and found[0] >= oldest and (total <= self._max_bytes or found[0] > settling):
                 break
             if found is not None:
                 self.storage.delete(self._path(found[2]))

@@ -1,4 +1,4 @@
-"""The storage root of the Files and Batch APIs (`server.batches.storage_root`): a local directory, or
+"""The storage root of what the service keeps (`server.state.storage_root`): a local directory, or
 any filesystem `pyarrow.fs` reaches (`s3://`, `gs://`, `hdfs://`, a shared mount), behind one small
 interface that the ingress replicas and the batch runner share.
 
@@ -121,7 +121,7 @@ class LocalStorage:
 
     def _check_root(self) -> None:
         root = self.root
-        setting = "name another directory in server.batches.storage_root"
+        setting = "name another directory in server.state.storage_root"
         if not os.path.lexists(root):
             _make_folders(root)
         if os.path.islink(root):

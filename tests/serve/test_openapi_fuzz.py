@@ -65,6 +65,8 @@ def breaks_a_rule_across_fields(body: object, path: str = "") -> bool:
         ("stream_options" in body and body.get("stream_options") is not None and not body.get("stream"))
         or (body.get("top_logprobs") is not None and not body.get("logprobs"))
         or (choice not in (None, "none") and not tools)
+        # The Responses API's hosted tools are set aside: a forced choice needs a function tool among them.
+        or (path == "/v1/responses" and choice not in (None, "none", "auto") and not any(map(_runs_here, tools)))
         or (isinstance(choice, dict) and _tool_name(choice) is not None and _tool_name(choice) not in names)
         or (body.get("echo") and body.get("logprobs") is not None)
         or (isinstance(body.get("n"), int) and body["n"] > 8)  # server.max_n
@@ -146,6 +148,11 @@ def _structured_outputs_refused(body: dict) -> bool:
         or (isinstance(fmt, dict) and fmt.get("type") != "text")
         or (bool(body.get("tools")) and (choice == "required" or isinstance(choice, dict)))
     )
+
+
+def _runs_here(tool: object) -> bool:
+    """A Responses tool this server runs: a function or a namespace of them (not a hosted one)."""
+    return isinstance(tool, dict) and tool.get("type") in ("function", "namespace")
 
 
 def _tool_name(item: dict) -> object:

@@ -43,3 +43,8 @@ def test_the_new_place_wins_over_the_old():
 def test_bad_bounds_are_refused(bad):
     with pytest.raises(ValidationError):
         ServerConfig.model_validate({"state": bad})
+
+
+def test_an_earlier_zero_entries_still_keeps_no_response():
+    assert ServerConfig.model_validate({"responses_max_entries": 0}).state.responses_max_bytes == 0
+    assert ServerConfig.model_validate({"responses_max_entries": 5}).state.responses_max_bytes == 1024**3

@@ -177,3 +177,41 @@ def test_adds_at_once_lose_nothing(tmp_path):
     items = texts(conversations.items(conversation, ALICE))
     assert sorted(items) == sorted(f"{n}-{part}" for n in range(64) for part in "ab")
     assert all(items[items.index(f"{n}-a") + 1] == f"{n}-b" for n in range(64))  # an add stays together
+
+
+def test_an_item_id_is_never_held_twice(tmp_path):
+    """A repeated id would make a list page's `after` point at its first copy (the openai client's
+    pager then asks for the same page forever): refused on an add, renamed on a Responses turn's."""
+    conversations = store(tmp_path)
+    mine = {**user("one"), "id": "msg_mine"}
+    with pytest.raises(InvalidRequestError) as twice:
+        conversations.create([mine, mine], None, ALICE)
+    assert twice.value.param == "items"
+    conversation = conversations.create([mine], None, ALICE)["id"]
+    with pytest.raises(InvalidRequestError):
+        conversations.add(conversation, [{**user("again"), "id": "msg_mine"}], ALICE)
+    turn = conversations.add(conversation, [{**user("turn"), "id": "msg_mine"}], ALICE, force=True)
+    assert turn[0]["id"] != "msg_mine" and turn[0]["id"].startswith("msg_")
+    ids = [item["id"] for item in conversations.items(conversation, ALICE)]
+    assert len(ids) == len(set(ids)) == 2
+    pages, after = [], None
+    while True:
+        page = conversations.list_items(conversation, ALICE, limit=1, after=after, order="asc")
+        pages += [item["id"] for item in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert pages == ids
+
+
+def test_a_write_after_the_conversation_is_deleted_brings_nothing_back(tmp_path):
+    conversations = store(tmp_path)
+    conversation = conversations.create([user("one")], {"k": "v"}, ALICE)["id"]
+    owned = conversations._owned(conversation, ALICE)  # found, as a write finds it before it writes
+    conversations.delete(conversation, ALICE)
+    with pytest.raises(ObjectNotFoundError):
+        conversations._add(conversation, [user("late")], force=True)
+    assert conversations.storage.size(items_path(conversation)) is None and owned is not None
+    with pytest.raises(ObjectNotFoundError):
+        conversations.update(conversation, {"k": "w"}, ALICE)
+    assert conversations.records.load(conversation) is None
