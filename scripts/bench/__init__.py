@@ -28,6 +28,7 @@ configuration (docs/benchmarks.md records the runs).
 - `fairness`: one key's time to first token while another fills the decoder, per limits setting
   (`fairness.py`);
 - `documents`: PDF pages read per second, first read and cache hit (`documents.py`);
+- `hops`: Serve's own path over an instant fake decoder, hop by hop (`hops.py`);
 - `store`: what `store: true` adds to a response, and the responses store's size under its caps
   (`store.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).

@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "fairness",
     "documents",
     "store",
+    "hops",
 )
 
 
