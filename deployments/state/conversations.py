@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 from deployments.errors import InvalidRequestError, ObjectNotFoundError
+from deployments.protocol.openai.items import kept_item, new_item_id
 from deployments.state.owners import Caller, Owners, refused
 from deployments.state.records import RECORD_ID, Records, page
 from deployments.state.storage import Storage
@@ -31,14 +32,6 @@ from deployments.state.storage import Storage
 logger = logging.getLogger("ray.serve")
 
 ITEMS = "conversation-items"
-ITEM_PREFIXES = {
-    "message": "msg",
-    "function_call": "fc",
-    "function_call_output": "fco",
-    "compaction": "cmp",
-    "reasoning": "rs",
-}
-"""An item's id prefix by its type, as the Responses API gives its own items' ids."""
 
 
 def items_path(conversation_id: str) -> str:
@@ -47,10 +40,6 @@ def items_path(conversation_id: str) -> str:
 
 def new_conversation_id() -> str:
     return f"conv_{uuid.uuid4().hex}"
-
-
-def new_item_id(item_type: str) -> str:
-    return f"{ITEM_PREFIXES.get(item_type, item_type[:16] or 'item')}_{uuid.uuid4().hex}"
 
 
 class ConversationStore:
@@ -216,21 +205,12 @@ class ConversationStore:
 
 
 def _stored(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The items as the log keeps them: an id where one is missing (by the item's type), a message's
-    `status` `completed` where it has none, and its text `content` as one part."""
-    stored = []
-    for given in items:
-        item = dict(given)
-        item_type = str(item.get("type", "message"))
-        item.setdefault("type", item_type)
-        if not item.get("id"):
-            item["id"] = new_item_id(item_type)
-        if item_type == "message" and not item.get("status"):
+    """The items as the log keeps them (`kept_item`: an id where one is missing, a message's text
+    `content` as one part), a message's `status` `completed` where it has none."""
+    stored = [kept_item(item) for item in items]
+    for item in stored:
+        if item["type"] == "message" and not item.get("status"):
             item["status"] = "completed"
-        if item_type == "message" and isinstance(item.get("content"), str):  # listed as parts, as OpenAI lists it
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
-        stored.append(item)
     return stored
 
 

@@ -4,6 +4,7 @@ Conversations API's items share."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
@@ -110,3 +111,29 @@ InputItem = Annotated[
     | Annotated[CompactionItem, Tag("compaction")],
     Discriminator(_item_type),
 ]
+
+
+ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "compaction": "cmp"}
+
+
+def item_id(prefix: str) -> str:
+    """A new id of this service's for an item or a response (`msg_...`, `resp_...`)."""
+    return f"{prefix}_{secrets.token_hex(16)}"  # 32 hex digits
+
+
+def new_item_id(item_type: str) -> str:
+    """A new id for an item of `item_type`, with that type's prefix."""
+    return item_id(ITEM_ID_PREFIXES.get(item_type, "item"))
+
+
+def kept_item(fields: dict[str, Any]) -> dict[str, Any]:
+    """An item (its fields) as it is kept and listed (a stored response's input, a conversation's
+    items): its `type` (`message` where left out), a message's text `content` as one part (as OpenAI
+    lists it), and an id by its type where it has none."""
+    item = dict(fields)
+    item.setdefault("type", "message")
+    if item["type"] == "message" and isinstance(item.get("content"), str):
+        part = "output_text" if item.get("role") == "assistant" else "input_text"
+        item["content"] = [{"type": part, "text": item["content"]}]
+    item["id"] = item.get("id") or new_item_id(item["type"])
+    return item

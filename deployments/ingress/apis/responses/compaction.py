@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from deployments.ingress.apis.responses.items import SUMMARY_INTRO, Item, item_id, stored_item
+from deployments.ingress.apis.responses.items import SUMMARY_INTRO, Item, stored_item
 from deployments.ingress.apis.responses.objects import ResponseUsage
 from deployments.protocol.openai.common import RequestModel
 from deployments.protocol.openai.items import (
@@ -30,6 +30,7 @@ from deployments.protocol.openai.items import (
     InputImage,
     InputItem,
     MessageItem,
+    item_id,
 )
 from deployments.protocol.replica import GenerateRequest, TextMessage
 

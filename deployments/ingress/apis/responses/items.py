@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import secrets
 from typing import Any
 
 from deployments.errors import InvalidRequestError
@@ -58,6 +57,7 @@ from deployments.protocol.openai.items import (
     InputImage,
     InputText,
     MessageItem,
+    kept_item,
 )
 from deployments.protocol.replica import GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
@@ -87,10 +87,6 @@ class Namespaces:
     def split(self, name: str) -> tuple[str | None, str]:
         """A called function's `(namespace, name)`; a plain function has no namespace."""
         return self.functions.get(name, (None, name))
-
-
-def item_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 def chat_messages(body: ResponseRequest, earlier: list[Item]) -> list[ChatMessage]:
@@ -238,14 +234,7 @@ def text_grammar(body: ResponseRequest, plan: ToolPlan) -> GrammarSpec | None:
 def stored_item(item: Item) -> dict[str, Any]:
     """An input item as it is kept and listed: as it came, with an id (and a message's text content
     as one part, as OpenAI lists it)."""
-    data = item.model_dump(exclude_none=True, by_alias=True)
-    data.setdefault("type", "message")
-    if data["type"] == "message" and isinstance(data["content"], str):
-        part = "output_text" if data["role"] == "assistant" else "input_text"
-        data["content"] = [{"type": part, "text": data["content"]}]
-    prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "compaction": "cmp"}[data["type"]]
-    data["id"] = data.get("id") or item_id(prefix)
-    return data
+    return kept_item(item.model_dump(exclude_none=True, by_alias=True))
 
 
 def continued(item: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,6 @@ from deployments.ingress.apis.responses.items import (
     as_input,
     chat_messages,
     continued,
-    item_id,
     stored_item,
     text_grammar,
     tool_plan,
@@ -59,6 +58,7 @@ from deployments.ingress.apis.responses.store import (
 from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
+from deployments.protocol.openai.items import item_id
 from deployments.protocol.replica import GenerateChunk
 from deployments.state.owners import Caller
 
