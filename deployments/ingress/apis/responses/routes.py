@@ -25,6 +25,7 @@ from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, re
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, turn_log_of
 from deployments.state.owners import Caller
+from deployments.state.records import page
 
 PATH = "/v1/responses"
 
@@ -40,16 +41,7 @@ BATCH_LINE = BatchLine(PATH, ResponseRequest, _batch_answer)
 def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> InputItemList:
     """A page of a stored response's input items: `order` by position (desc: newest first), after
     the item `after` names."""
-    ordered = items[::-1] if order == "desc" else list(items)
-    ids = [item["id"] for item in ordered]
-    start = ids.index(after) + 1 if after in ids else 0
-    page = ordered[start : start + limit]
-    return InputItemList(
-        data=page,
-        first_id=page[0]["id"] if page else None,
-        last_id=page[-1]["id"] if page else None,
-        has_more=start + limit < len(ordered),
-    )
+    return InputItemList(**page(items[::-1] if order == "desc" else list(items), limit, after))
 
 
 def attach(
