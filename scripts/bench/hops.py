@@ -20,12 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import yaml
 
 from scripts.bench.common import arguments, emit, start_ours
 from scripts.bench.serve import machine
-
-MODEL = "instant"
+from scripts.bench.store import MODEL, models_file
 
 
 def p50_ms(call: Callable[[], httpx.Response], requests: int) -> float:
@@ -48,10 +46,7 @@ def main(argv: list[str]) -> None:
     setting = {k: v for k, v in os.environ.items() if k.startswith("RAY_SERVE_")}
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "environment": setting})
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as work:
-        entry = {"name": MODEL, "engine": "fake", "params": {"max_tokens": 1}, "fake": {"token_delay_ms": 0}}
-        models = Path(work) / "models.yaml"
-        state = {"storage_root": str(Path(work) / "storage")}
-        models.write_text(yaml.safe_dump({"models": [entry], "server": {"state": state}}))
+        models = models_file(Path(work), Path(work) / "storage", max_tokens=1)
         server = start_ours(models, args.port, name="hops", vision=False)
         try:
             client = httpx.Client(base_url=server.base_url, timeout=60)

@@ -35,8 +35,9 @@ from scripts.bench.serve import machine
 MODEL = "instant"
 
 
-def models_file(directory: Path, root: Path) -> Path:
-    entry = {"name": MODEL, "engine": "fake", "params": {"max_tokens": 16}, "fake": {"token_delay_ms": 0}}
+def models_file(directory: Path, root: Path, max_tokens: int = 16) -> Path:
+    """A models.yaml of one instant fake decoder (`MODEL`), its storage root at `root`."""
+    entry = {"name": MODEL, "engine": "fake", "params": {"max_tokens": max_tokens}, "fake": {"token_delay_ms": 0}}
     path = directory / "models.yaml"
     path.write_text(yaml.safe_dump({"models": [entry], "server": {"state": {"storage_root": str(root)}}}))
     return path
