@@ -31,7 +31,6 @@ from deployments.config import BatchesConfig
 from deployments.errors import UnavailableError, to_openai_error
 from deployments.ingress.apis.batches.protocol import (
     EXPIRED_LINE,
-    TERMINAL,
     Batch,
     BatchError,
     BatchErrors,
@@ -39,7 +38,7 @@ from deployments.ingress.apis.batches.protocol import (
     output_line,
 )
 from deployments.monitoring.metrics import Recorder
-from deployments.state.batches import BatchStore, cancel_marker
+from deployments.state.batches import TERMINAL, BatchStore, cancel_marker
 from deployments.state.files import data_path, new_file_id
 
 logger = logging.getLogger("ray.serve")

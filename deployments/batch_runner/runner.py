@@ -31,9 +31,9 @@ from ray import serve
 from deployments.batch_runner.job import MAX_LINE_BYTES, BatchJob, Send
 from deployments.batch_runner.validation import ServedNames
 from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.protocol import TERMINAL, Batch, BatchError
+from deployments.ingress.apis.batches.protocol import Batch, BatchError
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
-from deployments.state.batches import BatchStore, cancel_marker
+from deployments.state.batches import TERMINAL, BatchStore, cancel_marker
 from deployments.state.storage import open_storage
 
 logger = logging.getLogger("ray.serve")

@@ -193,7 +193,7 @@ class Ingress:
         self._batch_keys: dict[str, KeyName] = {}  # with limits, the key each batch's lines count against
         self._batches: BatchStore | None = None
         if batch_runner is not None:
-            self._batches = BatchStore.open(server.batches, storage)
+            self._batches = BatchStore.open(server.batches, storage, owners)
             documents.files = self._batches.files  # documents named by file_id
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",

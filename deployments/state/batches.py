@@ -15,7 +15,7 @@ from typing import Any
 from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError
 from deployments.state.files import FileStore
-from deployments.state.owners import Caller
+from deployments.state.owners import Caller, Owners
 from deployments.state.records import Records, page, stored_owners
 from deployments.state.storage import Storage
 
@@ -33,10 +33,11 @@ class BatchStore:
     """The batches of one storage root (the files' service reads their input files)."""
 
     @classmethod
-    def open(cls, config: BatchesConfig, storage: Storage) -> BatchStore:
+    def open(cls, config: BatchesConfig, storage: Storage, owners: Owners | None = None) -> BatchStore:
         """The files and batches of the storage root (the ingress's and the runner's alike), with
-        `config`'s caps; a root written before the owners' index is indexed once."""
-        store = cls(FileStore(storage, stored_owners(storage), config))
+        `config`'s caps and the root's `owners` (read from the root when not given); a root written
+        before the owners' index is indexed once."""
+        store = cls(FileStore(storage, owners or stored_owners(storage), config))
         store.files.records.index_existing()
         store.records.index_existing()
         return store

@@ -10,9 +10,6 @@ from pydantic import BaseModel, Field
 
 from deployments.ingress.batches.endpoints import ENDPOINTS
 from deployments.protocol.openai.common import Metadata, RequestModel
-from deployments.state.batches import TERMINAL
-
-__all__ = ["TERMINAL"]  # a batch's last states, kept by the store
 
 if TYPE_CHECKING:
     Endpoint = str
