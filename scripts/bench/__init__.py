@@ -28,7 +28,10 @@ configuration (docs/benchmarks.md records the runs).
 - `fairness`: one key's time to first token while another fills the decoder, per limits setting
   (`fairness.py`);
 - `documents`: PDF pages read per second, first read and cache hit (`documents.py`);
-- `hops`: Serve's own path over an instant fake decoder, hop by hop (`hops.py`);
+- `hops`: Serve's own path over an instant fake decoder, hop by hop, beside a bare Serve application
+  (`hops.py`, `bare_serve.py`);
+- `wheel`: the xllamacpp wheel (and a build of it on this machine) against `llama-server`, both
+  llama.cpp's own HTTP server, nothing of this service between (`wheel.py`);
 - `store`: what `store: true` adds to a response, and the responses store's size under its caps
   (`store.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).

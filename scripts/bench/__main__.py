@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "documents",
     "store",
     "hops",
+    "wheel",
 )
 
 

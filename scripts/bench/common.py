@@ -218,14 +218,21 @@ def image_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def write_models(directory: Path, captioner: Path, max_batch_size: int, engine: str | None = None) -> Path:
-    """The repository's models.yaml with its primary (on `engine` when given), and `captioner` in place
-    of the shipped one (with the shipped one's params and captioning, but `max_batch_size` and 32-token
-    captions)."""
+def write_models(
+    directory: Path,
+    captioner: Path,
+    max_batch_size: int,
+    engine: str | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> Path:
+    """The repository's models.yaml with its primary (on `engine` when given, its params updated with
+    `params`), and `captioner` in place of the shipped one (with the shipped one's params and
+    captioning, but `max_batch_size` and 32-token captions)."""
     models = yaml.safe_load((ROOT / "models.yaml").read_text())
     primary = models["models"][0]
     if engine:
         primary["engine"] = engine
+    primary["params"] = {**primary.get("params", {}), **(params or {})}
     primary["local_path"] = str((ROOT / primary["local_path"]).resolve())
     shipped = next(m for m in models["models"] if m["name"] == primary["capabilities"]["captioner"])
     primary["capabilities"]["captioner"] = "bench-captioner"

@@ -5,23 +5,32 @@ over an instant fake decoder, and the p50 of requests that go as far as the ingr
 differences say what each hop costs on this machine; run it with an environment variable set and
 unset to see what a Serve setting changes (the service gets the environment as set).
 
+`--bare` puts Ray Serve itself beside it, in the same run: an application with none of the service's
+code (`bare_serve.py`: an ingress deployment and a second one behind its handle, answering the same
+requests), started in turn with the service in each run. The service's figures less the bare
+application's are what our code adds; the bare application's are Serve's floor on this machine.
+
     .venv/bin/python -m scripts.bench hops                   # --requests 200 --runs 2
+    .venv/bin/python -m scripts.bench hops --bare --runs 3   # beside a bare Serve application
     RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 .venv/bin/python -m scripts.bench hops
 
-Prints one JSON line per run."""
+Prints one JSON line per run and application."""
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
-from scripts.bench.common import arguments, emit, start_ours
+from scripts.bench.common import ROOT, Server, arguments, emit, ray_env, start_ours
 from scripts.bench.serve import machine
 from scripts.bench.store import MODEL, models_file
 
@@ -37,34 +46,65 @@ def p50_ms(call: Callable[[], httpx.Response], requests: int) -> float:
     return round(1000 * statistics.median(took), 2)
 
 
+def start_bare(work: Path, port: int) -> Server:
+    """`serve run` of `bare_serve.py`'s application, in the service's environment (`ray_env`)."""
+    config = {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": "bare", "route_prefix": "/", "import_path": "scripts.bench.bare_serve:app"}],
+    }
+    path = work / "bare_serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    server = Server(
+        "bare-serve",
+        [sys.executable, "-m", "ray.serve.scripts", "run", str(path)],
+        f"http://127.0.0.1:{port}",
+        "/v1/models",
+        {**ray_env(), "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
+    )
+    server.wait_ready(lambda r: r.status_code == 200)
+    return server
+
+
+def measure(server: Server, requests: int) -> dict[str, Any]:
+    client = httpx.Client(base_url=server.base_url, timeout=60)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    tokenize = {"model": MODEL, "prompt": "hi"}
+    return {
+        "requests": requests,
+        "ingress_ms": p50_ms(lambda: client.get("/v1/models"), requests),
+        "decoder_round_trip_ms": p50_ms(lambda: client.post("/tokenize", json=tokenize), requests),
+        "chat_whole_ms": p50_ms(lambda: client.post("/v1/chat/completions", json=chat), requests),
+        "chat_streamed_ms": p50_ms(
+            lambda: client.post("/v1/chat/completions", json={**chat, "stream": True}), requests
+        ),
+    }
+
+
 def main(argv: list[str]) -> None:
     parser = arguments("hops", __doc__)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--bare", action="store_true", help="a bare Serve application beside the service, in turn")
     args = parser.parse_args(argv)
     setting = {k: v for k, v in os.environ.items() if k.startswith("RAY_SERVE_")}
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "environment": setting})
-    with tempfile.TemporaryDirectory(prefix="bench-hops-") as work:
-        models = models_file(Path(work), Path(work) / "storage", max_tokens=1)
-        server = start_ours(models, args.port, name="hops", vision=False)
-        try:
-            client = httpx.Client(base_url=server.base_url, timeout=60)
-            chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-            for run in range(args.runs):
-                emit(
-                    {
-                        "run": run + 1,
-                        "requests": args.requests,
-                        "ingress_ms": p50_ms(lambda: client.get("/v1/models"), args.requests),
-                        "decoder_round_trip_ms": p50_ms(
-                            lambda: client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}), args.requests
-                        ),
-                        "chat_whole_ms": p50_ms(lambda: client.post("/v1/chat/completions", json=chat), args.requests),
-                        "chat_streamed_ms": p50_ms(
-                            lambda: client.post("/v1/chat/completions", json={**chat, "stream": True}), args.requests
-                        ),
-                    }
-                )
-        finally:
-            server.stop()
+    with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
+        work = Path(tmp)
+        models = models_file(work, work / "storage", max_tokens=1)
+
+        def ours() -> Server:
+            return start_ours(models, args.port, name="hops", vision=False)
+
+        starts: dict[str, Callable[[], Server]] = (
+            {"bare-serve": lambda: start_bare(work, args.port)} if args.bare else {}
+        )
+        starts["ours"] = ours
+        for run in range(args.runs):
+            for name, start in starts.items():
+                server = start()
+                try:
+                    emit({"run": run + 1, "app": name, **measure(server, args.requests)})
+                finally:
+                    server.stop()

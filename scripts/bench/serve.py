@@ -23,6 +23,7 @@ small captioner: a 224 px ViT and a 12-layer LM); pass `--captioner DIR` for a r
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import statistics
@@ -272,6 +273,7 @@ async def bench(argv: list[str] | None) -> None:
         "--engines", nargs="+", default=[None], help="our decoder's engines, one service each (default: models.yaml's)"
     )
     parser.add_argument("--quantization", help="our decoder's quantization (transformers; default: models.yaml's)")
+    parser.add_argument("--params", type=json.loads, default={}, help="overrides of our primary's params (JSON)")
     parser.add_argument("--peer-dtype", default="auto", help="the peer's --dtype (auto: the checkpoint's, float32)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--engine-only", action="store_true", help="only the decoder engine, in this process")
@@ -301,7 +303,7 @@ async def bench(argv: list[str] | None) -> None:
     ours: dict[str, dict[int, dict]] = {}  # engine -> concurrency -> record
     for engine in args.engines:
         name = f"ours-{engine}" if engine else "ours"
-        models_file = write_models(work, captioner, max_batch_size=8, engine=engine)
+        models_file = write_models(work, captioner, max_batch_size=8, engine=engine, params=args.params)
         server = start_ours(models_file, args.port, args.decoder_replicas, args.quantization, name=name)
         try:
             if text:
