@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Opt-in: rebuild the llama.cpp engine (xllamacpp, the version pyproject.toml pins) from its source
 # distribution on this machine, with this machine's compiler and CPU kernels, into .venv. The PyPI wheel
-# stays the default (it installs in seconds); on the 2-core machine of docs/benchmarks.md a build here
-# took 6.5 minutes and made one stream 1.1x as fast (the wheel was 0.85-0.88x llama-server built there,
-# the local build 0.94-0.97x: "The wheel against a build on this machine").
+# stays the default (it installs in seconds). On the 2-core machine of docs/benchmarks.md the wheel made
+# 0.87x-0.92x the tokens/s of a llama-server built there at one stream, a build here 0.96x-1.06x; the
+# build took 6 min 19 s (docs/running.md, "A llama.cpp built on this machine").
 #
 #   scripts/setup.sh && scripts/build_llama.sh      # build, install, check it answers (else the wheel again)
 #   scripts/build_llama.sh --wheel                  # back to the PyPI wheel

@@ -128,8 +128,8 @@ class EngineParams(StrictModel):
         None,
         description="llama.cpp: threads of batched steps (a prompt's chunks, several sequences decoded together; "
         "llama-server's -tb), where cpu_threads (-t) run the one-token steps of a lone sequence. A number, all "
-        "(as for cpu_threads), or null: as cpu_threads. On a small CPU machine one thread fewer for one-token "
-        "steps leaves a core to Ray's processes (docs/benchmarks.md, Threads by step kind).",
+        "(as for cpu_threads), or null: as cpu_threads. On 2 cores, one thread for one-token steps and both for "
+        "batched ones measured no faster than both for all (docs/benchmarks.md, Threads by step kind, again).",
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Context length (prompt + completion). Default: the model's own."

@@ -32,6 +32,7 @@ configuration (docs/benchmarks.md records the runs).
   (`hops.py`, `bare_serve.py`);
 - `wheel`: the xllamacpp wheel (and a build of it on this machine) against `llama-server`, both
   llama.cpp's own HTTP server, nothing of this service between (`wheel.py`);
+- `census`: each Ray process's share of the cores, the service idle and streaming (`census.py`);
 - `store`: what `store: true` adds to a response, and the responses store's size under its caps
   (`store.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).

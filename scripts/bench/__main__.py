@@ -31,6 +31,7 @@ SUBCOMMANDS = (
     "store",
     "hops",
     "wheel",
+    "census",
 )
 
 
