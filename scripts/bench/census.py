@@ -5,6 +5,7 @@ over `--idle-s` seconds of the settled, idle service, then over a streaming run 
 
     .venv/bin/python -m scripts.bench census
     .venv/bin/python -m scripts.bench census --params '{"cpu_threads": 1, "cpu_threads_batch": "all"}'
+    .venv/bin/python -m scripts.bench census --bare      # idle only: hops' bare Serve application
 
 Prints one JSON line per phase: the cores in all and per process (those above 0.3% of a core)."""
 
@@ -13,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
 import yaml
 
 from scripts.bench.common import ROOT, arguments, emit, start_ours, write_models
+from scripts.bench.hops import start_bare
 from scripts.bench.serve import machine, text_run
 
 RAY = ("ray::", "gcs_server", "raylet", "dashboard", "log_monitor", "ray.serve.scripts", "runtime_env", "monitor.py")
@@ -76,19 +80,30 @@ async def bench(argv: list[str]) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--params", type=json.loads, default={}, help="overrides of the primary's params (JSON)")
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--bare", action="store_true", help="a Serve application with none of our code, idle")
     args = parser.parse_args(argv)
+    emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "params": args.params})
+
+    async def idle() -> None:
+        await asyncio.sleep(args.idle_s)
+
+    if args.bare:
+        with tempfile.TemporaryDirectory(prefix="bench-census-") as tmp:
+            server = start_bare(Path(tmp), args.port)
+            try:
+                await asyncio.sleep(args.settle_s)
+                await phase("idle", idle)
+            finally:
+                server.stop()
+        return
     from scripts.bench.tiny_models import SMALL_VLM, build_tiny_vlm
 
     work = ROOT / "models" / "bench"
     captioner = build_tiny_vlm(work / "small-vlm", SMALL_VLM)
-    emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "params": args.params})
     server = start_ours(write_models(work, captioner, 8, params=args.params), args.port)
     try:
         await asyncio.sleep(args.settle_s)
         model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
-
-        async def idle() -> None:
-            await asyncio.sleep(args.idle_s)
 
         async def stream() -> dict[str, Any]:
             return await text_run(server, model, 1, args.requests, args.max_tokens)
