@@ -3,7 +3,7 @@
 # distribution on this machine, with this machine's compiler and CPU kernels, into .venv. The PyPI wheel
 # stays the default (it installs in seconds). On the 2-core machine of docs/benchmarks.md the wheel made
 # 0.87x-0.92x the tokens/s of a llama-server built there at one stream, a build here 0.96x-1.06x; the
-# build took 6 min 19 s (docs/running.md, "A llama.cpp built on this machine").
+# script took 7 min 46 s there, without LLGuidance (docs/running.md, "A llama.cpp built on this machine").
 #
 #   scripts/setup.sh && scripts/build_llama.sh      # build, install, check it answers (else the wheel again)
 #   scripts/build_llama.sh --wheel                  # back to the PyPI wheel
