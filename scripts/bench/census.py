@@ -41,9 +41,9 @@ def service_processes() -> dict[int, tuple[str, psutil.Process]]:
             found[process.info["pid"]] = ("the benchmark's client", process)
         elif any(k in command for k in RAY):
             program = argv[0].split()[0].rsplit("/", 1)[-1]
-            if program.startswith("python"):  # a Python program: its script or module
-                args = iter(argv[1:])
-                program = next((a if a != "-m" else next(args, a) for a in args if not a.startswith("-u")), program)
+            if program.startswith("python"):  # a Python program: its module, else its script
+                module = argv.index("-m") + 1 if "-m" in argv[:-1] else None
+                program = argv[module] if module else next((a for a in argv[1:] if not a.startswith("-")), program)
                 program = program.rsplit("/", 1)[-1]
             found[process.info["pid"]] = (f"{program} ({process.info['pid']})", process)
     return found

@@ -46,7 +46,7 @@ class XllamacppServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{name} did not start")
             time.sleep(0.2)
-        self.base_url = address.read_text().rstrip("/")
+        self.base_url = address.read_text()
         address.unlink()
 
     def stop(self) -> None:
@@ -65,8 +65,13 @@ def child(layout: dict[str, Any], address: Path) -> None:
     params.cache_ram_mib, params.ui, params.verbosity = 0, False, 1
     params.n_threads_http = layout["slots"] + 2
     server = xllamacpp.Server(params)
-    base = str(server.listening_address)
-    while httpx.get(base.rstrip("/") + "/health").status_code != 200:
+    base = str(server.listening_address).rstrip("/")
+    while True:  # up once /health answers 200 (503 while the model loads)
+        try:
+            if httpx.get(base + "/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
         time.sleep(0.2)
     print(f"xllamacpp from {xllamacpp.__file__}", flush=True)
     address.write_text(base)
