@@ -83,6 +83,8 @@ def breaks_a_rule_across_fields(body: object, path: str = "") -> bool:
         or body.get("previous_response_id") is not None
         # Not in the body alone: whether the model's vocabulary holds the ids (the fake's grows as it meets words).
         or (path == "/detokenize" and bool(body.get("tokens")))
+        # A conversation's item ids are unique (a repeated id is a 400: it would loop a client's pager).
+        or (path.startswith("/v1/conversations") and _repeats_an_item_id(body.get("items")))
         # Not in the schema: the configured image limits (images.max_images_per_message 8, per request 16).
         or _too_many_images(body.get("messages"))
         # Not in the schema: a document names exactly one source (file_data, file_id or file_url), and its bytes
@@ -104,6 +106,13 @@ def _too_many_images(messages: object) -> bool:
         if isinstance(message, dict) and isinstance(content := message.get("content"), list)
     ]
     return any(count > 8 for count in counts) or sum(counts) > 16
+
+
+def _repeats_an_item_id(items: object) -> bool:
+    if not isinstance(items, list):
+        return False
+    ids = [item["id"] for item in items if isinstance(item, dict) and item.get("id") is not None]
+    return len(ids) != len(set(map(str, ids)))
 
 
 def _names_a_document(value: object) -> bool:
