@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
-from scripts.bench.common import ROOT, arguments, emit, start_ours, write_models
+from scripts.bench.common import ROOT, arguments, emit, primary_name, start_ours, write_models
 from scripts.bench.hops import start_bare
 from scripts.bench.serve import machine, text_run
 
@@ -103,7 +102,7 @@ async def bench(argv: list[str]) -> None:
     server = start_ours(write_models(work, captioner, 8, params=args.params), args.port)
     try:
         await asyncio.sleep(args.settle_s)
-        model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
+        model = primary_name()
 
         async def stream() -> dict[str, Any]:
             return await text_run(server, model, 1, args.requests, args.max_tokens)

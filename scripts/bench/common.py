@@ -156,22 +156,34 @@ def start_ours(
         config["applications"][0]["args"]["decoder.quantization"] = quantization
     if decoder_replicas:
         config["applications"][0]["args"]["decoder_cpu_replicas"] = decoder_replicas
-    path = models_file.parent / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    server = Server(
-        name,
-        [sys.executable, "-m", "ray.serve.scripts", "run", str(path)],  # `serve run`, also where no .venv is
-        f"http://127.0.0.1:{port}",
-        "/health",
-        {**ray_env(), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
-    )
 
     def ready(response: httpx.Response) -> bool:
         components = response.json().get("components", {})
         return all(c.get("ready") for c in components.values()) and ("captioner" in components or not vision)
 
+    return serve_run(name, config, models_file.parent / "serve_config.yaml", "/health", ready)
+
+
+def serve_run(
+    name: str, config: dict[str, Any], path: Path, ready_path: str, ready: Callable[[httpx.Response], bool]
+) -> Server:
+    """`serve run` of a Serve config (written to `path`) in run.sh's environment (`ray_env`), once
+    `ready_path` answers as `ready` wants."""
+    path.write_text(yaml.safe_dump(config))
+    server = Server(
+        name,
+        [sys.executable, "-m", "ray.serve.scripts", "run", str(path)],  # `serve run`, also where no .venv is
+        f"http://127.0.0.1:{config['http_options']['port']}",
+        ready_path,
+        {**ray_env(), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
+    )
     server.wait_ready(ready)
     return server
+
+
+def primary_name() -> str:
+    """The name of models.yaml's first model (the primary the benchmarks ask for)."""
+    return str(yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"])
 
 
 def start_peer(model_dir: Path, port: int, dtype: str) -> Server:

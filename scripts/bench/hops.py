@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from scripts.bench.common import ROOT, Server, arguments, emit, ray_env, start_ours
+from scripts.bench.common import Server, arguments, emit, serve_run, start_ours
 from scripts.bench.serve import machine
 from scripts.bench.store import MODEL, models_file
 
@@ -47,23 +45,15 @@ def p50_ms(call: Callable[[], httpx.Response], requests: int) -> float:
 
 
 def start_bare(work: Path, port: int) -> Server:
-    """`serve run` of `bare_serve.py`'s application, in the service's environment (`ray_env`)."""
+    """`serve run` of `bare_serve.py`'s application, in the service's environment (`serve_run`)."""
     config = {
         "proxy_location": "EveryNode",
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "bare", "route_prefix": "/", "import_path": "scripts.bench.bare_serve:app"}],
     }
-    path = work / "bare_serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    server = Server(
-        "bare-serve",
-        [sys.executable, "-m", "ray.serve.scripts", "run", str(path)],
-        f"http://127.0.0.1:{port}",
-        "/v1/models",
-        {**ray_env(), "RAY_AUTH_MODE": "token", "PYTHONPATH": str(ROOT)},
+    return serve_run(
+        "bare-serve", config, work / "bare_serve_config.yaml", "/v1/models", lambda r: r.status_code == 200
     )
-    server.wait_ready(lambda r: r.status_code == 200)
-    return server
 
 
 def measure(server: Server, requests: int) -> dict[str, Any]:
@@ -93,14 +83,10 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
         work = Path(tmp)
         models = models_file(work, work / "storage", max_tokens=1)
-
-        def ours() -> Server:
-            return start_ours(models, args.port, name="hops", vision=False)
-
-        starts: dict[str, Callable[[], Server]] = (
-            {"bare-serve": lambda: start_bare(work, args.port)} if args.bare else {}
-        )
-        starts["ours"] = ours
+        starts: dict[str, Callable[[], Server]] = {}
+        if args.bare:
+            starts["bare-serve"] = lambda: start_bare(work, args.port)
+        starts["ours"] = lambda: start_ours(models, args.port, name="hops", vision=False)
         for run in range(args.runs):
             for name, start in starts.items():
                 server = start()

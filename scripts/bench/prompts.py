@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from openai import AsyncOpenAI
 
-from scripts.bench.common import ROOT, arguments, emit, start_llama_server, start_ours, streamed_chat
+from scripts.bench.common import ROOT, arguments, emit, primary_name, start_llama_server, start_ours, streamed_chat
 from scripts.bench.serve import llama_server_layout, machine
 
 WORDS = ["river", "stone", "cloud", "apple", "garden", "window", "silver", "morning", "candle", "forest", "letter"]
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     nonce = itertools.count()
     work = Path(tempfile.mkdtemp(prefix="bench-prompts-"))
-    model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
+    model = primary_name()
     for layout in args.layouts:
         path = models_file(work, layout == "invariant")
         server = start_ours(path, args.port, name=f"ours-{layout}", vision=False)

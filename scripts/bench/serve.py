@@ -47,6 +47,7 @@ from scripts.bench.common import (
     emit,
     image_url,
     pct,
+    primary_name,
     start_llama_server,
     start_ours,
     start_peer,
@@ -298,7 +299,7 @@ async def bench(argv: list[str] | None) -> None:
             | {"captioner": str(captioner)},
         }
     )
-    model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
+    model = primary_name()
     text, images = "text" in args.workloads, "images" in args.workloads
     ours: dict[str, dict[int, dict]] = {}  # engine -> concurrency -> record
     for engine in args.engines:

@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import yaml
-
-from scripts.bench.common import ROOT, arguments, emit
+from scripts.bench.common import ROOT, arguments, emit, primary_name
 from scripts.bench.serve import machine, text_run
 
 READY = "mmserve ready: "
@@ -55,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     log_path = args.log or Path(tempfile.mkstemp(prefix="bench-settle-", suffix=".log")[1])
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "run_sh_log": str(log_path)})
-    model = yaml.safe_load((ROOT / "models.yaml").read_text())["models"][0]["name"]
+    model = primary_name()
     requests = max(4, args.concurrency * args.rounds)
     start = time.monotonic()
     with open(log_path, "w") as log:

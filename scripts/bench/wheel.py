@@ -22,12 +22,13 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from scripts.bench.common import ROOT, arguments, emit, start_llama_server
+from scripts.bench.common import ROOT, Server, arguments, emit, start_llama_server
 from scripts.bench.serve import llama_server_layout, machine, text_run
 
 
@@ -93,22 +94,21 @@ async def bench(argv: list[str]) -> None:
         return
     if args.llama_server is None:
         parser.error("--llama-server PATH is required")
-    layout = {**llama_server_layout(ROOT / "models.yaml")}
-    layout["gguf"] = str(layout["gguf"])
-    emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "layout": layout})
-    gguf = Path(layout["gguf"])
+    layout = llama_server_layout(ROOT / "models.yaml")
+    as_json = {**layout, "gguf": str(layout["gguf"])}
+    emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "layout": as_json})
     with tempfile.TemporaryDirectory(prefix="bench-wheel-") as tmp:
         local = None
         if args.local_wheel:
             local = Path(tmp)
             zipfile.ZipFile(args.local_wheel).extractall(local)
-        starts = {
-            "llama-server": lambda: start_llama_server(args.llama_server, args.port, **{**layout, "gguf": gguf}),
-            "xllamacpp-wheel": lambda: XllamacppServer("xllamacpp-wheel", layout, None),
+        starts: dict[str, Callable[[], Server | XllamacppServer]] = {
+            "llama-server": lambda: start_llama_server(args.llama_server, args.port, **layout),
+            "xllamacpp-wheel": lambda: XllamacppServer("xllamacpp-wheel", as_json, None),
         }
         if local is not None:
-            starts["xllamacpp-local"] = lambda: XllamacppServer("xllamacpp-local", layout, local)
-        model = gguf.name
+            starts["xllamacpp-local"] = lambda: XllamacppServer("xllamacpp-local", as_json, local)
+        model = layout["gguf"].name
         for run in range(args.runs):
             for name, start in starts.items():
                 server = start()
