@@ -1,5 +1,5 @@
 """Who stored state belongs to: the rule that every store of the service applies (the responses
-store; the files and batches, through `batches/records.py`).
+store; the files and batches, through `records.py`; the conversations, through the same records).
 
 With API keys set, each request is made by the key it presented (`Caller`, set by the guard as a
 SHA-256 digest, never the key). A store keeps beside each thing it stores the owner's tag: an

@@ -1,5 +1,5 @@
 """Owned records in the storage root: a file's or a batch's object as JSON, with its owner's tag
-(`ingress.owners`: found only by the API key that made it; to any other key it does not exist, the
+(`state.owners`: found only by the API key that made it; to any other key it does not exist, the
 same 404 as an unknown id, the refusal logged with the request's id). The tags' secret is kept in the
 storage root too (`owners.secret`), so that what a key made stays its own after a restart.
 

@@ -1,25 +1,7 @@
 """The ingress's view of the captioner application: `Captioner`, what the request logic calls (the
 fakes of tests/unit/ingress/fakes.py satisfy it too), and `CaptionerClient`, the caption cache in
-front of it, deadlines on every call, and a short memory of failures so that image requests degrade
-at once instead of each waiting out a timeout.
-
-Only images missing from the cache cross the handle, each once. After a failure, calls are
-skipped for `retry_after_s` (cached captions are still served); the next call after that tries
-again, so the service uses a recovered captioner without a restart.
-
-A call that has been waiting for `WATCH_AFTER_S` is watched through Serve's own view of the
-captioner and the load board (`monitoring.load_board`): once Serve reports it unhealthy (a replica
-died and its replacement is still loading, which takes as long as loading the model), or no replica
-runs and a waiting one has published that its model failed to load, the call is given up and image
-requests degrade at once rather than wait. After a failure, the next call looks first.
-
-A captioner that scales to zero (`deployment.autoscaling.min_replicas: 0`) is started by the
-first call that finds no replica: that call waits for the cold start within `timeout_s`, like any
-other. `status` asks a replica only while Serve shows one running; otherwise (idle at zero, loading,
-being replaced) it answers at once, with the waiting replica's own status from the load board or
-else Serve's view, so that /health polls neither keep an idle captioner up nor wait out a timeout
-while one loads.
-"""
+front of it with a deadline on every call and a short memory of failures (why, and how a waiting
+call watches Serve's view: docs/vision.md, "Graceful fallback")."""
 
 from __future__ import annotations
 
