@@ -258,11 +258,7 @@ class BatchJob:
         """The counts in the batch's record, at most once per poll interval (readers see them move)."""
         self.queued = max(0, batch.request_counts.total - progress.completed - progress.failed - self.running)
         if time.monotonic() - self._saved_at >= self._config.poll_interval_s:
-            self._save(
-                self.batch.model_copy(
-                    update={"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
-                )
-            )
+            self._save(progress.applied(self.batch, batch.request_counts.total))
 
     async def _sent(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """The line's answer; a failure to reach the ingress is retried, then the line's error (a 503,
@@ -316,9 +312,7 @@ class BatchJob:
         expired = not self._cancel_requested() and unrun and self._expired(batch)
         if expired:
             await asyncio.to_thread(self._expire_the_rest, batch, progress)
-        batch = batch.model_copy(
-            update={"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
-        )
+        batch = progress.applied(batch)
         if self._cancel_requested():
             final = "cancelled"
             if batch.status != "cancelling":
@@ -367,8 +361,7 @@ class BatchJob:
             except Exception:  # the files may be why the job failed: keep the counts last saved
                 logger.warning("batch %s: its output and error files cannot be read back", self.batch_id, exc_info=True)
             else:
-                update = {"request_counts": progress.counts(batch.request_counts.total), "usage": progress.usage()}
-                batch = batch.model_copy(update=update)
+                batch = progress.applied(batch)
         kept = self._keep(batch.request_counts)
         if cancelled:
             if batch.status != "cancelling":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.batch_runner.input_lines import lines
-from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, BatchUsage, RequestCounts
+from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, Batch, BatchUsage, RequestCounts
 from deployments.state.storage import Storage
 
 
@@ -53,6 +53,11 @@ class Progress:
             output_tokens=self.output_tokens,
             total_tokens=self.input_tokens + self.output_tokens,
         )
+
+    def applied(self, batch: Batch, total: int | None = None) -> Batch:
+        """`batch` with these counts and usage, of `total` lines (default: the batch's own total)."""
+        total = batch.request_counts.total if total is None else total
+        return batch.model_copy(update={"request_counts": self.counts(total), "usage": self.usage()})
 
 
 def _complete_size(storage: Storage, path: str) -> int | None:
