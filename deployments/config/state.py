@@ -16,8 +16,8 @@ DAY_S = 24 * 3600
 
 
 class StateConfig(StrictModel):
-    """The storage root that every ingress replica and the batch runner share, and the bounds of the
-    stored kinds that have no per-key quota of their own (files and batches: ``server.batches``)."""
+    """The storage root that every ingress replica and the batch runner share, and the bounds of stored
+    responses and conversations (files' and batches' are ``server.batches``)."""
 
     storage_root: str = Field(
         "$XDG_STATE_HOME/mmserve/storage",
@@ -46,6 +46,22 @@ class StateConfig(StrictModel):
         description="Most bytes of items one conversation (/v1/conversations) keeps: adding items past it is a "
         "400, and so is a /v1/responses turn on a conversation already past it (a turn that starts within it "
         "adds its items whole). Conversations are kept until deleted, as OpenAI keeps them.",
+    )
+    conversations_max_per_key: int = Field(
+        10_000,
+        gt=0,
+        description="Most conversations an API key keeps (all callers together when no keys are set); creating "
+        "one more is refused with a 400, as OpenAI refuses a file past its storage quota. Deleting a "
+        "conversation frees its place.",
+    )
+    conversations_max_bytes_per_key: int = Field(
+        1024**3,
+        gt=0,
+        description="Most bytes of conversation items an API key keeps over all its conversations (their logs "
+        "as stored, deletion records included; all callers together when no keys are set): an add that would "
+        "pass it is a 400, and so is a /v1/responses turn on a conversation of a key already past it (a turn "
+        "that starts within it adds its items whole). Deleting a conversation frees its bytes. Each ingress "
+        "replica counts its own writes at once, and the other replicas' within 10 seconds.",
     )
 
 

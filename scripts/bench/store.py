@@ -5,9 +5,14 @@ root; the two alternate request by request, and the p50 of each and their differ
 with a continuation's (`previous_response_id`: the stored response read back). Then the store alone
 (`deployments.state.responses`), with its caps on: 10,000 responses of a growing agent
 conversation written one after the other, sweeping as the ingress does, and what is left on disk
-against `responses_max_bytes`.
+against `responses_max_bytes`. Then a conversation's list (`deployments.state.conversations`, issue
+67): a log of `--conversation-items` live items and `--conversation-deletions` deleted ones (added 20
+at a time, each deletion a record of its own after them, as the API writes them), and the seconds a
+list of its newest 20 takes (the first, and the p50 of 5), a list of its oldest 20 newest first (the
+whole log walked) and a read of all its items (a Responses turn's).
 
     .venv/bin/python -m scripts.bench store          # --rounds 300 --responses 10000 --max-mib 64
+    .venv/bin/python -m scripts.bench store --skip-service --skip-responses   # the conversation's list alone
 
 Prints one JSON line per measurement."""
 
@@ -25,6 +30,7 @@ from typing import Any
 import yaml
 from openai import AsyncOpenAI
 
+from deployments.state.conversations import ConversationStore, items_path
 from deployments.state.owners import Caller
 from deployments.state.records import stored_owners
 from deployments.state.responses import StoredResponses
@@ -114,6 +120,50 @@ def store_alone(responses: int, max_bytes: int) -> dict[str, Any]:
         }
 
 
+def conversation_list(live: int, deletions: int, lists: int = 5) -> dict[str, Any]:
+    """One conversation's log of `live + deletions` items, 20 to a record, then a deletion record for
+    each of `deletions` of them (spread over the log); the seconds each list of its newest 20 takes."""
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as root:
+        storage = LocalStorage(root)
+        store = ConversationStore(storage, stored_owners(storage), max_bytes=1 << 40)
+        caller = Caller()
+        conversation = store.create([], None, caller)["id"]
+        total = live + deletions
+        every = total / deletions if deletions else 0.0
+        deleted = {f"msg_{int(n * every):08d}" for n in range(deletions)}
+        for start in range(0, total, 20):  # written as the store writes them, without a replay per add
+            items = [
+                {"id": f"msg_{i:08d}", "type": "message", "role": "user", "status": "completed"}
+                | {"content": [{"type": "input_text", "text": f"step {i}: " + "x" * 100}]}
+                for i in range(start, min(start + 20, total))
+            ]
+            store._append(conversation, None, {"add": items}, force=True)
+        for item_id in sorted(deleted):
+            store._append(conversation, None, {"delete": item_id}, force=True)
+        took = []
+        for _ in range(lists):
+            started = time.perf_counter()
+            listed = store.list_items(conversation, caller, 20, None)
+            took.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        everything = store.items(conversation, caller)  # what a Responses turn reads: the whole log
+        whole = time.perf_counter() - started
+        assert len(listed["data"]) == min(20, live) and len(everything) == live
+        started = time.perf_counter()  # the oldest page, newest first: the whole log walked
+        oldest = store.list_items(conversation, caller, 20, everything[min(20, live - 1)]["id"] if live else None)
+        last_page = time.perf_counter() - started
+        assert len(oldest["data"]) == min(20, live)
+        return {
+            "conversation_items": live,
+            "conversation_deletions": deletions,
+            "log_bytes": storage.size(items_path(conversation)),
+            "list_first_s": round(took[0], 4),
+            "list_p50_s": round(statistics.median(took), 4),
+            "list_oldest_page_s": round(last_page, 4),
+            "all_items_s": round(whole, 4),
+        }
+
+
 def main(argv: list[str]) -> None:
     parser = arguments("store", __doc__)
     parser.add_argument("--rounds", type=int, default=300)
@@ -121,6 +171,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--max-mib", type=float, default=64.0, help="responses_max_bytes of the store-alone run")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument("--skip-responses", action="store_true", help="no store-alone run of stored responses")
+    parser.add_argument("--conversation-items", type=int, default=20_000, help="live items of the listed conversation")
+    parser.add_argument("--conversation-deletions", type=int, default=20_000, help="deleted items in its log")
     args = parser.parse_args(argv)
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     if not args.skip_service:
@@ -142,4 +195,6 @@ def main(argv: list[str]) -> None:
                 "continuation_adds_p50_ms": round(1000 * (p50["continued"] - p50["store"]), 2),
             }
         )
-    emit(store_alone(args.responses, int(args.max_mib * 1024 * 1024)))
+    if not args.skip_responses:
+        emit(store_alone(args.responses, int(args.max_mib * 1024 * 1024)))
+    emit(conversation_list(args.conversation_items, args.conversation_deletions))

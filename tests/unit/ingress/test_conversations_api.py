@@ -1,12 +1,14 @@
 """The Conversations API through the ingress's app (guard and error mapping included, no Ray): the
 official openai client's calls, from create to delete; OpenAI's bounds as 400s (20 items at a time,
 16 metadata pairs, an item of no known shape); another key's conversation, the 404 of an unknown
-one; and the routes absent without a store."""
+one; and the routes absent without a store. Each key's quotas (issue 67): OpenAI's 400 past them, a
+Responses turn refused before it generates, and the store's storage work never on the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +38,12 @@ def served() -> ServedModels:
     return ServedModels([ServedModel(ModelCard(id="echo", created=1), answer_core(FakeDecoder()), health)])
 
 
-def app(root: Path | None, max_bytes: int = 1_000_000) -> TestClient:
+def app(root: Path | None, max_bytes: int = 1_000_000, **quotas: Any) -> TestClient:
     """The ingress's app with two keys, over a conversations' store at `root` (None: no store)."""
     conversations = None
     if root is not None:
         storage = LocalStorage(str(root))
-        conversations = ConversationStore(storage, stored_owners(storage), max_bytes)
+        conversations = ConversationStore(storage, stored_owners(storage), max_bytes, **quotas)
     guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_A, KEY_B], api_keys_env=None))
     return TestClient(build_api(served(), guard, FakeMetrics(), conversations=conversations), base_url="http://test")
 
@@ -300,3 +302,101 @@ def test_a_full_conversation_refuses_a_turn_before_it_generates_and_a_started_tu
         with pytest.raises(openai.BadRequestError) as full:
             api.responses.create(model="echo", input="Again.", conversation=conversation.id)
         assert full.value.param == "conversation" and len(decoder.requests) == 1
+
+
+def test_a_key_past_its_conversation_quota_gets_openais_400_and_a_delete_frees_its_place(tmp_path):
+    with app(tmp_path, max_per_key=1) as http:
+        first = client(http).conversations.create()
+        refused = http.post("/v1/conversations", json={}, headers=auth())
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["type"] == "invalid_request_error" and "conversation quota" in error["message"]
+        assert error["param"] is None and error["code"] is None
+        client(http, KEY_B).conversations.create()  # another key's quota is its own
+        client(http).conversations.delete(first.id)
+        client(http).conversations.create()
+
+
+def test_a_turn_on_a_conversation_of_a_key_past_its_bytes_is_refused_before_it_generates(tmp_path):
+    decoder = FakeDecoder(["x" * 400])
+    storage = LocalStorage(str(tmp_path))
+    conversations = ConversationStore(storage, stored_owners(storage), 1_000_000, max_bytes_per_key=600)
+    health = HealthService(decoder, None, model_name="echo")
+    models = ServedModels([ServedModel(ModelCard(id="echo", created=1), answer_core(decoder), health)])
+    guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_A, KEY_B], api_keys_env=None))
+    with TestClient(
+        build_api(models, guard, FakeMetrics(), conversations=conversations), base_url="http://test"
+    ) as http:
+        api = client(http)
+        first, second = api.conversations.create(), api.conversations.create()
+        api.responses.create(model="echo", input="Go.", conversation=first.id)  # passes 600 bytes: kept whole
+        with pytest.raises(openai.BadRequestError) as full:
+            api.responses.create(model="echo", input="Again.", conversation=second.id)  # the key's, not one's
+        assert full.value.param == "conversation" and "storage quota" in full.value.message
+        assert len(decoder.requests) == 1  # nothing generated for the refused turn
+        with pytest.raises(openai.BadRequestError) as added:
+            api.conversations.items.create(second.id, items=[{"role": "user", "content": "more"}])
+        assert added.value.param == "items"
+        other = client(http, KEY_B).conversations.create()
+        client(http, KEY_B).responses.create(model="echo", input="Mine.", conversation=other.id)  # its own bytes
+        api.conversations.delete(first.id)  # its bytes freed
+        api.responses.create(model="echo", input="Again.", conversation=second.id)
+        assert len(decoder.requests) == 3
+
+
+class LoopWatchingStorage(LocalStorage):
+    """A local root that notes each call made on a thread that runs an event loop."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.on_loop: list[str] = []
+
+    def _watch(self, call: str) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.on_loop.append(call)
+
+    def read(self, path: str) -> bytes | None:
+        self._watch("read")
+        return super().read(path)
+
+    def write(self, path: str, data: bytes | Iterable[bytes]) -> None:
+        self._watch("write")
+        super().write(path, data)
+
+    def append(self, path: str, data: bytes) -> None:
+        self._watch("append")
+        super().append(path, data)
+
+    def size(self, path: str) -> int | None:
+        self._watch("size")
+        return super().size(path)
+
+    def names(self, directory: str) -> list[str]:
+        self._watch("names")
+        return super().names(directory)
+
+
+def test_the_stores_storage_work_never_runs_on_the_event_loop(tmp_path):
+    storage = LoopWatchingStorage(str(tmp_path))
+    conversations = ConversationStore(storage, stored_owners(storage), 1_000_000)
+    decoder = FakeDecoder(["Noted"])
+    health = HealthService(decoder, None, model_name="echo")
+    models = ServedModels([ServedModel(ModelCard(id="echo", created=1), answer_core(decoder), health)])
+    guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_A, KEY_B], api_keys_env=None))
+    with TestClient(
+        build_api(models, guard, FakeMetrics(), conversations=conversations), base_url="http://test"
+    ) as http:
+        api = client(http)
+        conversation = api.conversations.create(items=[{"role": "user", "content": "one"}], metadata={"k": "v"})
+        added = api.conversations.items.create(conversation.id, items=[{"role": "user", "content": "two"}])
+        api.responses.create(model="echo", input="three", conversation=conversation.id)
+        list(api.conversations.items.list(conversation.id))
+        api.conversations.items.retrieve(added.data[0].id, conversation_id=conversation.id)
+        api.conversations.items.delete(added.data[0].id, conversation_id=conversation.id)
+        api.conversations.update(conversation.id, metadata=None)
+        api.conversations.retrieve(conversation.id)
+        api.conversations.delete(conversation.id)
+    assert storage.on_loop == []

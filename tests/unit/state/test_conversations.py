@@ -1,6 +1,8 @@
 """The conversations' store on a local storage root: items kept in order with their ids, their list
 pages, deletions, the key rule (another key's conversation is an unknown one, logged), the size cap
-and a Responses turn's forced add, a log torn by a crash, and adds at once that lose nothing."""
+and a Responses turn's forced add, a log torn by a crash, and adds at once that lose nothing; a
+replay whose work grows with the log, not its items times its deletions (issue 67); each key's
+quotas, counted over its own conversations, freed by a delete, and seen by another replica."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import concurrent.futures
 import json
 import logging
 import re
+import sys
 from typing import Any
 
 import pytest
 
 from deployments.errors import InvalidRequestError, ObjectNotFoundError
-from deployments.state.conversations import ConversationStore, items_path
+from deployments.state.conversations import USAGE_RECOUNT_S, ConversationStore, items_path
 from deployments.state.owners import Caller
 from deployments.state.records import stored_owners
 from deployments.state.storage import LocalStorage
@@ -21,9 +24,9 @@ from deployments.state.storage import LocalStorage
 ALICE, BOB = Caller(b"a" * 32, "req-alice"), Caller(b"b" * 32, "req-bob")
 
 
-def store(tmp_path: Any, max_bytes: int = 1_000_000) -> ConversationStore:
+def store(tmp_path: Any, max_bytes: int = 1_000_000, **quotas: Any) -> ConversationStore:
     storage = LocalStorage(str(tmp_path))
-    return ConversationStore(storage, stored_owners(storage), max_bytes)
+    return ConversationStore(storage, stored_owners(storage), max_bytes, **quotas)
 
 
 def user(text: str) -> dict[str, Any]:
@@ -210,8 +213,137 @@ def test_a_write_after_the_conversation_is_deleted_brings_nothing_back(tmp_path)
     owned = conversations._owned(conversation, ALICE)  # found, as a write finds it before it writes
     conversations.delete(conversation, ALICE)
     with pytest.raises(ObjectNotFoundError):
-        conversations._add(conversation, [user("late")], force=True)
+        conversations._add(conversation, None, [user("late")], force=True)
     assert conversations.storage.size(items_path(conversation)) is None and owned is not None
     with pytest.raises(ObjectNotFoundError):
         conversations.update(conversation, {"k": "w"}, ALICE)
     assert conversations.records.load(conversation) is None
+
+
+def replay_calls(tmp_path: Any, items: int) -> int:
+    """The function calls (Python's and C's) one read of a conversation makes, its log `items` items
+    added 20 at a time, then every one of them deleted, a record each (as the API writes them)."""
+    conversations = store(tmp_path / str(items), max_bytes=1 << 30)
+    conversation = conversations.create([], None, ALICE)["id"]
+    owner = conversations.records.owners.tag(ALICE)
+    for start in range(0, items, 20):
+        added = [{**user(str(n)), "id": f"msg_{n}"} for n in range(start, start + 20)]
+        conversations._append(conversation, owner, {"add": added}, force=True)
+    for n in range(items):
+        conversations._append(conversation, owner, {"delete": f"msg_{n}"}, force=True)
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        left = conversations.items(conversation, ALICE)
+    finally:
+        sys.setprofile(None)
+    assert left == []
+    return calls
+
+
+def test_a_read_costs_the_logs_length_not_its_items_times_its_deletions(tmp_path):
+    """20,000 items and 20,000 deletions took 32 s a list (a pass over the items per deletion): the
+    work of a log 4 times as long is about 4 times as much (16 times, before)."""
+    small, large = replay_calls(tmp_path, 200), replay_calls(tmp_path, 800)
+    assert large < 5 * small, (small, large)
+
+
+def test_a_keys_conversations_are_capped_in_number_and_a_delete_frees_its_place(tmp_path):
+    conversations = store(tmp_path, max_per_key=2)
+    first = conversations.create([user("one")], None, ALICE)["id"]
+    conversations.create([], None, ALICE)
+    with pytest.raises(InvalidRequestError, match="conversation quota") as refused:
+        conversations.create([user("three")], None, ALICE)
+    assert refused.value.status == 400 and refused.value.type == "invalid_request_error"
+    assert len(conversations.records.mine(ALICE)) == 2  # nothing kept of the refused one
+    assert len(conversations.storage.names("conversation-items")) == 1  # nor its items
+    conversations.create([], None, BOB)  # counted over each key's own
+    conversations.create([], None, BOB)
+    conversations.delete(first, ALICE)
+    conversations.create([user("three")], None, ALICE)  # its place freed
+    with pytest.raises(InvalidRequestError, match="conversation quota"):
+        conversations.create([], None, ALICE)
+
+
+def test_a_keys_items_are_capped_in_bytes_as_stored_and_a_delete_frees_them(tmp_path):
+    conversations = store(tmp_path, max_bytes=10_000, max_bytes_per_key=1_000)
+    first = conversations.create([user("x" * 300)], None, ALICE)["id"]
+    size = conversations.storage.size(items_path(first))
+    assert size is not None and 300 < size < 500  # the log's bytes as stored
+    with pytest.raises(InvalidRequestError, match="storage quota") as refused:
+        conversations.create([user("y" * 600)], None, ALICE)  # within its conversation's cap, past the key's
+    assert refused.value.status == 400 and refused.value.param == "items"
+    assert len(conversations.records.mine(ALICE)) == 1
+    second = conversations.create([user("y" * 300)], None, ALICE)["id"]
+    with pytest.raises(InvalidRequestError, match="storage quota") as added:
+        conversations.add(first, [user("z" * 300)], ALICE)
+    assert added.value.param == "items" and texts(conversations.items(first, ALICE)) == ["x" * 300]
+    conversations.check_room(first, ALICE)  # room left: a turn may start
+    conversations.add(second, [user("z" * 300)], ALICE, force=True)  # a turn already answered is kept whole
+    for conversation in (first, second):  # the key is past its quota: no turn starts on any of its conversations
+        with pytest.raises(InvalidRequestError, match="storage quota") as no_room:
+            conversations.check_room(conversation, ALICE)
+        assert no_room.value.param == "conversation"
+    bobs = conversations.create([user("b" * 600)], None, BOB)["id"]  # another key's bytes are its own
+    conversations.check_room(bobs, BOB)
+    conversations.delete(second, ALICE)  # its bytes freed
+    conversations.check_room(first, ALICE)
+    conversations.add(first, [user("z" * 300)], ALICE)
+
+
+def test_another_replica_counts_a_keys_usage_from_the_root_and_sees_a_delete_at_its_next_count(tmp_path):
+    now = [0.0]
+    one = store(tmp_path, max_per_key=2, clock=lambda: now[0])
+    first = one.create([], None, ALICE)["id"]
+    one.create([], None, ALICE)
+    other = store(tmp_path, max_per_key=2, clock=lambda: now[0])  # another replica, or this one restarted
+    with pytest.raises(InvalidRequestError, match="conversation quota"):
+        other.create([], None, ALICE)
+    one.delete(first, ALICE)
+    now[0] += USAGE_RECOUNT_S  # the other replica's count is due again
+    other.create([], None, ALICE)
+    now[0] += USAGE_RECOUNT_S
+    with pytest.raises(InvalidRequestError, match="conversation quota"):
+        one.create([], None, ALICE)  # the other's create counted
+    assert len(one.records.mine(ALICE)) == 2
+
+
+def test_pages_skip_deleted_items_in_either_order_and_the_newest_page_parses_only_its_records(tmp_path):
+    conversations = store(tmp_path)
+    conversation = conversations.create([], None, ALICE)["id"]
+    for start in range(0, 100, 10):
+        conversations.add(conversation, [{**user(str(n)), "id": f"msg_{n}"} for n in range(start, start + 10)], ALICE)
+    for n in range(0, 100, 3):
+        conversations.delete_item(conversation, f"msg_{n}", ALICE)
+    conversations.add(conversation, [{**user("again"), "id": "msg_0"}], ALICE)  # an id deleted, then added again
+    live = texts(conversations.items(conversation, ALICE))
+    assert live == [str(n) for n in range(100) if n % 3] + ["again"]
+    for order, expected in (("asc", live), ("desc", live[::-1])):
+        pages, after = [], None
+        while True:
+            listed = conversations.list_items(conversation, ALICE, limit=7, after=after, order=order)
+            pages += texts(listed["data"])
+            if not listed["has_more"]:
+                break
+            after = listed["last_id"]
+        assert pages == expected, order
+    assert texts(conversations.list_items(conversation, ALICE, 3, "msg_unknown")["data"]) == ["again", "98", "97"]
+
+    parsed = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal parsed
+        parsed += event == "call" and frame.f_code.co_name == "loads"
+
+    sys.setprofile(count)
+    try:
+        newest = conversations.list_items(conversation, ALICE, limit=5, after=None)
+    finally:
+        sys.setprofile(None)
+    assert texts(newest["data"]) == ["again", "98", "97", "95", "94"]
+    assert parsed == 1 + 34 + 2  # its record, each deletion, and the two add records the page reaches (of 11)
