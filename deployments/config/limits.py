@@ -5,7 +5,7 @@ The keys themselves are never in the file: each named key is the value of an env
 of the ingress replica's process (`key_env`, as `MMSERVE_API_KEYS` is) or the SHA-256 digest of the
 key (`key_sha256`, hex). A limit left out is unlimited. Read by the builder (a bad file fails the
 deploy with the file and field named) and again by each ingress replica whenever the file changes
-(`ingress/limits/reload.py`: a bad edit is refused and the old limits stay)."""
+(`ingress/limits/table.py`: a bad edit is refused and the old limits stay)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,10 @@ class KeyLimits(StrictModel):
     )
     max_slot_share: Annotated[float, Field(gt=0, le=1)] | None = Field(
         None,
-        description="The most of each decoder replica's max_num_seqs sequences the key's requests may hold at "
-        "once (0.5: half); the others wait. None: all, when no other key waits (fair share orders the waiters).",
+        description="The most of each decoder replica's max_num_seqs sequences (and of its KV pool, where the "
+        "slots share one) the key's requests may hold at once (0.5: half; 1: all); the others wait. None: all but "
+        "one sequence (a slot's worth of a shared pool) while the key has any running, kept for a key with none "
+        "running, which takes it at once (docs/limits.md, 'Fair share in the decoders').",
     )
 
 

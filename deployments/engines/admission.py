@@ -23,6 +23,17 @@ keys of `ingress.limits`: one key's flood does not queue another key's request b
 arrival order (a large request is not starved by small ones of its priority behind it), until
 enough is released; one larger than the budget is held to the budget (it runs alone). Waiting is
 cancellable: a request whose client leaves or whose deadline passes stops waiting at once.
+
+Fair share by default (a budget's `headroom`: one sequence; a slot's worth of a shared KV pool).
+Fair queueing orders the waiters, but nothing is preempted (llama.cpp cannot give a running
+sequence's cells back), so a key arriving beside another key's flood would still wait for one of
+the flood's sequences to end: tens of seconds on a CPU. So, while a limits file is in force (the
+request names its tenant), a tenant that already holds units of a budget is granted more only while
+`headroom` units stay free after it, and a tenant holding none may take them and pass the waiters
+so held back: its first request starts at once, whatever its priority. A tenant with an explicit
+`share` is held to that instead. The cost: one tenant alone holds at most `size - headroom` (15
+sequences of 16), and a third tenant arriving while a second holds the headroom waits, first in the
+fair queue, for a release. With no limits file (no tenant) the whole budget is everyone's.
 """
 
 from __future__ import annotations
@@ -60,10 +71,16 @@ class Budget:
     at the budget's virtual time, if later) and costs its share of the budget, so that a tenant with
     one request waiting is served next to, not behind, a tenant with a hundred. One tenant's requests
     keep their arrival order; with a single tenant (no keys) the queue is first come, first served.
-    A tenant may be capped to `cap` units at once: its waiters beyond it are passed over."""
+    A tenant may be capped to `cap` units at once: its waiters beyond it are passed over.
 
-    def __init__(self, size: int) -> None:
+    `headroom` units are held back from named tenants (not "") that already hold some and have no
+    cap of their own, for a tenant holding none (the module's "Fair share by default"): such a
+    tenant's waiter passes any waiter that does not fit. At most `size - 1`: a tenant alone always
+    gets a unit."""
+
+    def __init__(self, size: int, headroom: int = 0) -> None:
         self.size = size
+        self.headroom = max(0, min(headroom, size - 1))
         self.reserved = 0
         self._queue: list[_Waiter] = []  # sorted by (priority, start tag, arrival)
         self._arrivals = itertools.count()
@@ -116,6 +133,17 @@ class Budget:
         """Whether `waiter` may be granted now, room aside: its tenant is within its cap."""
         return waiter.cap is None or self._held.get(waiter.tenant, 0) + waiter.need <= waiter.cap
 
+    def _newcomer(self, waiter: _Waiter) -> bool:
+        """A named tenant holding nothing: the headroom is for it."""
+        return bool(self.headroom and waiter.tenant and not self._held.get(waiter.tenant))
+
+    def _room_for(self, waiter: _Waiter) -> int:
+        """The units that may be reserved once `waiter` is granted: all but the headroom for a named
+        tenant that already holds some (and has no cap of its own), the whole budget otherwise."""
+        if waiter.tenant and waiter.cap is None and self._held.get(waiter.tenant):
+            return self.size - self.headroom
+        return self.size
+
     def _take(self, waiter: _Waiter) -> None:
         self.reserved += waiter.need
         self._held[waiter.tenant] = self._held.get(waiter.tenant, 0) + waiter.need
@@ -135,15 +163,22 @@ class Budget:
     def _grant(self) -> None:
         """Grant the waiters in the queue's order while they fit, passing over those not admitted
         (a capped tenant, background work on a busy replica); the first admitted one that does not
-        fit stops the grants, so that a large request is not starved by small ones behind it."""
+        fit stops the grants, so that a large request is not starved by small ones behind it, except
+        for a newcomer's (`_newcomer`), which passes it while it fits: their number is bounded by
+        the tenants', since each holds units once granted. A tenant passed over keeps its order."""
+        passed: set[str] = set()  # tenants with a waiter that did not fit: their later ones wait too
         i = 0
         while i < len(self._queue):
             waiter = self._queue[i]
-            if not self._admits(waiter):
+            if waiter.tenant in passed or not self._admits(waiter) or (passed and not self._newcomer(waiter)):
                 i += 1
                 continue
-            if self.reserved + waiter.need > self.size:
-                return
+            if self.reserved + waiter.need > self._room_for(waiter):
+                if not self.headroom or self._newcomer(waiter):
+                    return
+                passed.add(waiter.tenant)
+                i += 1
+                continue
             self._queue.pop(i)
             waiter.granted = True
             self._take(waiter)
@@ -160,10 +195,11 @@ class Sequences(Budget):
     default: one beside a chat made its time to first token 1.8x on 2 cores) and the others wait,
     later priorities after earlier ones; once the replica has been quiet for `quiet_s` they may all
     start. Background sequences already running when a foreground request arrives finish as they
-    are (nothing is preempted)."""
+    are (nothing is preempted). One sequence is the headroom kept for a tenant with none running
+    (`Budget`); a tenant's background sequences count as running."""
 
-    def __init__(self, size: int, quiet_s: float = 1.0, busy_share: int = 0) -> None:
-        super().__init__(size)
+    def __init__(self, size: int, quiet_s: float = 1.0, busy_share: int = 0, headroom: int = 1) -> None:
+        super().__init__(size, headroom)
         self.quiet_s = quiet_s
         self.busy_share = busy_share
         self.foreground = 0  # foreground requests on the replica, waiting or running

@@ -121,6 +121,20 @@ class StoredResponses:
             self._remove(response_id, record["stored_at"], len(data))
         return Lookup(record["entry"])
 
+    def size_of(self, response_id: str, caller: Caller) -> int | None:
+        """The bytes of the caller's stored response (its record: the response, its input and the
+        conversation it continued); None where `find` finds nothing. Only reads: one past its age is
+        left for `find` or the sweep to remove."""
+        if not RECORD_ID.fullmatch(response_id):
+            return None
+        data = self.storage.read(self._path(response_id))
+        if data is None:
+            return None
+        record = json.loads(data)
+        if record["stored_at"] < self._clock() - self._max_age_s or not self._owners.owns(record.get("owner"), caller):
+            return None
+        return len(data)
+
     def _remove(self, response_id: str, stored_at: float, size: int) -> None:
         """The record, then its marker (named by what the record holds)."""
         self.storage.delete(self._path(response_id))

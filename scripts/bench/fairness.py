@@ -1,14 +1,15 @@
-"""Fair share between API keys (issue 60), on the offline default (models.yaml's primary alone,
+"""Fair share between API keys (issues 60 and 67), on the offline default (models.yaml's primary alone,
 llama.cpp on the CPU): key B's time to first token, one request at a time, while key A keeps
 `max_num_seqs - 1` requests in flight (a full batch and no queue) and while it keeps 3x
-`max_num_seqs` in flight (a queue twice the batch); with a limits file that names both keys (the
-decoder queues them fairly), the same with each key capped to `max_num_seqs - 1` sequences
-(`max_slot_share`: a newcomer finds a free one), and without a limits file (one queue, first come
-first served), one service after the other. Then the limits' own cost at concurrency 1: a one-token chat's p50 with and
-without the limits file, and the ingress's `mmserve_key_admission_seconds` (the board's round trip)
-from Ray's metrics export.
+`max_num_seqs` in flight (a queue twice the batch); with a limits file that names both keys and
+sets no share (the default: fair queueing, and a sequence held back from a key that runs for a key
+that runs none), the same with each key's `max_slot_share: 1` (every sequence: fair queueing alone,
+the default before issue 67), with each key capped to `max_num_seqs - 1` sequences (`max_slot_share`),
+and without a limits file (one queue, first come first served), one service after the other. Then
+the limits' own cost at concurrency 1: a one-token chat's p50 with and without the limits file, and
+the ingress's `mmserve_key_admission_seconds` (the board's round trip) from Ray's metrics export.
 
-    .venv/bin/python -m scripts.bench fairness            # --samples 12 --max-tokens 64 --settings fair share none
+    .venv/bin/python -m scripts.bench fairness            # --samples 12 --max-tokens 64 --settings fair whole none
 
 Prints one JSON line per measurement, and B's ratio of full-queue to full-batch TTFT per setting.
 """
@@ -132,10 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--settings",
         nargs="+",
-        choices=("fair", "share", "none"),
-        default=["fair", "share", "none"],
-        help="fair: both keys named (fair queueing); share: and each capped to max_num_seqs - 1 sequences "
-        "(max_slot_share); none: no limits file (one queue, first come first served)",
+        choices=("fair", "whole", "share", "none"),
+        default=["fair", "whole", "none"],
+        help="fair: both keys named, no share (the default rule); whole: each key's max_slot_share 1 (fair "
+        "queueing alone); share: each capped to max_num_seqs - 1 sequences (max_slot_share); none: no limits "
+        "file (one queue, first come first served)",
     )
     args = parser.parse_args(argv)
     emit({"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     model, seqs = entry["name"], entry["params"]["max_num_seqs"]
     results: dict[str, dict[str, Any]] = {}
     for setting in args.settings:
-        share = (seqs - 1) / seqs if setting == "share" else None
+        share = {"share": (seqs - 1) / seqs, "whole": 1.0}.get(setting)
         extra = {"limits_file": str(limits_file(work, share))} if setting != "none" else {}
         server = start_ours(models, args.port, name=f"fairness-{setting}", vision=False, args=extra)
         try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.errors import InvalidRequestError, RequestTimeoutError
-from deployments.ingress.answer.stream import DecoderStream, Generation
+from deployments.ingress.answer.stream import DecoderStream, Generation, TokenCounts
 from deployments.ingress.handles import DecoderHandle
 from deployments.ingress.vision.pipeline import DecoderInput, Degraded, VisionPipeline
 from deployments.monitoring.access_log import RequestRecord
@@ -177,9 +177,10 @@ class AnswerCore:
 
     async def generate(self, requests: list[GenerateRequest], deadline: Deadline, record: RequestRecord) -> Generation:
         """One decoder call per request (all of the same `n`), read as one answer; `record` gets the
-        time of the first chunk and the token counts. A batch line's requests (`record.batch`) are
-        background work: `BACKGROUND_PRIORITY`, or the later priority the line asked for; a keyed
-        request (`record.tenant`) queues as its key's, at no earlier a priority than the key's."""
+        time of the first chunk and the token counts of them all (every prompt, every sequence). A
+        batch line's requests (`record.batch`) are background work: `BACKGROUND_PRIORITY`, or the
+        later priority the line asked for; a keyed request (`record.tenant`) queues as its key's, at
+        no earlier a priority than the key's."""
         if record.batch is not None:
             requests = [r.model_copy(update={"priority": max(r.priority, BACKGROUND_PRIORITY)}) for r in requests]
         if record.tenant is not None:  # the key's place in the decoders' queue: its priority at the earliest
@@ -194,13 +195,26 @@ class AnswerCore:
                 )
                 for r in requests
             ]
+        counts = TokenCounts(record)  # every call's tokens, summed: what the limits settle
         streams = [
             DecoderStream(
-                self._decoder.options(stream=True).generate.remote(request), deadline.at, deadline.error, record
+                self._streaming(record).generate.remote(request),
+                deadline.at,
+                deadline.error,
+                record,
+                counts,
+                call,
             )
-            for request in requests
+            for call, request in enumerate(requests)
         ]
         return await Generation.start(streams, requests[0].n)
+
+    def _streaming(self, record: RequestRecord) -> DecoderHandle:
+        """The decoder's streaming handle; the client's session hint (`record.session`) reaches its
+        router (`routing.router`) as Serve's session id."""
+        if record.session:
+            return self._decoder.options(stream=True, session_id=record.session)
+        return self._decoder.options(stream=True)
 
     async def tokenize(self, request: TokenizeInput, deadline: Deadline) -> TokenizedPrompt:
         """The decoder's tokens of a prompt (its engine's tokenizer and chat template), before the deadline."""

@@ -133,7 +133,7 @@ class Ledger:
                 key.requests.wait_s(1),
                 f"Rate limit reached for requests per minute: limit {key.requests.size}.",
             )
-        if key.tokens is not None and key.tokens.level < tokens:
+        if tokens and key.tokens is not None and key.tokens.level < tokens:  # a write, reserving none, is not refused
             return (
                 "tokens",
                 key.tokens.wait_s(tokens),

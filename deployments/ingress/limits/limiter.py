@@ -2,15 +2,20 @@
 caller) and around every route.
 
 For every request it names the caller (`KeyTable.identify`) in the request's state and its record
-(the access log's `key`, the decoders' fair-queueing `tenant`). A body that names a model the key
-may not use is answered as an unknown model (404 `model_not_found`, listing only the models the key
-may use: nothing tells it the others exist). A request to a model's endpoint (`LIMITED`) is
+(the access log's `key`, the decoders' fair-queueing `tenant`). How a route is counted is its API's
+declaration (`apis/counting.py`, `limits.counting.Counted`). A body that names a model the key may
+not use is answered as an unknown model (404 `model_not_found`, listing only the models the key may
+use: nothing tells it the others exist). A request to a route that generates or reads a model is
 admitted by the application's board (`board.Board`) against the key's requests and tokens per
-minute and its concurrent requests, reserving its estimated tokens (`estimate`); over a limit it is
-a 429 in its API's shape with `Retry-After` (`headers`). Every admitted response carries the
-key's rate-limit headers, and when it has ended (a stream's last byte sent, or its client gone)
-the request is settled to the tokens it used (the record's counts) and counted in the key's metrics.
-The Responses WebSocket's turns and the batch lines are admitted and settled by the same `Limiter`.
+minute and its concurrent requests, reserving its estimated tokens (`estimate`); a request that
+writes state is admitted as a request, reserving no tokens. Over a limit it is a 429 in its API's
+shape with `Retry-After` (`headers`). Every admitted response carries the key's rate-limit headers,
+and holds its place among the key's concurrent requests until it has ended: its last byte handed to
+the server and the server's word that the response is complete (ASGI's `http.disconnect`, which
+Serve's proxy relays once it has sent the last byte; a server's `send` may only queue it), or its
+client gone. Then it is settled to the tokens it used (the record's counts) and counted in the
+key's metrics. The Responses WebSocket's turns and the batch lines are admitted and settled by the
+same `Limiter`.
 """
 
 from __future__ import annotations
@@ -19,16 +24,19 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.datastructures import MutableHeaders, State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.errors import InvalidRequestError, ModelNotFoundError, RateLimitError
+from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.guard import anthropic_route, reject, replay, route_of
 from deployments.ingress.limits import estimate
 from deployments.ingress.limits.board import BoardPort
+from deployments.ingress.limits.counting import Counted
 from deployments.ingress.limits.headers import rate_headers, retry_headers
 from deployments.ingress.limits.ledger import Caps, Verdict
 from deployments.ingress.limits.table import KeyIdentity, KeyTable
@@ -38,16 +46,8 @@ from deployments.monitoring.metrics import Recorder
 from deployments.state import owners
 
 STATE_KEY = "mmserve_key"  # the request's `state` entry: the caller's `KeyIdentity`
-LIMITED = {  # a model's endpoints, and whether they generate (an embedding's completion is nothing)
-    "/v1/chat/completions": True,
-    "/v1/completions": True,
-    "/v1/responses": True,
-    "/v1/messages": True,
-    "/v1/embeddings": False,
-}
-NAMING_A_MODEL = frozenset({"/tokenize", "/detokenize", "/v1/messages/count_tokens", "/v1/responses/compact"})
-"""The other routes whose body names a model (the key's model list holds there too); any other
-body is not read here (an upload to /v1/files streams on untouched)."""
+DELIVERY_WAIT_S = 10.0  # the longest a finished response waits for the server's word that it was sent
+_COUNTED_METHODS = frozenset({"POST", "DELETE"})  # what may generate or write; a read is never counted
 
 
 def key_of(state: Any) -> KeyIdentity | None:
@@ -81,23 +81,45 @@ class Limiter:
     served: ServedModels  # their names, and the 404 of a model not served
     default_max_tokens: Mapping[str, int]  # each model's, for a request that sets none
     metrics: Recorder
+    estimator: estimate.Estimator = field(default_factory=estimate.Estimator)  # with the stores a request names
 
     def check_model(self, identity: KeyIdentity, model: object) -> None:
         """A model the key may not use is unknown to it: `ModelNotFoundError`, listing only its models."""
         if isinstance(model, str) and not identity.allows(model):
             raise self.served.unknown(model, identity.allows)
 
-    async def admit(self, identity: KeyIdentity, route: str, request: dict[str, Any], anthropic: bool) -> Admission:
-        """Admit a request to a model's endpoint `route` (`LIMITED`); over a limit, `RefusedError`."""
-        if identity.caps == Caps():  # nothing to count: no round trip to the board
+    async def admit(
+        self, identity: KeyIdentity, route: str, request: dict[str, Any], anthropic: bool, owner: bytes | None = None
+    ) -> Admission:
+        """Admit a request to a model's endpoint `route` (one that generates or reads a model:
+        `apis/counting.py`), reserving its estimated tokens; over a limit, `RefusedError`. `owner`: the
+        caller's key digest, whose stored objects the request may name."""
+        caps = identity.caps
+        if caps == Caps():  # nothing to count: no round trip to the board
             return Admission(identity, None, {})
-        completion = 0
-        if LIMITED[route]:
+        started = time.monotonic()
+        tokens = 0  # without a token limit nothing reads the estimate
+        if caps.tokens_per_minute is not None:
             model = request.get("model")
             base = (model if isinstance(model, str) else self.served.names[0]).partition(":")[0]
-            completion = estimate.completion_tokens(request, self.default_max_tokens.get(base, 256))
-        started = time.monotonic()
-        verdict = await self.board.admit(identity.name, identity.caps, estimate.prompt_tokens(request) + completion)
+            reads = ROUTES.of("POST", route) is Counted.READS  # nothing generated: no completion budget
+            default = self.default_max_tokens.get(base, 256) if not reads else None
+            try:
+                cost = await self.estimator.estimate(route, request, default, owner)
+            except RecursionError:  # nested deeper than Python reads: the 400 the route gives such a body
+                raise InvalidRequestError("There was an error parsing the body: it is nested too deeply.") from None
+            tokens = cost.reserve(caps.tokens_per_minute)
+        return await self._admit(identity, tokens, anthropic, started)
+
+    async def admit_write(self, identity: KeyIdentity, anthropic: bool = False) -> Admission:
+        """Admit a request that writes state (`Counted.WRITES`): one request and a place among the
+        key's concurrent ones, no tokens; over a limit, `RefusedError`."""
+        if identity.caps == Caps():
+            return Admission(identity, None, {})
+        return await self._admit(identity, 0, anthropic, time.monotonic())
+
+    async def _admit(self, identity: KeyIdentity, tokens: int, anthropic: bool, started: float) -> Admission:
+        verdict = await self.board.admit(identity.bucket, identity.caps, tokens)
         tags = {"key": identity.name}
         self.metrics.observe("key_admission_seconds", time.monotonic() - started, tags=tags)
         if verdict is None:  # the board is unreachable: admitted without limits (logged by the board)
@@ -158,42 +180,86 @@ class KeyLimiter:
         digest = state.get(owners.STATE_KEY)
         identity = limiter.table.identify(digest if isinstance(digest, bytes) else None)
         state[STATE_KEY] = identity
-        if scope["type"] == "websocket" or scope["method"] != "POST":
+        if scope["type"] == "websocket" or scope["method"] not in _COUNTED_METHODS:
             await self.app(scope, receive, send)
             return
         record = record_of(State(state))
         record.tenant = identity.tenant
         route = route_of(scope)
-        if route not in LIMITED and route not in NAMING_A_MODEL:
+        counted = ROUTES.of(scope["method"], route)
+        if counted is None or counted is Counted.UNCOUNTED:
             await self.app(scope, receive, send)
             return
-        body = await _read(receive)
-        if body is None:
-            return
-        receive = replay(body, receive)
-        try:
-            request = json.loads(body) if body else None
-        except ValueError:
-            request = None  # the route says what is wrong with it
-        try:
-            limiter.check_model(identity, request.get("model") if isinstance(request, dict) else None)
-            if route not in LIMITED or not isinstance(request, dict):
-                await self.app(scope, receive, send)
+        request: Any = None
+        if counted.reads_body:  # any other body is not read here (an upload streams on untouched)
+            body = await _read(receive)
+            if body is None:
                 return
-            admission = await limiter.admit(identity, route, request, anthropic_route(scope))
-        except (ModelNotFoundError, RefusedError) as refused:
+            receive = replay(body, receive)
+            request = _parsed(body)
+        try:
+            if counted.reads_body:
+                limiter.check_model(identity, request.get("model") if isinstance(request, dict) else None)
+            if not counted.admitted or (counted.reads_body and not isinstance(request, dict)):
+                await self.app(scope, receive, send)  # not counted, or a body that its route refuses
+                return
+            if counted.reads_body:
+                owner = digest if isinstance(digest, bytes) else None
+                admission = await limiter.admit(identity, route, request, anthropic_route(scope), owner)
+            else:
+                admission = await limiter.admit_write(identity, anthropic_route(scope))
+        except (ModelNotFoundError, RefusedError, InvalidRequestError) as refused:
             await reject(refused, getattr(refused, "headers", {}), scope, receive, send)
             return
+        await _admitted(self.app, limiter, admission, record, scope, receive, send)
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).update(admission.headers)
-            await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            limiter.settle(admission, record)
+async def _admitted(
+    app: ASGIApp,
+    limiter: Limiter,
+    admission: Admission,
+    record: RequestRecord,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Serve an admitted request and settle it once its response has ended: sent whole (the server
+    says so) or its client gone."""
+    complete = False
+
+    async def send_with_headers(message: Message) -> None:
+        nonlocal complete
+        if message["type"] == "http.response.start":
+            MutableHeaders(scope=message).update(admission.headers)
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            complete = True
+        await send(message)
+
+    try:
+        await app(scope, receive, send_with_headers)
+        if complete:
+            await _sent(receive)
+    finally:
+        limiter.settle(admission, record)
+
+
+async def _sent(receive: Receive) -> None:
+    """Wait for the server's word that the response has gone (ASGI's `http.disconnect`, sent once the
+    response is complete or the client has left): under Serve the app's `send` only queues each
+    message for the proxy, so the app may end long before its client has the first bytes."""
+    with suppress(TimeoutError):
+        async with asyncio.timeout(DELIVERY_WAIT_S):
+            while (await receive())["type"] == "http.request":  # a body the route never read
+                pass
+
+
+def _parsed(body: bytes) -> Any:
+    """The JSON body; None when it is none (its route says what is wrong with it: the same 400 as
+    without limits, also for a body nested too deeply to parse)."""
+    try:
+        return json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        return None
 
 
 async def _read(receive: Receive) -> bytes | None:

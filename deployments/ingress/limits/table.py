@@ -24,12 +24,15 @@ from deployments.protocol.replica import Tenant
 logger = logging.getLogger("ray.serve")
 
 CHECK_EVERY_S = 1.0
+QUEUE_DIGEST_BYTES = 8  # a default-entry key's own queue and buckets: 64 bits of its digest, no two keys alike
 
 
 @dataclass(frozen=True)
 class KeyIdentity:
-    """A caller as the limits see it: its entry's name and limits, and its own fair-queueing tenant
-    (keys sharing the default entry still queue apart)."""
+    """A caller as the limits see it: its entry's name and limits, and its own `queue`: its
+    fair-queueing tenant and its buckets at the board (keys of the default entry each have their
+    own, of the default's size: `default:<the first 8 bytes of the key's digest>`). The metrics name
+    the entry (`name`: their label values stay bounded)."""
 
     name: str
     queue: str
@@ -38,6 +41,11 @@ class KeyIdentity:
     @property
     def caps(self) -> Caps:
         return Caps(self.limits.requests_per_minute, self.limits.tokens_per_minute, self.limits.max_concurrent)
+
+    @property
+    def bucket(self) -> str:
+        """The name its requests and tokens are counted under at the board: its own."""
+        return self.queue
 
     @property
     def tenant(self) -> Tenant:
@@ -96,7 +104,7 @@ class KeyTable:
         named = loaded.named.get(digest) if digest is not None else None
         if named is not None:
             return KeyIdentity(named.name, named.name, named)
-        queue = DEFAULT_NAME if digest is None else f"{DEFAULT_NAME}:{digest[:6].hex()}"
+        queue = DEFAULT_NAME if digest is None else f"{DEFAULT_NAME}:{digest[:QUEUE_DIGEST_BYTES].hex()}"
         return KeyIdentity(DEFAULT_NAME, queue, loaded.limits.default)
 
     def named(self, name: str, queue: str) -> KeyIdentity:

@@ -211,7 +211,7 @@ async def holds(
 
 
 async def test_a_tenant_with_one_waiter_is_served_next_to_a_tenant_with_many():
-    seqs, started, done = Sequences(2), [], asyncio.Event()
+    seqs, started, done = Sequences(2, headroom=0), [], asyncio.Event()  # fair queueing alone
 
     def run(tenant: str, name: str) -> Coroutine[Any, Any, None]:
         return holds(seqs, tenant, name, started, done)
@@ -227,7 +227,7 @@ async def test_a_tenant_with_one_waiter_is_served_next_to_a_tenant_with_many():
 
 
 async def test_a_tenant_capped_to_a_share_leaves_the_rest_to_others_and_waits_beyond_it():
-    seqs, started, done = Sequences(4), [], asyncio.Event()
+    seqs, started, done = Sequences(4, headroom=0), [], asyncio.Event()  # the cap alone
 
     def run(tenant: str, name: str, share: float | None) -> Coroutine[Any, Any, None]:
         return holds(seqs, tenant, name, started, done, share)
@@ -256,6 +256,93 @@ async def test_a_tenant_served_alone_before_neither_jumps_the_queue_nor_waits_be
     await settle()
     await _drain([*first, late], done)
     assert started[3:] == ["a0", "a1", "b3", "a2"]  # b3 among a's waiters: no credit saved, no penalty kept
+
+
+async def test_a_key_beside_another_keys_flood_gets_a_sequence_at_once_and_a_key_alone_all_but_one():
+    """Fair share by default (no share set): A, of an earlier priority even, asks for 3x the
+    sequences; it gets all but one, and B's first request takes that one at once, before any of A's
+    ends. Once B is gone the headroom stays free: the cost, A alone runs `size - 1`. An explicit
+    share replaces the headroom (1.0: every sequence), and without limits (no tenant) nothing is
+    held back."""
+    seqs, started, done = Sequences(4), [], asyncio.Event()
+
+    async def run(tenant: str, name: str, priority: int = 0, share: float | None = None) -> None:
+        async with seqs.reserve(1, priority, tenant, share):
+            started.append(name)
+            await done.wait()
+
+    flood = [asyncio.create_task(run("a", f"a{i}", priority=-1)) for i in range(12)]
+    await settle()
+    assert started == ["a0", "a1", "a2"] and seqs.reserved == 3 and seqs.waiting == 9
+    b = asyncio.create_task(run("b", "b0"))
+    await settle()
+    assert started[3:] == ["b0"] and seqs.reserved == 4  # no release of A's needed
+    c = asyncio.create_task(run("c", "c0"))
+    await settle()
+    assert "c0" not in started and seqs.waiting == 10  # the headroom is one sequence: C waits
+    done.set()
+    await asyncio.gather(*flood, b, c)
+    assert started[4] == "c0"  # then the first sequence freed: C holds none, A's waiters are held back
+
+    done.clear()
+    for tenant, share, alone in (("a", None, 3), ("a", 1.0, 4), ("", None, 4)):
+        started.clear()
+        tasks = [asyncio.create_task(run(tenant, f"x{i}", share=share)) for i in range(6)]
+        await settle()
+        assert len(started) == alone, (tenant, share)
+        done.set()
+        await asyncio.gather(*tasks)
+        done.clear()
+    assert (seqs.reserved, seqs.waiting, seqs.foreground) == (0, 0, 0)
+
+
+async def test_kv_cells_held_back_for_a_newcomer_whose_request_passes_a_waiter_that_does_not_fit():
+    """The KV-cell budget holds a slot's worth back: A's requests of 300 cells stop at 600 of 1,000
+    (a third would leave under 250 free), B's first of 300 enters at once, A's own later small one
+    does not jump A's waiting one, and a newcomer that does not fit waits like anyone."""
+    room, started, done = Budget(1000, headroom=250), [], asyncio.Event()
+
+    async def run(tenant: str, name: str, need: int) -> None:
+        async with room.reserve(need, tenant=tenant):
+            started.append(name)
+            await done.wait()
+
+    a = [asyncio.create_task(run("a", f"a{i}", need)) for i, need in enumerate([300, 300, 300, 50])]
+    await settle()
+    assert started == ["a0", "a1"] and room.reserved == 600  # a3 (50) would fit, but a2 came first
+    b = asyncio.create_task(run("b", "b0", 300))
+    await settle()
+    assert started[2:] == ["b0"] and room.reserved == 900
+    c = asyncio.create_task(run("c", "c0", 200))
+    await settle()
+    assert "c0" not in started and room.waiting == 3  # 100 left: the newcomer waits for a release
+    done.set()
+    await asyncio.gather(*a, b, c)
+    assert room.reserved == 0 and started.index("c0") < started.index("a2")
+
+
+async def test_a_keys_batch_lines_leave_a_sequence_for_another_keys_chat():
+    """On a quiet replica A's batch lines take all but one sequence; B's chat takes it at once, and
+    B's batch lines still wait while a chat is on the replica."""
+    seqs, started = Sequences(4, quiet_s=0.01), []
+    lines_done, chat_done = asyncio.Event(), asyncio.Event()
+
+    async def run(tenant: str, name: str, priority: int, done: asyncio.Event) -> None:
+        async with seqs.reserve(1, priority, tenant):
+            started.append(name)
+            await done.wait()
+
+    lines = [asyncio.create_task(run("a", f"line{i}", BACKGROUND_PRIORITY, lines_done)) for i in range(6)]
+    await settle()
+    assert started == ["line0", "line1", "line2"]
+    chat = asyncio.create_task(run("b", "chat", 0, chat_done))
+    other = asyncio.create_task(run("c", "c-line", BACKGROUND_PRIORITY, lines_done))
+    await settle()
+    assert started[3:] == ["chat"] and seqs.waiting == 4
+    chat_done.set()
+    lines_done.set()
+    await asyncio.gather(chat, *lines, other)
+    assert (seqs.reserved, seqs.background, seqs.foreground) == (0, 0, 0)
 
 
 async def _drain(tasks: list[asyncio.Task], done: asyncio.Event) -> None:

@@ -38,6 +38,23 @@ async def test_several_decoder_calls_are_one_answer_and_each_prompt_counts_once(
     assert (usage.prompt_tokens, usage.completion_tokens) == (6, 8)
 
 
+async def test_the_record_counts_every_prompt_and_every_sequence_of_several_calls():
+    """What the limits settle and the key's metrics count: the sum over the calls, not the last one's."""
+    record = RequestRecord()
+    core = answer_core(FakeDecoder(["a", "b", "c"]))
+    requests = [GenerateRequest(prompt=p, n=2) for p in ("x", "y", "z")]
+    generation = await core.generate(requests, core.deadline(), record)
+    tally: Tally[str] = Tally(6, per_prompt=2)
+
+    def feed(chunk: GenerateChunk) -> None:
+        if chunk.finish_reason is not None:
+            tally.end(chunk, chunk.finish_reason)
+
+    await whole(generation, tally, feed)
+    usage = tally.usage()
+    assert (record.prompt_tokens, record.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens) == (9, 18)
+
+
 async def test_the_deadline_cancels_a_step_before_the_decoder_with_a_408():
     deadline = answer_core(FakeDecoder(), request_timeout_s=0.05).deadline()
     with pytest.raises(RequestTimeoutError, match=r"0\.05 s"):

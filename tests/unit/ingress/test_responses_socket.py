@@ -6,21 +6,29 @@ a summary that a new chain continues from."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
-from deployments.config import ServerConfig
+from deployments.config import BatchesConfig, DocumentInputConfig, ImageInputConfig, ServerConfig
+from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.compaction import transcript
 from deployments.ingress.apis.responses.protocol import ResponseCreateEvent
+from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
+from deployments.ingress.limits.limiter import Limiter
+from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.protocol.openai.common import ModelCard
-from tests.support.stores import stored_responses
+from deployments.state.batches import BatchStore
+from deployments.state.owners import Caller
+from deployments.state.records import stored_owners
+from tests.support.stores import stored_responses, temporary_storage
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
@@ -304,3 +312,67 @@ def test_a_connection_ends_after_its_lifetime_with_an_error_and_a_normal_close()
             socket.receive_text()
     assert (expired["status"], expired["error"]["code"]) == (400, "websocket_connection_limit_reached")
     assert closed.value.code == 1000
+
+
+def test_a_message_nested_too_deeply_is_a_400_for_its_turn_with_limits_or_without():
+    from tests.unit.ingress.limits.test_limiter import LocalBoard
+
+    deep = '{"type": "response.create", "model": "echo", "input": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    schema = '{"type": "object", "properties": {"a": ' * 300 + "{}" + "}}" * 300
+    format_ = '{"format": {"type": "json_schema", "name": "deep", "schema": ' + schema + "}}"
+    nested = '{"type": "response.create", "model": "echo", "input": "hi", "store": false, "text": ' + format_ + "}"
+    decoder = FakeDecoder(["OK."])
+    core = answer_core(decoder)
+    served = ServedModels(
+        [ServedModel(ModelCard(id="echo", created=1), core, HealthService(decoder, None, model_name="echo"))]
+    )
+    limits_file = "default: {requests_per_minute: 100, tokens_per_minute: 100000}"  # the estimate is read
+    table = KeyTable(parse_limits(limits_file, "limits.yaml"), None, environ={})
+    for limits in (None, table):
+        guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), limits=limits)
+        limiter = None if limits is None else Limiter(table, LocalBoard(), served, {"echo": 64}, FakeMetrics())
+        app = build_api(served, guard, FakeMetrics(), stored_responses(), limiter=limiter)
+        with TestClient(app) as client, client.websocket_connect("/v1/responses") as socket:
+            socket.send_text(deep)
+            error = json.loads(socket.receive_text())
+            assert (error["type"], error["status"], error["error"]["type"]) == ("error", 400, "invalid_request_error")
+            assert turn(socket, input="hi", store=False)[-1]["type"] == "response.completed"  # the connection goes on
+            socket.send_text(nested)  # deep, but readable: a turn like any other
+            assert json.loads(socket.receive_text())["type"] == "response.created"
+
+
+def test_a_turn_reads_the_callers_own_file_and_no_other_keys():
+    """A file named by `file_id` in a turn is the caller's, by the owner rule of HTTP: the key that
+    uploaded it reads it, another key gets the same not found as for an unknown id."""
+    key_a, key_b = "sk-socket-alice-0123", "sk-socket-bob-45678"
+    storage = temporary_storage()
+    batches = BatchStore.open(BatchesConfig(), storage, stored_owners(storage))
+    stage = DocumentStage(DocumentInputConfig(), ImageInputConfig(), batches.files)
+    decoder = FakeDecoder(["OK."])
+    core = answer_core(decoder, documents=stage)
+    served = ServedModels(
+        [ServedModel(ModelCard(id="echo", created=1), core, HealthService(decoder, None, model_name="echo"))]
+    )
+    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None, api_keys=[key_a, key_b]))
+    app = build_api(served, guard, FakeMetrics(), stored_responses(), batch_service=batches)
+    alice = Caller(hashlib.sha256(key_a.encode()).digest())
+    uploaded = batches.files.create("notes.txt", b"The code word is cobalt.", "user_data", alice)
+    content = [
+        {"type": "input_file", "file_id": uploaded["id"]},
+        {"type": "input_text", "text": "What is the code word?"},
+    ]
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {key_a}"}
+        with client.websocket_connect("/v1/responses", headers=headers) as socket:
+            answered = turn(socket, input=[{"role": "user", "content": content}], store=False)
+        assert answered[-1]["type"] == "response.completed"
+        assert "cobalt" in str(decoder.requests[-1].messages)
+        headers = {"Authorization": f"Bearer {key_b}"}
+        with client.websocket_connect("/v1/responses", headers=headers) as socket:
+            refused = turn(socket, input=[{"role": "user", "content": content}], store=False)
+        unknown = {**content[0], "file_id": "file-unknown"}
+        with client.websocket_connect("/v1/responses", headers=headers) as socket:
+            none = turn(socket, input=[{"role": "user", "content": [unknown, content[1]]}], store=False)
+    assert refused[-1]["type"] == "error" and refused[-1]["status"] == 404 and len(decoder.requests) == 1
+    assert refused[-1]["error"] == {**none[-1]["error"], "message": refused[-1]["error"]["message"]}
+    assert none[-1]["error"]["message"].replace("file-unknown", uploaded["id"]) == refused[-1]["error"]["message"]

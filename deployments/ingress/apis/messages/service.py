@@ -62,6 +62,9 @@ class MessagesService:
     async def create(self, body: MessagesRequest, record: RequestRecord) -> Reply:
         """`record`: what this request's access-log line and metrics say, filled in as it goes."""
         _check_final_turn(body)
+        user = (body.metadata or {}).get("user_id")
+        if isinstance(user, str) and user and record.session is None:  # Claude Code's names its session
+            record.session = f"user:{user[:256]}"
         plan = _plan(body)
         settings: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
         settings |= {"grammar": plan.grammar, "stop": body.stop_sequences or []}

@@ -70,14 +70,17 @@ def attach(
         key = key_of(websocket.state)
         admitted: dict[str, Admission] = {}  # each turn is admitted by the limits as a request is
 
-        async def turn(body: ResponseRequest, record: RequestRecord, connection: ConnectionCache) -> Reply:
+        async def turn(
+            body: ResponseRequest, record: RequestRecord, connection: ConnectionCache, message: dict[str, Any]
+        ) -> Reply:
+            who = caller(websocket, record.request_id)
+            record.key_digest = who.key_digest  # the turn reads the caller's own /v1/files, as a request does
             if limiter is not None and key is not None:
                 limiter.check_model(key, body.model)
                 record.tenant = key.tenant
-                request = body.model_dump(mode="json", exclude_none=True)
-                admitted[record.request_id] = await limiter.admit(key, PATH, request, anthropic=False)
+                request = {k: v for k, v in message.items() if k != "type"}  # as a body is read (any depth)
+                admitted[record.request_id] = await limiter.admit(key, PATH, request, False, who.key_digest)
             service = ResponseService(served.get(body.model).core)
-            who = caller(websocket, record.request_id)
             return await service.create(body, record, store, who, connection, conversations)
 
         log = turn_log_of(websocket.state)

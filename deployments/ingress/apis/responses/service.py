@@ -87,6 +87,8 @@ class ResponseService:
         mode; `conversations`: the conversations a turn may belong to (None: none are served)."""
         core = self._core
         thread = _Thread(conversations, body.conversation_id, caller)
+        if body.conversation_id and record.session is None:  # the decoders' router keeps it on one replica
+            record.session = f"conversation:{body.conversation_id}"
         conversation = await thread.history() or await _conversation(
             store, body.previous_response_id, caller, connection
         )

@@ -28,6 +28,7 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -39,8 +40,9 @@ from deployments.monitoring.access_log import RequestRecord
 
 LIFETIME_S = 3600.0
 
-Turn = Callable[[ResponseRequest, RequestRecord, ConnectionCache], Awaitable[Reply]]
-"""A turn's answer: the Responses service's streamed create, on the connection's cache."""
+Turn = Callable[[ResponseRequest, RequestRecord, ConnectionCache, dict[str, Any]], Awaitable[Reply]]
+"""A turn's answer: the Responses service's streamed create, on the connection's cache; its last
+argument is the message as the client sent it (what the limits estimate, as they do a body)."""
 
 
 class ResponseSocket:
@@ -98,7 +100,7 @@ class ResponseSocket:
             previous = data.get("previous_response_id")
             event = ResponseCreateEvent.model_validate(data)
             record.model = event.model
-            reply = await self._turn(event.request(), record, self._connection)
+            reply = await self._turn(event.request(), record, self._connection, data)
         except Exception as exc:  # before the turn's first event: its error message
             self._connection.forget(previous if isinstance(previous, str) else None)
             status, body = recorded_error(exc, record)
@@ -132,7 +134,7 @@ def _event(text: str) -> dict:
     """A client message as a `response.create` event's fields."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested too deeply is unreadable too: a 400, as over HTTP
         raise InvalidRequestError("The message is not valid JSON.") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("The message must be a JSON object (a response.create event).")
