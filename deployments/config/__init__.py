@@ -30,6 +30,7 @@ from deployments.config.models import (
     ModelsFile,
 )
 from deployments.config.params import EVERY_ENGINE, EngineParams
+from deployments.config.routing import RoutingConfig
 from deployments.config.serving import AppArgs, AutoscalingConfig, DeploymentConfig, GpuShare, ServerConfig
 from deployments.config.state import StateConfig
 from deployments.config.vision import Capabilities, CaptioningConfig, ImageInputConfig, ProxyVisionConfig, VisionMode
@@ -56,6 +57,7 @@ __all__ = [
     "ModelsFile",
     "Pooling",
     "ProxyVisionConfig",
+    "RoutingConfig",
     "ServerConfig",
     "ServicePlan",
     "StateConfig",

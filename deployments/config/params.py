@@ -119,6 +119,15 @@ class EngineParams(StrictModel):
         "with a seed is always computed whole: the same seed and request give the same answer whatever ran "
         "before or beside it. transformers: no prefix cache (refused).",
     )
+    cache_ram_mib: int = Field(
+        1024,
+        ge=0,
+        description="llama.cpp: host memory (MiB) for prompts that left their slot (llama.cpp's prompt cache, "
+        "--cache-ram): when more sessions than slots share a replica, a session's prefix evicted from its slot is "
+        "copied back from here instead of read again. 0: none. 1024 holds about 24 prompts of 1,900 tokens of the "
+        "default model (22.5 KiB of f16 KV cells a token); llama-server's own default is 8192. /health and the "
+        "effective config say it. transformers: refused.",
+    )
     cpu_threads: Annotated[int, Field(gt=0)] | Literal["all"] | None = Field(
         None,
         description="Compute threads on CPU (torch's, or llama.cpp's): a number, all (the cores; a decoder "

@@ -13,6 +13,7 @@ from pydantic import (
 from deployments.config.batches import BatchesConfig
 from deployments.config.embedding import EmbeddingConfig
 from deployments.config.params import EngineParams
+from deployments.config.routing import RoutingConfig
 from deployments.config.state import StateConfig, moved_settings
 from deployments.config.strict import StrictModel
 from deployments.config.vision import VisionMode
@@ -163,6 +164,10 @@ class DeploymentConfig(StrictModel):
         "scales from 1 to 2 replicas on max_num_seqs, 30 s up, 600 s down; a CPU decoder runs "
         "decoder_cpu_replicas fixed replicas; a captioner scales from 1 to 2 on 4 with a GPU share, 1 replica "
         "on CPU). Given (even {}): these replicas autoscale, with the unset fields at those defaults.",
+    )
+    routing: RoutingConfig = Field(
+        default_factory=RoutingConfig,
+        description="A decoder's request router: which replica each request goes to (docs/routing.md).",
     )
 
 

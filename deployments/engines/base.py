@@ -60,6 +60,12 @@ class TextEngine(Engine):
     """Whether a greedy answer is the same whatever runs beside it (`params.batch_invariant` holds),
     for /health and the effective config; False: no such promise."""
 
+    def prefix_memory(self) -> tuple[int, int, int | None] | None:
+        """What the engine keeps of finished prompts for reuse, for the router's reports
+        (`routing.HeldPrefixes`): (prompts kept in slots, bytes of host prompt cache, KV bytes a
+        token or None); None: it keeps none (no prefix cache: routing by prefix gains nothing)."""
+        return None
+
     tool_format: ToolCallFormat = "hermes"
     """How the model writes tool calls (`capabilities.tool_call_format` resolved): the decoder tells
     the ingress with each request that has tools, and the ingress parses the calls with it."""

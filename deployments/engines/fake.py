@@ -164,6 +164,10 @@ class FakeTextEngine(TextEngine):
     def describe(self) -> dict[str, Any]:
         return {"engine": "fake", **self.settings.model_dump()}
 
+    def prefix_memory(self) -> tuple[int, int, int | None] | None:
+        """As if each of its `max_num_seqs` slots kept its last prompt (so routing by prefix shows)."""
+        return self.params.max_num_seqs, 0, None
+
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0}
 

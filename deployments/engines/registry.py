@@ -174,7 +174,14 @@ ENGINES: dict[str, EngineSpec] = {
             _llama_cpp_text,
             _llama_cpp_caption,
             settings=frozenset(
-                {"kv_cache_dtype", "batch_invariant", "enable_prefix_caching", "lora", "cpu_threads_batch"}
+                {
+                    "kv_cache_dtype",
+                    "batch_invariant",
+                    "enable_prefix_caching",
+                    "cache_ram_mib",
+                    "lora",
+                    "cpu_threads_batch",
+                }
             ),
             cpu_replicas=1,
             threads_are_cores=True,

@@ -77,6 +77,9 @@ class RequestRecord:
     key_digest: bytes | None = None  # the caller's API key's SHA-256 (documents named by file_id); never logged
     tenant: Tenant | None = None  # whose request, as the limits know it (`ingress.limits`); None: no limits file
     queued_s: float | None = None  # how long its first sequence waited for the decoder (the decoder's count)
+    session: str | None = (
+        None  # the client's session hint (x-session-id, a conversation, a user id): routing's tie-breaker
+    )
 
     def first_token(self) -> None:
         if self.ttft_s is None:
@@ -157,6 +160,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         record = RequestRecord(request_id=self._request_id(scope), method=scope["method"], path=scope["path"])
+        record.session = session_header(scope)
         scope.setdefault("state", {})[STATE_KEY] = record
         error_body = b""
 
@@ -214,3 +218,15 @@ def log_access(record: RequestRecord) -> None:
 def _without_serve_keys(fields: dict[str, Any]) -> dict[str, Any]:
     """Serve's JSON lines already carry `request_id` (the same id) and refuse duplicate keys."""
     return {k: v for k, v in fields.items() if k != "request_id"}
+
+
+SESSION_HEADER = b"x-session-id"  # Ray Serve's own name for it (RAY_SERVE_SESSION_ID_HEADER_KEY's default)
+
+
+def session_header(scope: Scope) -> str | None:
+    """The request's `x-session-id` (at most 256 characters), a hint the decoders' router keeps a session
+    on one replica with (`routing.choice`)."""
+    for key, value in scope.get("headers") or ():
+        if key.lower() == SESSION_HEADER:
+            return value.decode("latin-1")[:256] or None
+    return None

@@ -145,6 +145,46 @@ DECODER_PANELS = [
         "reqps",
         [Target(expr=_rate("requests_cancelled", "model"), legend="{{model}}")],
     ),
+    _panel(
+        26,
+        "Prompt tokens from the prefix cache, share by replica",
+        "prompt_tokens_cached",
+        "percentunit",
+        [
+            Target(
+                expr=f"sum by (replica) (rate({_series(_spec('prompt_tokens_cached', 'counter'))}[$interval])) / "
+                f"sum by (replica) (rate({_series(_spec('prompt_tokens', 'counter'))}[$interval]))",
+                legend="{{replica}}",
+            )
+        ],
+        note="Warm sessions read most of their prompt from the cache: a replica well below the others is "
+        "getting turns whose prefix another holds (docs/routing.md).",
+        stack=False,
+        fill=0,
+        min_val=0,
+        max_val=1,
+    ),
+    _panel(
+        27,
+        "Routing decisions / s",
+        "routing_decisions",
+        "reqps",
+        [Target(expr=_rate("routing_decisions", "decision"), legend="{{decision}}")],
+        note="Recorded by the ingress replicas (their deployment), labelled with the decoder's model.",
+    ),
+    _panel(
+        28,
+        "Requests routed / s by decoder replica, and the load spread",
+        "routing_requests",
+        "short",
+        [
+            Target(expr=_rate("routing_requests", "decoder_replica"), legend="{{decoder_replica}}"),
+            Target(expr=_gauge("routing_load_spread", "model", agg="max"), legend="load spread {{model}}"),
+        ],
+        note=_spec("routing_load_spread").description,
+        stack=False,
+        fill=0,
+    ),
 ]
 
 # Bars per bucket over the dashboard's range, as Ray Data's histogram panels do (Grafana turns the

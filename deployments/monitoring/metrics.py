@@ -251,8 +251,38 @@ BATCH_METRICS = (
     ),
 )
 
+# Recorded by the decoders' request router (`routing.PrefixRouter`), in the ingress replicas that hold
+# the decoders' handles: with the ingress's Serve tags, and the decoder's `model`.
+ROUTING_METRICS = (
+    _spec(
+        "routing_decisions",
+        "counter",
+        "Router: decoder requests routed, by decision (warm: to the replica holding the longest part of the "
+        "prompt; session: the client's session hint; load_fallback: a warm replica was too busy; no_match).",
+        "decision",
+        known={"decision": ("warm", "session", "load_fallback", "no_match")},
+    ),
+    _spec(
+        "routing_requests",
+        "counter",
+        "Router: decoder requests routed, by the decoder replica they went to (the imbalance between replicas).",
+        "decoder_replica",
+    ),
+    _spec(
+        "routing_load_spread",
+        "gauge",
+        "Router: at the last request routed, the busiest decoder replica's ongoing requests minus the least busy's.",
+    ),
+)
+
 SPECS: tuple[MetricSpec, ...] = (
-    DECODER_METRICS + CAPTIONER_METRICS + EMBEDDER_METRICS + ENGINE_METRICS + INGRESS_METRICS + BATCH_METRICS
+    DECODER_METRICS
+    + CAPTIONER_METRICS
+    + EMBEDDER_METRICS
+    + ENGINE_METRICS
+    + INGRESS_METRICS
+    + BATCH_METRICS
+    + ROUTING_METRICS
 )
 
 

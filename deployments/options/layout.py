@@ -12,6 +12,7 @@ from deployments.config import AppArgs, DeploymentConfig, GpuShare, ModelConfig
 from deployments.engines import registry
 from deployments.engines.registry import check_settings, engine_spec
 from deployments.errors import ConfigError
+from deployments.options.routing import decoder_routing
 from deployments.options.scaling import (
     CAPTIONER_ONGOING,
     CAPTIONER_TARGET,
@@ -120,8 +121,8 @@ def decoder_layout(
 def decoder_options(
     app_args: AppArgs, model: ModelConfig, cores: int, cpus: float = 1.0
 ) -> tuple[dict[str, Any], ModelConfig]:
-    """All of the decoder's options (`decoder_layout` on `cores` and `cpus`, and its queue), and its
-    placed model config.
+    """All of the decoder's options (`decoder_layout` on `cores` and `cpus`, its queue and its request
+    router, `routing.decoder_routing`), and its placed model config.
     `ConfigError` when a replica would take fewer requests than one batch holds, or when its
     autoscaling cannot work (see `scaling`, `decoder_layout`)."""
     seqs = model.params.max_num_seqs
@@ -136,7 +137,7 @@ def decoder_options(
             f"({seqs}): a replica would never fill its batch; raise the first or lower the second",
         )
     layout, placed = decoder_layout(app_args, model, cores, cpus)
-    return {**queue, **layout}, placed
+    return {**queue, **layout, **decoder_routing(placed)}, placed
 
 
 def placed_captioner(app_args: AppArgs, model: ModelConfig) -> ModelConfig:

@@ -26,6 +26,8 @@ from deployments.replicas.adapters import ReplicaAdapters
 from deployments.replicas.lifecycle import EngineSlot
 from deployments.replicas.stopping import StopMatcher
 from deployments.roles import Role
+from deployments.routing.held import HeldPrefixes
+from deployments.routing.keys import BLOCK_CHARS, prefix_blocks
 
 logger = logging.getLogger("ray.serve")
 
@@ -53,6 +55,9 @@ class PrimaryDecoder:
         if not self._slot.load():
             raise RuntimeError(f"primary decoder {model.name!r} failed to load: {self._slot.reason}")
         self._slot.start()
+        # What the engine keeps of recent prompts, reported to the routers (`record_routing_stats`).
+        memory = self._slot.engine.prefix_memory() if self._slot.engine is not None else None
+        self._held = None if memory is None else HeldPrefixes(*memory)
         # `max_num_seqs` sequences at once; the others wait by priority (vLLM's), then in arrival order,
         # and background work (batch lines) runs on idle capacity.
         self._seqs = Sequences(model.params.max_num_seqs)
@@ -64,6 +69,9 @@ class PrimaryDecoder:
         multiplexed model id (the ingress's, for a LoRA adapter) generates with that adapter, loaded
         first if this replica does not hold it (`adapters.ReplicaAdapters`)."""
         adapter = serve.get_multiplexed_model_id() or None
+        if self._held is not None:  # as the router keys it: under the adapter, tokens guessed from characters
+            blocks = prefix_blocks(request, adapter)
+            self._held.served(blocks, len(blocks) * BLOCK_CHARS // 4)
         if adapter is None:
             async with aclosing(self._sequences(request)) as chunks:
                 async for chunk in chunks:
@@ -222,6 +230,11 @@ class PrimaryDecoder:
         if "waiting" in status.details:
             status.details["waiting"] += self._queued
         return status
+
+    def record_routing_stats(self) -> dict:
+        """Serve asks every `deployment.routing.stats_period_s`; the routers (`routing.PrefixRouter`)
+        read it: the prefix blocks this replica's engine still holds (`HeldPrefixes.report`)."""
+        return {} if self._held is None else self._held.report()
 
     def check_health(self) -> None:
         """An engine that can no longer generate (its batching thread died) gets the replica restarted."""

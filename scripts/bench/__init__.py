@@ -35,6 +35,8 @@ configuration (docs/benchmarks.md records the runs).
 - `census`: each Ray process's share of the cores, the service idle and streaming (`census.py`);
 - `store`: what `store: true` adds to a response, and the responses store's size under its caps
   (`store.py`);
+- `sessions`: agent sessions (the whole conversation resent each turn) per decoder layout and router:
+  warm turns' cached share and time to first token (`sessions.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they

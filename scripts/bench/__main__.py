@@ -32,6 +32,7 @@ SUBCOMMANDS = (
     "hops",
     "wheel",
     "census",
+    "sessions",
 )
 
 

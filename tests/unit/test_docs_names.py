@@ -30,7 +30,13 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 PACKAGES = {p.name for p in PACKAGE.rglob("*") if (p / "__init__.py").is_file()} | {"deployments"}
 MODULE_NAMES = {name.rsplit(".", 1)[-1] for name in MODULES}
-TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+TRACKED = subprocess.run(
+    ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    check=True,
+).stdout.split()
 FOLDERS = {folder for path in TRACKED for folder in Path(path).parts[:-1]}
 
 

@@ -147,6 +147,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                     http_streams=self.streams if self.takes_images else 0,
                     kv_cache_type=self.kv_cache_type,
                     lora_paths=tuple(model.params.lora.adapters.values()) if model.params.lora else (),
+                    cache_ram_mib=self.params.cache_ram_mib if self.params.enable_prefix_caching else 0,
                 )
             )
         except BaseException as exc:
@@ -162,7 +163,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         self.vocab_size = int(meta.get("n_vocab") or shape.vocab_size or 0)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="llamacpp")
         self._live: dict[int, list[int]] = {}  # request -> [prompt tokens, completion tokens so far]
-        self._room = Budget(self.kv_cells) if self.kv_unified else None  # slots with a pool of their own never wait
+        # slots with a pool of their own never wait; a shared pool holds a slot's worth back for a key with none running
+        self._room = Budget(self.kv_cells, self.kv_cells // self.params.max_num_seqs) if self.kv_unified else None
         self._prefill = Budget(self.params.prefill_chunk_size or LLAMA_N_BATCH)  # prompt tokens in prefill
         self._ids = itertools.count()
         self._closed = False
@@ -173,11 +175,26 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             f"llama.cpp server in this process: {shape.architecture or 'unknown'} GGUF as it is, "
             f"{self.params.max_num_seqs} slots, {self.kv_cells} KV cells"
             f"{kv_mb} ({'one shared pool' if self.kv_unified else f'{self.max_model_len} per slot'}), "
-            f"{self.kv_cache_type} cells, {self.cpu_threads} threads ({self.cpu_threads_batch} for batched steps); "
+            f"{self.kv_cache_type} cells, {self.cpu_threads} threads ({self.cpu_threads_batch} for batched steps), "
+            f"{self.prompt_cache_text()}; "
             "greedy answers "
             f"{'independent of the load (batch_invariant)' if self.batch_invariant else 'may change with the load'}",
         )
         progress.finished()
+
+    @property
+    def prompt_cache_mib(self) -> int:
+        """The host-memory prompt cache's bound in MiB (0: none; none without prefix caching)."""
+        return self.params.cache_ram_mib if self.params.enable_prefix_caching else 0
+
+    def prefix_memory(self) -> tuple[int, int, int | None] | None:
+        if not self.params.enable_prefix_caching:
+            return None
+        return self.params.max_num_seqs, self.prompt_cache_mib * 2**20, self.kv_bytes_per_token
+
+    def prompt_cache_text(self) -> str:
+        mib = self.prompt_cache_mib
+        return f"a prompt cache of up to {mib} MiB in host memory" if mib else "no host prompt cache"
 
     def projector_file(self, model: ModelConfig, progress: LoadLog) -> Path | None:
         """The multimodal projector llama.cpp loads beside the model: none for text."""
@@ -199,6 +216,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             "slots": self.params.max_num_seqs,
             "kv_cache_tokens": self.kv_cells,
             "kv_cache_mb": kv_mb,
+            "prompt_cache_mb": self.prompt_cache_mib,
             "kv_unified": self.kv_unified,
             "kv_cache_type": self.kv_cache_type,
             "cpu_threads": self.cpu_threads,
@@ -208,8 +226,9 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         }
 
     def stats(self) -> dict[str, Any]:
-        """Sequences in llama.cpp's slots and waiting for one, and the KV cells they hold (cells of
-        finished prompts that llama.cpp keeps for prefix reuse count as free: they are reused)."""
+        """Sequences in llama.cpp's slots and waiting for one, the KV cells they hold (cells of
+        finished prompts that llama.cpp keeps for prefix reuse count as free: they are reused), and the
+        host prompt cache's bound."""
         live = list(self._live.values())
         slots = self.params.max_num_seqs
         held = sum(prompt + completion for prompt, completion in live[:slots])
@@ -217,6 +236,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
             "running": min(len(live), slots),
             "waiting": max(len(live) - slots, 0) + self._prefill.waiting + (self._room.waiting if self._room else 0),
             "kv_cache_usage": round(min(held / self.kv_cells, 1.0), 4) if self.kv_cells else 0.0,
+            "prompt_cache_mb": self.prompt_cache_mib,  # /health: the host memory it may take
         }
 
     def failure(self) -> str | None:
@@ -234,7 +254,9 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         need = prepared.prompt_tokens + int(prepared.body.get("n_predict") or self.max_model_len)
         priority = request.priority
         room = (
-            self._room.reserve(need, priority, request.tenant) if self._room is not None else contextlib.nullcontext()
+            self._room.reserve(need, priority, request.tenant, request.tenant_share)
+            if self._room is not None
+            else contextlib.nullcontext()
         )
         async with room, self._prefill.reserve(prepared.prompt_tokens, priority, request.tenant) as prefilled:
             key = next(self._ids)

@@ -17,8 +17,9 @@
   processes off every route but ``/health`` and ``/models``. These routes are answered on the
   server's HTTP threads from the vocabulary and template alone, never waiting for a decode step.
 
-Settings that differ from llama.cpp's defaults: no host-memory prompt cache (`cache_ram_mib`,
-8 GiB by default: a replica's memory stays the weights and the KV cache), no context shift (a
+Settings that differ from llama.cpp's defaults: a host-memory prompt cache of `cache_ram_mib`
+(`ServerSettings.cache_ram_mib`, the model's `params.cache_ram_mib`; llama.cpp's own default is
+8 GiB), no context shift (a
 sequence never silently loses its beginning: the engine checks the context before it starts), no
 web UI, two HTTP threads, and only errors in its log (its per-request lines would flood the
 replica's log).
@@ -58,6 +59,7 @@ class ServerSettings:
     kv_cache_type: Literal["f16", "q8_0"] = "f16"  # the K and V cells' type
     flash_attn: bool | None = None  # None: llama.cpp's auto (on where the CPU backend has it: always)
     lora_paths: tuple[str, ...] = ()  # GGUF LoRA adapters, loaded at start at scale 0: a request's `lora` picks
+    cache_ram_mib: int = 0  # host memory for prompts that left their slot (llama.cpp's prompt cache); 0: none
 
 
 class LlamaServer:
@@ -87,7 +89,7 @@ class LlamaServer:
         if settings.flash_attn is not None:
             kind = "ENABLED" if settings.flash_attn else "DISABLED"
             params.flash_attn_type = getattr(xllamacpp.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{kind}")
-        params.cache_ram_mib = 0
+        params.cache_ram_mib = settings.cache_ram_mib
         params.ctx_shift = False
         params.ui = False
         if settings.mmproj_path is not None:

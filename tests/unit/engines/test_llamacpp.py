@@ -182,7 +182,12 @@ async def test_closing_streams_frees_their_slots_at_once(engine):
     closed_at = time.monotonic()
     for stream in streams:
         await stream.aclose()
-    assert engine.stats() == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+    assert engine.stats() == {
+        "running": 0,
+        "waiting": 0,
+        "kv_cache_usage": 0.0,
+        "prompt_cache_mb": engine.prompt_cache_mib,
+    }
     while slots_processing(engine) and time.monotonic() - closed_at < 5:
         await asyncio.sleep(0.02)
     assert slots_processing(engine) == 0
@@ -381,7 +386,8 @@ def test_the_load_logs_its_steps_with_time_and_bytes(smollm2, caplog):
         rf"source local GGUF {re.escape(str(smollm2))} \({size}\)",
         rf"step=download \d+\.\d s \(local, {size} on disk\)",
         r"step=load \d+\.\d s \(llama.cpp server in this process: llama GGUF as it is, 2 slots, 1024 KV cells, "
-        r"\d+\.\d MB \(512 per slot\), f16 cells, 2 threads \(2 for batched steps\); "
+        r"\d+\.\d MB \(512 per slot\), f16 cells, 2 threads \(2 for batched steps\), "
+        r"a prompt cache of up to 1024 MiB in host memory; "
         r"greedy answers may change with the load\)",
         r"done in \d+\.\d s \(rss \d+\.\d [MG]B\)",
     ]

@@ -112,6 +112,7 @@ class FakeDecoder:
         self.tool_format: str | None = None  # what the first chunk of a request with tools says
         self.cached: int | None = None  # prompt tokens the final chunks say came from the prefix cache
         self.requests: list[GenerateRequest] = []
+        self.session_ids: list[str] = []
         self.tokenized: list[TokenizeInput] = []
         self.image_tokens = 5  # tokens of each image a native request sends
         self.streams: list[FakeStream] = []
@@ -120,8 +121,9 @@ class FakeDecoder:
         self.tokenize = SimpleNamespace(remote=self._tokenize)
         self.detokenize = SimpleNamespace(remote=self._detokenize)
 
-    def options(self, *, stream: bool) -> FakeDecoder:
+    def options(self, *, stream: bool, session_id: str = "") -> FakeDecoder:
         assert stream
+        self.session_ids.append(session_id)  # the client's session hint, for the decoders' router
         return self
 
     def _generate(self, request: GenerateRequest) -> FakeStream:
