@@ -23,8 +23,17 @@ class DocumentInputConfig(StrictModel):
     max_chars_per_request: int = Field(
         400_000,
         gt=0,
-        description="Most characters of document text the model reads in one request. Beyond, whole pages are "
-        "left out from the end (never half a page); the prompt and the answer's `vision.unseen_pages` name them.",
+        description="Most characters of document text the model reads in one request, whatever its context (and "
+        "what a reading keeps: a text document's parts beyond are counted, not kept; a PDF's pages beyond are not "
+        "read). Beyond, whole pages are left out from the end (never half a page); the prompt and the answer's "
+        "`vision.unseen_pages` name them (reason truncated).",
+    )
+    fit_to_context: bool = Field(
+        True,
+        description="Also leave out whole pages from the end until the prompt leaves the model's default max_tokens "
+        "of its context (max_model_len), counted with the model's own tokenizer (the decoder's tokenize; no count "
+        "when the chat's bytes surely fit); the first page is always kept, so a 400 context_length_exceeded comes "
+        "only when not even it fits. false: max_chars_per_request alone.",
     )
     min_page_chars: int = Field(
         16,
@@ -46,6 +55,19 @@ class DocumentInputConfig(StrictModel):
         "split at line ends: its pages, for the prompt's marks and for truncation.",
     )
     workers: int = Field(2, gt=0, description="Worker processes per ingress replica that read PDFs, started on use.")
+    max_reads_per_request: int = Field(
+        2,
+        gt=0,
+        description="Most PDFs of one request waiting for a worker or being read at once; its others wait their "
+        "turn outside the replica's queue, so that one request can neither fill the queue nor stand in front of "
+        "every other request's PDFs.",
+    )
+    max_queued_reads: int = Field(
+        32,
+        ge=0,
+        description="Most PDFs waiting for a worker in one ingress replica, all requests together. Beyond, the "
+        "request is a 503 (code overloaded) with Retry-After, before any of its pages is read.",
+    )
     parse_timeout_s: float = Field(
         30.0, gt=0, description="Deadline of reading one PDF; its worker is killed beyond, and the request gets a 400."
     )

@@ -10,6 +10,7 @@ makes for this replica's settings."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -32,11 +33,13 @@ from deployments.config.limits import LimitsFile
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
 from deployments.ingress.batches.lines import run_line
+from deployments.ingress.documents.fit import ContextFit, decoder_count
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.limits.board import Board
+from deployments.ingress.limits.estimate import Estimator, StoreSizes
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import AdapterView, ServedEmbedder, ServedModel, ServedModels
@@ -138,6 +141,7 @@ class Ingress:
                     config.captioner_app, model.captioner, config.vision, self._metrics, model.captioner_deployment
                 )
                 clients[model.captioner.name] = captioner
+            decoder = decoders[model.name]
             vision = VisionPipeline(
                 captioner,
                 model_name=model.name,
@@ -145,8 +149,8 @@ class Ingress:
                 vision=config.vision,
                 native_max_images=model.native_max_images,
                 documents=documents,
+                document_fit=ContextFit(decoder_count(decoder), model.max_tokens),
             )
-            decoder = decoders[model.name]
             core = AnswerCore(
                 decoder, vision, model_name=model.name, request_timeout_s=server.request_timeout_s, max_n=server.max_n
             )
@@ -188,13 +192,24 @@ class Ingress:
         self._responses = StoredResponses(
             storage, owners, server.state.responses_max_bytes, server.state.responses_max_age_s
         )
-        self._conversations = ConversationStore(storage, owners, server.state.conversation_max_bytes)
+        self._conversations = ConversationStore(
+            storage,
+            owners,
+            server.state.conversation_max_bytes,
+            server.state.conversations_max_per_key,
+            server.state.conversations_max_bytes_per_key,
+        )
         self._batch_runner = batch_runner
         self._batch_keys: dict[str, KeyName] = {}  # with limits, the key each batch's lines count against
         self._batches: BatchStore | None = None
         if batch_runner is not None:
             self._batches = BatchStore.open(server.batches, storage, owners)
             documents.files = self._batches.files  # documents named by file_id
+        if self._limiter is not None:  # what a request names in the stores counts in its estimate
+            files = self._batches.files if self._batches is not None else None
+            sizes = StoreSizes(files, self._responses, self._conversations)
+            estimator = Estimator(sizes, config.documents.max_chars_per_request)
+            self._limiter = dataclasses.replace(self._limiter, estimator=estimator)
         logger.info(
             "ingress for %s: %s, body cap %d bytes, request deadline %gs",
             ", ".join(repr(name) for name in [*(m.name for m in config.models), *(e.name for e in config.embedders)]),

@@ -8,6 +8,11 @@ report page), so the benchmark needs no PDF maker. Each reading runs `--repeats`
 reading starts the worker process (timed apart), the next ones clear the cache first; the cache hit
 is the whole stage (hashing the bytes, the lookup, the chat's parts) with the document cached.
 
+Then the hostile cases (issue 67): a one-page PDF's reading alone, and beside a request refused
+with a 400 that carried `--slow` slow PDFs (`--slow-pages` pages each, read when it was refused; the
+target: within 2x its time alone, where the refused request's PDFs used to stay queued), and a
+text document of one 24 MB line (the target: under 0.5 s for the whole stage).
+
     .venv/bin/python -m scripts.bench documents
     .venv/bin/python -m scripts.bench documents --pages 20 --repeats 2  # a smoke run
 
@@ -28,6 +33,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from deployments.config import DocumentInputConfig, ImageInputConfig
+from deployments.errors import InvalidDocumentError
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.protocol.openai.chat import ChatMessage
 from deployments.state.owners import Caller
@@ -83,9 +89,60 @@ def text_pdf(pages: int, lines: int) -> bytes:
     return bytes(out)
 
 
-def chat(pdf: bytes) -> list[ChatMessage]:
-    part = {"type": "file", "file": {"file_data": "data:application/pdf;base64," + base64.b64encode(pdf).decode()}}
-    return TypeAdapter(list[ChatMessage]).validate_python([{"role": "user", "content": [part]}])
+def file_part(data: bytes, mime: str = "application/pdf", name: str | None = None) -> dict[str, Any]:
+    source = {"file_data": f"data:{mime};base64," + base64.b64encode(data).decode()}
+    return {"type": "file", "file": {**source, **({"filename": name} if name else {})}}
+
+
+def chat(*documents: bytes | dict[str, Any]) -> list[ChatMessage]:
+    parts = [document if isinstance(document, dict) else file_part(document) for document in documents]
+    return TypeAdapter(list[ChatMessage]).validate_python([{"role": "user", "content": parts}])
+
+
+async def _timed(stage: DocumentStage, messages: list[ChatMessage]) -> float:
+    stage.cache = type(stage.cache)(0, 0)  # no cache: every reading is timed
+    start = time.perf_counter()
+    await stage.expand(messages, Caller(), None)
+    return time.perf_counter() - start
+
+
+async def hostile(repeats: int, slow: int, slow_pages: int) -> list[dict[str, Any]]:
+    """A one-page PDF read alone, then right after a request of `slow` slow PDFs and a binary
+    "text" document is refused (the 400 comes while the slow PDFs are being read)."""
+    stage = DocumentStage(DocumentInputConfig(), ImageInputConfig())
+    small = chat(text_pdf(1, 40))
+    slow_pdfs = [file_part(text_pdf(slow_pages, 60 + k)) for k in range(slow)]
+    refused = chat(*slow_pdfs, file_part(b"\xff\xfe\x00binary", "text/plain", "bad.txt"))
+    results: list[dict[str, Any]] = []
+    try:
+        await _timed(stage, small)  # the workers started
+        alone = statistics.median([await _timed(stage, small) for _ in range(repeats)])
+        beside, refusals = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            try:
+                await stage.expand(refused, Caller(), None)
+            except InvalidDocumentError:
+                refusals.append(time.perf_counter() - start)
+            beside.append(await _timed(stage, small))
+        near = statistics.median(beside)
+        results.append({"measure": "one-page PDF alone", "s": round(alone, 4)})
+        results.append(
+            {
+                "measure": f"one-page PDF right after a refused request of {slow} slow PDFs",
+                "s": round(near, 4),
+                "ratio": round(near / alone, 2),
+                "refused_in_s": round(statistics.median(refusals), 4),
+                "slow_pdf_pages": slow_pages,
+                "target_ratio": 2.0,
+            }
+        )
+        one_line = chat(file_part(b"x" * 24_000_000, "text/plain", "line.txt"))
+        line = statistics.median([await _timed(stage, one_line) for _ in range(max(1, repeats // 2))])
+        results.append({"measure": "text document of one 24 MB line", "s": round(line, 4), "target_s": 0.5})
+    finally:
+        await stage.workers.close()
+    return results
 
 
 async def measure(pdf: bytes, pages: int, repeats: int) -> list[dict[str, Any]]:
@@ -144,6 +201,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--pages", type=int, default=200)
     parser.add_argument("--lines", type=int, default=60, help="lines of text per page (about 80 characters each)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--slow", type=int, default=8, help="slow PDFs of the refused request")
+    parser.add_argument("--slow-pages", type=int, default=110, help="pages of each slow PDF (all under the cap)")
     args = parser.parse_args(argv)
     pdf = text_pdf(args.pages, args.lines)
     machine = {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "pdf_bytes": len(pdf)}
@@ -152,3 +211,5 @@ def main(argv: list[str]) -> None:
         emit({"benchmark": "documents", "pages": args.pages, **result})
     if (peer := pypdf_reading(pdf, args.pages, args.repeats)) is not None:
         emit({"benchmark": "documents", "pages": args.pages, **peer})
+    for result in asyncio.run(hostile(args.repeats, args.slow, args.slow_pages)):
+        emit({"benchmark": "documents", "case": "hostile", **result})

@@ -21,13 +21,13 @@ from deployments.ingress.vision.fetch import fetch_remote
 from deployments.protocol.openai.common import FileInput
 from deployments.state.owners import Caller
 
-_DATA_URL = re.compile(r"^data:(?P<media>[^;,]*)(?P<params>(;[^;,]*)*?);base64,(?P<payload>.*)$", re.DOTALL)
+_DATA_URL_HEAD = re.compile(r"^data:(?P<media>[^;,]*)(?P<params>(;[^;,]*)*?);base64$")  # before the first comma
 _PDF_MAGIC = b"%PDF-"
 _TEXT_TYPES = ("text/", "application/json", "application/csv", "application/x-ndjson", "application/markdown")
 
 
 class FileSource(Protocol):
-    """What the document stage needs of /v1/files (`batches.files.FileStore`)."""
+    """What the document stage needs of /v1/files (`state.files.FileStore`)."""
 
     def retrieve(self, file_id: str, caller: Caller) -> dict[str, Any]: ...
 
@@ -62,12 +62,12 @@ def _kind(data: bytes, media_type: str | None, name: str, *, param: str) -> str:
 def _decode(url: str, name: str, cap: int, *, param: str) -> tuple[bytes, str]:
     """A data URL's bytes and media type; bare base64 (as some clients send Responses' `file_data`)
     is taken as the payload of one with no media type."""
-    match = _DATA_URL.match(url if url.startswith("data:") else f"data:;base64,{url}")
-    if match is None:
+    head, comma, payload = url.partition(",") if url.startswith("data:") else ("data:;base64", ",", url)
+    match = _DATA_URL_HEAD.match(head)  # the head alone: a regex over a 32 MB payload costs 0.1 s
+    if match is None or not comma:
         raise InvalidDocumentError(
             f"Document {name!r}: file_data must be a data URL, data:<media type>;base64,<data>.", param=param
         )
-    payload = match.group("payload")
     if len(payload) > cap * 4 // 3 + 4:
         raise _too_large(name, None, cap, param)
     try:

@@ -13,7 +13,9 @@ Framing on stdin/stdout (no pickle: the parent never unpickles what a process th
 bytes wrote): a request is a 4-byte big-endian length, a JSON object of limits, an 8-byte length and
 the PDF's bytes; an answer is an 8-byte length and a JSON object, ``{"ok": true, "page_count": n,
 "pages": [{"text": str | null, "image": base64 PNG | null}]}`` (``text`` null: a page not read, past
-`max_chars`) or ``{"ok": false, "error": "encrypted" | "malformed" | "too_many_pages", "pages": n}``.
+`max_chars`; no ``pages`` when the limits say ``count_only``: the page count alone, from the page
+tree, before the parent lets any page of the request be read) or ``{"ok": false, "error":
+"encrypted" | "malformed" | "too_many_pages", "pages": n}``.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def clean_text(text: str) -> str:
 
 def read_pdf(data: bytes, limits: dict[str, Any]) -> dict[str, Any]:
     """The answer for one PDF (see the module's docstring): `limits` are `max_pages`, `max_chars`
-    (pages past this many characters are not read), `min_page_chars`, `render_max_side` and
-    `max_rendered_pages`."""
+    (pages past this many characters are not read), `min_page_chars`, `render_max_side`,
+    `max_rendered_pages` and `count_only` (true: the page count, no page read)."""
     import pypdfium2 as pdfium
 
     try:
@@ -51,9 +53,11 @@ def read_pdf(data: bytes, limits: dict[str, Any]) -> dict[str, Any]:
     except pdfium.PdfiumError as exc:
         return {"ok": False, "error": "encrypted" if "password" in str(exc).lower() else "malformed"}
     try:
-        count = len(document)
+        count = len(document)  # from the page tree: no page is loaded
         if count > limits["max_pages"]:
             return {"ok": False, "error": "too_many_pages", "pages": count}
+        if limits.get("count_only"):
+            return {"ok": True, "page_count": count}
         pages: list[dict[str, Any]] = []
         chars = rendered = 0
         for index in range(count):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, VisionDisabledError
+from deployments.ingress.documents.fit import ContextFit
 from deployments.ingress.documents.stage import DocumentStage, Expanded, count_documents, unseen_page_marker
 from deployments.ingress.vision.cache import CacheStats
 from deployments.ingress.vision.client import Captioner
@@ -76,13 +77,15 @@ class VisionPipeline:
         vision: ProxyVisionConfig | None = None,
         native_max_images: int | None = None,
         documents: DocumentStage | None = None,
+        document_fit: ContextFit | None = None,
     ) -> None:
         """`captioner`: None when the model takes no images through a captioner; `images`: the image
         limits and fetching; `vision`: the failure policy and notice; `native_max_images`: set when
         the decoder sees images itself (native vision): the most images one request may carry;
         `documents`: the stage that reads documents into the chat first (None: a request with a
-        document is a 400)."""
+        document is a 400); `document_fit`: the model's context, which documents are fitted to."""
         self._documents = documents
+        self._document_fit = document_fit
         self._captioner = captioner
         self._model = model_name
         self._images = images
@@ -115,7 +118,7 @@ class VisionPipeline:
                 raise VisionDisabledError("This server reads no documents.", param="messages")
             return Expanded(messages)
         caller = Caller(record.key_digest, record.request_id)
-        return await self._documents.expand(messages, caller, self._image_limits())
+        return await self._documents.expand(messages, caller, self._image_limits(), self._document_fit)
 
     async def prepare_to_count(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
         """/tokenize's: as `prepare` under native vision (the images go to the decoder, which counts

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from deployments.config import DocumentInputConfig, ImageInputConfig
 from deployments.errors import InvalidDocumentError, ObjectNotFoundError
-from deployments.ingress.documents.reader import text_parts
+from deployments.ingress.documents.reader import read_text
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChatMessage
@@ -46,6 +46,12 @@ def texts(messages: list[ChatMessage]) -> list[str]:
     return [_unwrapped(part.text) for part in content if part.type == "text"]  # type: ignore[union-attr]
 
 
+def parts(text: str, size: int) -> list[str | None]:
+    """A text document's parts (its pages) as the stage reads them, in parts of `size` characters."""
+    config = DocumentInputConfig(text_part_chars=size)
+    return [page.text for page in read_text(text.encode(), "t.txt", config, param="p").pages]
+
+
 def _unwrapped(text: str) -> str:
     head, _, body = text.partition("]\n")
     return f"{head}]\n{' '.join(body.split())}" if body else text
@@ -71,8 +77,8 @@ async def test_a_text_document_is_read_as_text_and_long_ones_in_parts_at_line_en
     csv = "name,age\nada,36\n"
     expanded = await stage.expand(user(file_part(csv.encode(), "people.csv", "text/csv")), ANYONE, None)
     assert expanded.messages[0].content[1].text == f"[document people.csv]\n{csv.strip()}"  # type: ignore[union-attr]
-    assert text_parts("aaaa\nbbbb\ncccc\n", 10) == ["aaaa\nbbbb", "cccc"]
-    assert text_parts("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
+    assert parts("aaaa\nbbbb\ncccc\n", 10) == ["aaaa\nbbbb", "cccc"]
+    assert parts("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
 
 
 async def test_a_document_without_a_name_is_named_by_its_place(stage):
