@@ -97,7 +97,7 @@ class ProxyVisionConfig(StrictModel):
     failure policy, what a degraded answer says, and the caption cache.
 
     A degraded answer always says so to programs (the `vision` field, `system_fingerprint`, the
-    `X-Vision-Degraded` header) and tells the decoder (`rewrite.unseen_marker`); `degraded_notice`
+    `X-Vision-Degraded` header) and tells the decoder (`media.unseen.unseen_marker`); `degraded_notice`
     is for people behind clients that show only the text, and for decoders too small to follow
     the prompt's instruction."""
 

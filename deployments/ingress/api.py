@@ -105,7 +105,7 @@ def build_api(
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)
-    api.add_middleware(KeyLimiter, limiter=limiter)  # the keys' limits, once the guard knows the key
+    api.add_middleware(KeyLimiter, limiter=limiter)  # the keys' limits: on the key and body the guard has
     api.add_middleware(RequestGuard, settings=guard)  # API keys and the body cap, before any route
     # Outermost (added last): its line and metrics cover the guard's rejections too.
     api.add_middleware(AccessLog, metrics=metrics, request_id=request_id, routes=api.router.routes, models=served.names)

@@ -32,13 +32,14 @@ from deployments.config import (
 from deployments.config.limits import LimitsFile
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.batches.lines import run_line
 from deployments.ingress.documents.fit import ContextFit, decoder_count
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
-from deployments.ingress.limits.board import Board
+from deployments.ingress.limits.board import LimitsBoard
 from deployments.ingress.limits.estimate import Estimator, StoreSizes
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
@@ -132,7 +133,7 @@ class Ingress:
         self._metrics = Recorder(INGRESS_METRICS, config.models[0].name)
         server = config.server
         clients: dict[str, CaptionerClient] = {}
-        documents = DocumentStage(config.documents, config.images)  # one per replica: its workers, its cache
+        documents = DocumentStage(config.documents, config.images, metrics=self._metrics)  # one per replica
         served = []
         for model in config.models:
             captioner = None
@@ -176,7 +177,7 @@ class Ingress:
         table = None
         if config.limits is not None:
             table = KeyTable(config.limits, config.limits_path)
-            board = Board(f"mmserve-limits-{app}", lease_s=server.request_timeout_s + 60)
+            board = LimitsBoard(f"mmserve-limits-{app}", lease_s=server.request_timeout_s + 60)
             board.start()
             self._limiter = Limiter(
                 table,
@@ -184,8 +185,9 @@ class Ingress:
                 served=self._served,
                 default_max_tokens={m.name: m.max_tokens for m in config.models},
                 metrics=self._metrics,
+                routes=ROUTES,  # how each API's routes are counted, as the APIs declare it
             )
-        self._guard = GuardSettings.from_config(server, limits=table)
+        self._guard = GuardSettings.from_config(server, extra_keys=table)  # the limits file's named keys too
         storage = open_storage(server.state.storage_root)  # what outlives a request: one root, one owners' secret
         owners = stored_owners(storage)
         _say_if_local_on_a_cluster(storage)

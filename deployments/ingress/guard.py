@@ -8,9 +8,11 @@ A pure ASGI middleware rather than Starlette's ``BaseHTTPMiddleware``, so stream
 through it untouched. Rejections are OpenAI-shaped: 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) and 413 ``request_too_large``; the body is never read past the cap.
 A key comes as ``Authorization: Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key``;
-the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. The named keys
-of the limits file (`limits.table`) are accepted keys too. The accepted key's digest stays in the
-request's state: the request's caller, who owns what it stores (`owners`), and whose limits apply.
+the rejections of Anthropic's routes (`anthropic_route`) are in Anthropic's shape. More keys may
+be accepted by their digests (`ExtraKeys`: the builder gives the limits file's named keys). The
+accepted key's digest stays in the request's state: the request's caller, who owns what it stores
+(`owners`), and whose limits apply. The body it read stays there too (`body_of`), so that nothing
+inside it reads the body again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import hmac
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -30,10 +32,10 @@ from starlette.websockets import WebSocket
 
 from deployments.config import ServerConfig
 from deployments.errors import AuthenticationError, PayloadTooLargeError, ServiceError, as_anthropic, error_body
-from deployments.ingress.limits.table import KeyTable
 from deployments.monitoring.access_log import record_of
 from deployments.state import owners
 
+BODY_KEY = "mmserve_body"  # the request's `state` entry: the body the guard read (`body_of`)
 ANTHROPIC_PATH = "/v1/messages"
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -70,6 +72,14 @@ class KeyRing:
         return presented if matched and scheme.lower() == "bearer" else None
 
 
+class ExtraKeys(Protocol):
+    """More keys the guard accepts, by their SHA-256 digests, read for each request (they may change:
+    the limits file's named keys, `limits.table.KeyTable`)."""
+
+    @property
+    def digests(self) -> Sequence[bytes]: ...
+
+
 FILES_PATH = "/v1/files"
 MULTIPART_MARGIN = 1024 * 1024  # a multipart form's headers and boundaries around the file
 
@@ -79,16 +89,16 @@ class GuardSettings:
     keys: KeyRing
     max_body_bytes: int
     max_upload_bytes: int = 0  # an upload to /v1/files: the file's cap and the form around it
-    limits: KeyTable | None = None  # the limits file's named keys are accepted too
+    extra_keys: ExtraKeys | None = None  # more accepted keys (the limits file's named keys)
 
     def match(self, authorization: str | None) -> bytes | None:
         """The digest of the accepted key presented, if any."""
-        return self.keys.match(authorization, self.limits.digests if self.limits else ())
+        return self.keys.match(authorization, self.extra_keys.digests if self.extra_keys else ())
 
     @property
     def required(self) -> bool:
-        """Whether a key is required: some are set, here or in the limits file."""
-        return bool(self.keys) or bool(self.limits and self.limits.digests)
+        """Whether a key is required: some are set, here or among the extra keys."""
+        return bool(self.keys) or bool(self.extra_keys and self.extra_keys.digests)
 
     def cap(self, scope: Scope) -> int:
         """The body cap of a request: /v1/files' uploads have their own."""
@@ -98,15 +108,18 @@ class GuardSettings:
 
     @classmethod
     def from_config(
-        cls, server: ServerConfig, environ: Mapping[str, str] = os.environ, limits: KeyTable | None = None
+        cls, server: ServerConfig, environ: Mapping[str, str] = os.environ, extra_keys: ExtraKeys | None = None
     ) -> GuardSettings:
-        """Keys from the config plus those in the `api_keys_env` variable (comma-separated), and the
-        named keys of the limits file (`limits`)."""
+        """Keys from the config plus those in the `api_keys_env` variable (comma-separated), and
+        `extra_keys` (the limits file's named keys)."""
         keys = list(server.api_keys)
         if server.api_keys_env:
             keys += [k.strip() for k in environ.get(server.api_keys_env, "").split(",") if k.strip()]
         return cls(
-            KeyRing(keys), server.max_body_bytes, server.batches.max_file_bytes + MULTIPART_MARGIN, limits=limits
+            KeyRing(keys),
+            server.max_body_bytes,
+            server.batches.max_file_bytes + MULTIPART_MARGIN,
+            extra_keys=extra_keys,
         )
 
 
@@ -152,6 +165,7 @@ class RequestGuard:
             if isinstance(body, ServiceError):
                 await reject(body, {"Connection": "close"}, scope, receive, send)
                 return
+            scope.setdefault("state", {})[BODY_KEY] = body  # handed on: the limits read it here
             receive = replay(body, receive)
         await self.app(scope, receive, send)
 
@@ -166,6 +180,13 @@ def anthropic_route(scope: Scope) -> bool:
     """A route of Anthropic's API (/v1/messages and below), whose errors are in Anthropic's shape."""
     route = route_of(scope)
     return route == ANTHROPIC_PATH or route.startswith(ANTHROPIC_PATH + "/")
+
+
+def body_of(scope: Scope) -> bytes | None:
+    """The body the guard read of a request (a POST, PUT or PATCH but an upload to /v1/files); None
+    for any other request."""
+    body = scope.get("state", {}).get(BODY_KEY)
+    return body if isinstance(body, bytes) else None
 
 
 def route_of(scope: Scope) -> str:

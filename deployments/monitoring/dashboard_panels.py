@@ -300,6 +300,31 @@ IMAGES_AND_CACHE = [
         [Target(expr=_gauge("caption_cache_bytes", "replica"), legend="{{replica}}")],
     ),
     _panel(
+        30,
+        "Document cache hits and misses / s",
+        "document_cache_hits",
+        "short",
+        [
+            Target(expr=_rate("document_cache_hits"), legend="hits"),
+            Target(expr=_rate("document_cache_misses"), legend="misses"),
+        ],
+        note=_spec("document_cache_misses").description,
+    ),
+    _panel(
+        40,
+        "Document cache entries",
+        "document_cache_entries",
+        "short",
+        [Target(expr=_gauge("document_cache_entries", "replica"), legend="{{replica}}")],
+    ),
+    _panel(
+        44,
+        "Document cache bytes",
+        "document_cache_bytes",
+        "bytes",
+        [Target(expr=_gauge("document_cache_bytes", "replica"), legend="{{replica}}")],
+    ),
+    _panel(
         35,
         "Image bytes / s",
         "image_bytes",

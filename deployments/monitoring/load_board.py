@@ -31,7 +31,7 @@ REFRESH_S = 5.0
 STALE_S = 20.0
 
 
-class Board(Protocol):
+class LoadBoard(Protocol):
     """Where a waiting replica publishes its status (`ReplicaBoard`; tests use their own)."""
 
     def publish(self, status: ComponentStatus) -> None: ...
@@ -73,7 +73,7 @@ class NoBoard:
         pass
 
 
-def this_replica() -> Board:
+def this_replica() -> LoadBoard:
     """The calling replica's entry; `NoBoard` outside Serve."""
     try:
         context = serve.get_replica_context()

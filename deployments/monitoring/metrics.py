@@ -196,6 +196,14 @@ INGRESS_METRICS = (
     _spec("caption_cache_misses", "counter", "Ingress: images sent to the captioner."),
     _spec("caption_cache_entries", "gauge", "Ingress: captions held by this replica's cache."),
     _spec("caption_cache_bytes", "gauge", "Ingress: bytes held by this replica's caption cache."),
+    _spec(
+        "document_cache_hits",
+        "counter",
+        "Ingress: documents whose reading came from the cache (or an identical document being read).",
+    ),
+    _spec("document_cache_misses", "counter", "Ingress: documents read (PDF workers, text parts)."),
+    _spec("document_cache_entries", "gauge", "Ingress: document readings held by this replica's cache."),
+    _spec("document_cache_bytes", "gauge", "Ingress: bytes held by this replica's document cache."),
     _spec("image_bytes", "counter", "Ingress: bytes of images received (accepted images)."),
     _spec("image_pixels", "counter", "Ingress: pixels of images received (accepted images)."),
     _spec(

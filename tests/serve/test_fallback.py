@@ -14,7 +14,7 @@ import pytest
 import ray
 from ray import serve
 
-from deployments.ingress.vision.rewrite import unseen_marker
+from deployments.ingress.media.unseen import unseen_marker
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import (
     app_status,

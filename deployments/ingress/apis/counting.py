@@ -1,7 +1,8 @@
 """Every API's declaration of how the keys' limits count its routes (each API's `counting.py`, a
-plain table that imports no route; `limits.counting` says what each kind means). An API with a
-route that reaches a model or writes state adds its table here; tests/unit/ingress/limits/
-test_counting.py fails for any such route of the app without one."""
+plain table that imports no route; `limits.counting` says what each kind means), gathered in
+`ROUTES`, which the builder (`ingress/deployment.py`) hands to the `Limiter`: the limits import no
+API. An API with a route that reaches a model or writes state adds its table here;
+tests/unit/ingress/limits/test_counting.py fails for any such route of the app without one."""
 
 from deployments.ingress.apis.batches.counting import COUNTING as BATCHES
 from deployments.ingress.apis.chat.counting import COUNTING as CHAT

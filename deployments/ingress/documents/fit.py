@@ -30,15 +30,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from deployments.ingress.vision.collect import count_images
-from deployments.ingress.vision.rewrite import rewrite
+from deployments.ingress.media.chat import as_text
 from deployments.protocol.openai.chat import ChatMessage
-from deployments.protocol.replica import TextMessage, TokenizedPrompt, TokenizeInput
+from deployments.protocol.replica import TokenizedPrompt, TokenizeInput
 
 if TYPE_CHECKING:
-    from deployments.ingress.documents.stage import Expanded
     from deployments.ingress.handles import DecoderHandle
 
 logger = logging.getLogger("ray.serve")
@@ -88,10 +86,21 @@ class ContextFit:
         return size + self.reserve <= self.context
 
 
-Compose = Callable[[int], "Expanded"]
+class Composed(Protocol):
+    """A chat with its documents' pages in it (`stage.Expanded`): its messages and how many
+    characters of page text they hold."""
+
+    @property
+    def messages(self) -> list[ChatMessage]: ...
+
+    @property
+    def document_chars(self) -> int: ...
 
 
-async def fit_documents(expanded: Expanded, compose: Compose, fit: ContextFit, rest: list[ChatMessage]) -> Expanded:
+C = TypeVar("C", bound=Composed)
+
+
+async def fit_documents(expanded: C, compose: Callable[[int], C], fit: ContextFit, rest: list[ChatMessage]) -> C:
     """`expanded` (its documents within the character cap), or the same chat with fewer whole pages
     (`compose(chars)`: the chat with at most `chars` characters of page text, the first page kept)
     so that the prompt leaves `fit.reserve` tokens of the context; `rest`: the chat without its
@@ -122,8 +131,3 @@ async def fit_documents(expanded: Expanded, compose: Compose, fit: ContextFit, r
     except Exception as exc:  # the decoder cannot count now: the character cap stands
         logger.warning("documents not fitted to the context (the decoder could not count): %s", exc)
         return expanded
-
-
-def as_text(messages: list[ChatMessage]) -> list[TextMessage]:
-    """`messages` as the decoder's text messages (page images as empty lines)."""
-    return rewrite(messages, [""] * count_images(messages))

@@ -17,7 +17,6 @@ in one linear pass; parts past `documents.max_chars_per_request` are counted, no
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import math
@@ -123,6 +122,8 @@ class _Worker:
         return cls(process)
 
     async def ask(self, limits: dict[str, Any], data: bytes, answer_cap: int) -> dict:
+        """The worker's answer, each page's `image` its PNG's bytes (framing: `worker`); ValueError
+        when the answer is over `answer_cap` or does not add up."""
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
         head = json.dumps(limits).encode()
@@ -132,6 +133,20 @@ class _Worker:
         if size > answer_cap:
             raise ValueError(f"worker answer of {size} bytes")
         answer: dict = json.loads(await stdout.readexactly(size))
+        images = int.from_bytes(await stdout.readexactly(8), "big")
+        if size + images > answer_cap:
+            raise ValueError(f"worker answer of {size + images} bytes")
+        blob = memoryview(await stdout.readexactly(images)) if images else memoryview(b"")
+        pages, at = answer.get("pages"), 0
+        for page in pages if isinstance(pages, list) else []:
+            length = page.get("image") if isinstance(page, dict) else None
+            if length is None:
+                continue
+            if not isinstance(length, int) or not 0 <= length <= len(blob) - at:
+                raise ValueError("worker answer's images do not add up")
+            page["image"], at = bytes(blob[at : at + length]), at + length
+        if at != len(blob):
+            raise ValueError("worker answer's images do not add up")
         return answer
 
     async def kill(self) -> int | None:
@@ -238,8 +253,8 @@ class DocumentWorkers:
 
     async def _in_worker(self, limits: dict[str, Any], data: bytes, name: str, param: str) -> dict:
         config = self._config
-        # Text is at most max_chars plus a page, JSON-escaped; each rendering at most 4 bytes a pixel, base64.
-        answer_cap = 64 * config.max_chars_per_request + config.max_rendered_pages * config.render_max_side**2 * 6
+        # Text is at most max_chars plus a page, JSON-escaped; each rendering at most 4 bytes a pixel.
+        answer_cap = 64 * config.max_chars_per_request + config.max_rendered_pages * config.render_max_side**2 * 4
         answer_cap += 64 * 1024 * 1024
         worker = self._idle.pop() if self._idle else await self._start()
         self.running += 1
@@ -324,8 +339,8 @@ def _pages(answer: dict, name: str, config: DocumentInputConfig, param: str) -> 
         raise _refusal(answer, name, config, param)
     pages = []
     for page in answer["pages"]:
-        image = base64.b64decode(page["image"]) if page.get("image") else None
-        if image is not None and not image.startswith(_PNG_MAGIC):
+        image = page.get("image")
+        if not isinstance(image, bytes) or not image.startswith(_PNG_MAGIC):
             image = None
         text = page.get("text")
         pages.append(Page(text if isinstance(text, str) else None, image))

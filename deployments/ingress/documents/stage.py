@@ -24,8 +24,7 @@ another request waits for too (`cache`)."""
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -35,18 +34,12 @@ from deployments.ingress.documents.cache import DocumentCache, document_key
 from deployments.ingress.documents.fit import ContextFit, fit_documents
 from deployments.ingress.documents.reader import DocumentWorkers, Page, ReadDocument, RequestReads, read_text
 from deployments.ingress.documents.source import DocumentBytes, FileSource, load_document
+from deployments.ingress.media.cache import CacheStats, MetricSink
+from deployments.ingress.media.chat import ImageBytesPart, parts_of, user_lists
+from deployments.ingress.media.unseen import WHY, unseen_page_marker
 from deployments.protocol.openai.chat import ChatMessage, UserMessage
 from deployments.protocol.openai.common import FilePart, ImagePart, ImageURL, PageUnseenReason, TextPart, UnseenPage
 from deployments.state.owners import Caller
-
-_WHY: dict[PageUnseenReason, str] = {
-    "vision_disabled": "this model takes no images",
-    "over_image_limit": "the request's image limit was reached",
-    "not_rendered": "too many pages without text in this document",
-    "truncated": "over the request's limit of document text",
-    "captioner_unavailable": "the vision model is unavailable",
-    "captioner_timeout": "the vision model did not answer in time",
-}
 
 
 @dataclass(frozen=True)
@@ -71,7 +64,7 @@ class ImageRoom:
 
     @classmethod
     def of(cls, messages: list[ChatMessage], limits: ImageInputConfig) -> ImageRoom:
-        used = {i: sum(isinstance(p, ImagePart) for p in m.content) for i, m in _user_lists(messages)}
+        used = {i: sum(isinstance(p, ImagePart) for p in m.content) for i, m in user_lists(messages)}
         room = {i: limits.max_images_per_message - n for i, n in used.items()}
         return cls(limits.max_images_per_request - sum(used.values()), room)
 
@@ -110,20 +103,9 @@ async def all_or_none(work: Iterable[Awaitable[T]]) -> list[T]:
         raise
 
 
-def _user_lists(messages: list[ChatMessage]) -> Iterator[tuple[int, UserMessage]]:
-    for i, msg in enumerate(messages):
-        if isinstance(msg, UserMessage) and isinstance(msg.content, list):
-            yield i, msg
-
-
 def file_parts(messages: list[ChatMessage]) -> list[tuple[int, int, FilePart]]:
     """`(message index, part index, part)` of every document, in conversation order."""
-    return [
-        (i, j, part)
-        for i, msg in _user_lists(messages)
-        for j, part in enumerate(msg.content)
-        if isinstance(part, FilePart)
-    ]
+    return list(parts_of(messages, FilePart))
 
 
 def count_documents(messages: list[ChatMessage]) -> int:
@@ -133,10 +115,18 @@ def count_documents(messages: list[ChatMessage]) -> int:
 class DocumentStage:
     """The documents of one ingress replica: their workers, their cache and where `file_id`s are."""
 
-    def __init__(self, config: DocumentInputConfig, images: ImageInputConfig, files: FileSource | None = None) -> None:
+    def __init__(
+        self,
+        config: DocumentInputConfig,
+        images: ImageInputConfig,
+        files: FileSource | None = None,
+        metrics: MetricSink | None = None,
+    ) -> None:
+        """`metrics`: the ingress's, for the cache's counters and gauges (``document_cache_*``)."""
         self.config = config
         self._images = images
         self.files = files
+        self._metrics = metrics
         self.workers = DocumentWorkers(config)
         self.cache = DocumentCache(config.cache_entries, int(config.cache_mb * 1024 * 1024))
 
@@ -152,7 +142,12 @@ class DocumentStage:
 
         if key is None:
             key = await asyncio.to_thread(document_key, source.data, source.kind)
-        return await self.cache.get_or_read(key, read)
+        stats = CacheStats()
+        try:
+            return await self.cache.get_or_make(key, read, stats)
+        finally:
+            if self._metrics is not None:
+                self.cache.export(self._metrics, "document_cache", stats)
 
     async def _pages(self, source: DocumentBytes, key: str, reads: RequestReads, *, param: str) -> int:
         """A PDF's page count: its reading's when cached, else from its page tree (no page read)."""
@@ -299,8 +294,8 @@ class _Writer:
         elif not self._room.take(message):
             reason = "over_image_limit"
         else:
-            url = "data:image/png;base64," + base64.b64encode(page.image).decode()
-            part = ImagePart(type="image_url", image_url=ImageURL(url=url))
+            name = ImageURL(url=f"{ref.filename}#page={ref.page}")  # no URL: the bytes travel as they are
+            part = ImageBytesPart(type="image_url", image_url=name, data=page.image)
             self.page_images[id(part)] = ref
             return [part]
         self.unseen.append(ref.unseen(reason))
@@ -323,14 +318,6 @@ def _left_out(source: DocumentBytes, pages: list[int], total: int) -> str:
     what = "pages" if source.kind == "pdf" else "parts"
     span = f"{pages[0]}-{pages[-1]}" if len(pages) > 1 else str(pages[0])
     return (
-        f"[document {source.name}: {what} {span} of {total} were left out ({_WHY['truncated']}); "
+        f"[document {source.name}: {what} {span} of {total} were left out ({WHY['truncated']}); "
         "you have not read them: do not guess what they say, and tell the user if asked about them.]"
-    )
-
-
-def unseen_page_marker(reason: PageUnseenReason) -> str:
-    """What the decoder reads in place of a page image nobody described."""
-    return (
-        f"[This page has no text layer, and it could not be seen ({_WHY[reason]}). "
-        "Do not guess what it shows; tell the user if asked about it.]"
     )

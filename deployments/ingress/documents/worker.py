@@ -12,15 +12,16 @@ process die and answers a 400), no core dumps, no file writes. The parent kills 
 Framing on stdin/stdout (no pickle: the parent never unpickles what a process that parsed hostile
 bytes wrote): a request is a 4-byte big-endian length, a JSON object of limits, an 8-byte length and
 the PDF's bytes; an answer is an 8-byte length and a JSON object, ``{"ok": true, "page_count": n,
-"pages": [{"text": str | null, "image": base64 PNG | null}]}`` (``text`` null: a page not read, past
-`max_chars`; no ``pages`` when the limits say ``count_only``: the page count alone, from the page
-tree, before the parent lets any page of the request be read) or ``{"ok": false, "error":
-"encrypted" | "malformed" | "too_many_pages", "pages": n}``.
+"pages": [{"text": str | null, "image": int | null}]}``, then an 8-byte length and the pages' PNGs,
+one after the other, each as many bytes as its page's ``image`` says (raw bytes: no base64 on the
+way to the image pipeline). ``text`` null: a page not read, past `max_chars`; no ``pages`` when the
+limits say ``count_only``: the page count alone, from the page tree, before the parent lets any page
+of the request be read. A refusal is ``{"ok": false, "error": "encrypted" | "malformed" |
+"too_many_pages" | "memory", "pages": n}`` and no PNGs.
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
@@ -82,14 +83,14 @@ def read_pdf(data: bytes, limits: dict[str, Any]) -> dict[str, Any]:
         document.close()
 
 
-def _render(page: Any, max_side: int) -> str:
-    """The page as a PNG, its longer side `max_side` pixels, base64."""
+def _render(page: Any, max_side: int) -> bytes:
+    """The page as a PNG, its longer side `max_side` pixels."""
     width, height = page.get_size()
     scale = max_side / max(width, height, 1.0)
     image = page.render(scale=scale).to_pil()
     out = io.BytesIO()
     image.convert("RGB").save(out, format="PNG", optimize=False)
-    return base64.b64encode(out.getvalue()).decode()
+    return out.getvalue()
 
 
 def _mapped_bytes() -> int:
@@ -125,9 +126,22 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
             answer = {"ok": False, "error": "memory"}
         except Exception:  # PDFium's refusal of a page, an object it cannot load
             answer = {"ok": False, "error": "malformed"}
-        body = json.dumps(answer).encode()
-        stdout.write(len(body).to_bytes(8, "big") + body)
-        stdout.flush()
+        _write(stdout, answer)
+
+
+def _write(stdout: BinaryIO, answer: dict[str, Any]) -> None:
+    """One framed answer: the JSON, each page's PNG as its length, then the PNGs' bytes."""
+    images = []
+    for page in answer["pages"] if answer.get("ok") and "pages" in answer else ():
+        if page.get("image") is not None:
+            images.append(page["image"])
+            page["image"] = len(page["image"])
+    body = json.dumps(answer).encode()
+    stdout.write(len(body).to_bytes(8, "big") + body)
+    stdout.write(sum(map(len, images)).to_bytes(8, "big"))
+    for image in images:
+        stdout.write(image)
+    stdout.flush()
 
 
 def die_with_parent(parent: int) -> None:

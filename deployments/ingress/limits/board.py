@@ -1,6 +1,8 @@
 """The one place where every ingress replica's admissions are counted: a named Ray actor per Serve
-application holding the `Ledger`, as the responses store is held (detached, no CPU, restarted by
-Ray if it dies, found or started by each replica as it starts).
+application holding the `Ledger` in its memory (detached, no CPU, restarted by Ray if it dies,
+found or started by each replica as it starts). Unlike what the service stores (stored responses,
+conversations, files: records in the storage root, `deployments.state`), the counts live only as
+long as the actor: they are a minute's worth, and every admission must see every other's at once.
 
 A request costs one awaited call (`admit`, about a millisecond on one node: docs/benchmarks.md); its
 settlement is sent without waiting. If the board cannot be reached in time the request is admitted
@@ -23,7 +25,7 @@ logger = logging.getLogger("ray.serve")
 
 
 class BoardPort(Protocol):
-    """What the limiter calls: `Board`, or in process a ledger of its own (the unit tests')."""
+    """What the limiter calls: `LimitsBoard`, or in process a ledger of its own (the unit tests')."""
 
     async def admit(self, name: str, caps: Caps, tokens: int) -> Verdict | None: ...
 
@@ -42,12 +44,9 @@ class _LedgerActor:
     def settle(self, ticket: int, used_tokens: int) -> None:
         self._ledger.settle(ticket, used_tokens)
 
-    def in_flight(self, name: str) -> int:
-        return self._ledger.in_flight(name)
 
-
-class Board:
-    """An ingress replica's client of its application's board (`name`)."""
+class LimitsBoard:
+    """An ingress replica's client of its application's limits board (`name`)."""
 
     def __init__(self, name: str, lease_s: float, timeout_s: float = 2.0) -> None:
         self._name = name

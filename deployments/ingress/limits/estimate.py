@@ -10,10 +10,11 @@ completion budget for each choice). The real count settles it when it ends.
   (`file_id`) by its stored size. Documents together count at most the documents' character cap
   (`documents.max_chars_per_request`: the stage leaves out the pages beyond it).
 - Stored content a request names (`previous_response_id`, `conversation`) by its stored size.
-- The completion budget: the `max_tokens` the API will use, read by the API's own fields (their
-  coercion: `"400"` and `400.0` are 400 there and here; `max_completion_tokens` before `max_tokens`
-  as chat applies them; legacy completions' default of 16), the model's default when the request
-  sets none, for each of its `n` choices and each of its prompts (a legacy completion's list).
+- The completion budget: the `max_tokens` the API will use, read by the API's own fields as its
+  route's declaration says (`counting.Budget`: their coercion, `"400"` and `400.0` are 400 there and
+  here; `max_completion_tokens` before `max_tokens` as chat applies them; legacy completions' default
+  of 16), the model's default when the request sets none, for each of its `n` choices and each of
+  its prompts (a legacy completion's list).
 
 Only the caller's own stored objects are found (`StoredSizes`, the stores' owner rule): another
 key's count 0, as they are not found. What the request carries is `Estimate.known`; what is guessed
@@ -30,14 +31,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import ValidationError
 
 from deployments.config import DocumentInputConfig
 from deployments.errors import ObjectNotFoundError
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
-from deployments.ingress.apis.completions.protocol import CompletionRequest
-from deployments.ingress.apis.messages.protocol import MessagesRequest
-from deployments.ingress.apis.responses.protocol import ResponseRequest
+from deployments.ingress.limits.counting import Budget
 from deployments.protocol.openai.common import SamplingFields
 from deployments.state.conversations import items_path
 from deployments.state.owners import Caller
@@ -107,12 +105,17 @@ class Estimator:
     document_chars: int = DOCUMENT_CHARS
 
     async def estimate(
-        self, route: str, body: dict[str, Any], default_max_tokens: int | None, owner: bytes | None = None
+        self,
+        body: dict[str, Any],
+        default_max_tokens: int | None,
+        owner: bytes | None = None,
+        budget: Budget | None = None,
     ) -> Estimate:
-        """`body`'s estimate on `route`; `default_max_tokens`: the model's, for a request that sets
-        none (None: the route generates nothing); `owner`: the caller's key digest."""
+        """`body`'s estimate; `default_max_tokens`: the model's, for a request that sets none (None:
+        the route generates nothing); `owner`: the caller's key digest; `budget`: how the route's API
+        reads the completion budget (its declaration's)."""
         walk = _Walk.of(body)
-        completion = 0 if default_max_tokens is None else completion_tokens(body, default_max_tokens, route)
+        completion = 0 if default_max_tokens is None else completion_tokens(body, default_max_tokens, budget)
         stored = await self._stored(walk, body, owner)
         text_docs = min(walk.text_chars, self.document_chars)
         pdf_docs = min(walk.pdf_chars + stored.document_chars, self.document_chars - text_docs)
@@ -151,40 +154,23 @@ def prompt_tokens(body: Any) -> int:
     return (walk.chars + docs) // CHARS_PER_TOKEN + walk.images * IMAGE_TOKENS + walk.token_ids + 1
 
 
-def _budget(model: type[BaseModel], names: tuple[str, ...], *others: str) -> type[BaseModel]:
-    """The fields of an API's request that its budget reads, with their types, bounds and defaults
-    (`others`: more fields read as `model`'s first one): a value the API takes is read as it takes it."""
-    fields: dict[str, Any] = {name: (model.model_fields[name].annotation, model.model_fields[name]) for name in names}
-    fields |= {name: fields[names[0]] for name in others}
-    return create_model(f"{model.__name__}Budget", __config__=ConfigDict(extra="ignore"), **fields)
-
-
-_BUDGETS: dict[str, tuple[type[BaseModel], tuple[str, ...]]] = {  # by route: the fields, in precedence
-    "/v1/chat/completions": (
-        _budget(ChatCompletionRequest, ("max_completion_tokens", "max_tokens", "n")),
-        ("max_completion_tokens", "max_tokens"),
-    ),
-    "/v1/completions": (_budget(CompletionRequest, ("max_tokens", "n")), ("max_tokens",)),
-    "/v1/responses": (_budget(ResponseRequest, ("max_output_tokens",)), ("max_output_tokens",)),
-    "/v1/messages": (_budget(MessagesRequest, ("max_tokens",)), ("max_tokens",)),
-}
-_ANY = (  # another route: any of the names, chat's precedence, no default of its own
-    _budget(SamplingFields, ("max_tokens", "n"), "max_completion_tokens", "max_output_tokens"),
-    ("max_completion_tokens", "max_tokens", "max_output_tokens"),
+# A route that declares no budget: any of the names, chat's precedence, no default of its own.
+_ANY = Budget.read(
+    SamplingFields, "max_completion_tokens", "max_tokens", "max_output_tokens", n=True, like="max_tokens"
 )
 
 
-def completion_tokens(body: dict[str, Any], default: int, route: str = "") -> int:
-    """The completion budget: the request's max tokens as `route`'s API reads them (`default` when
-    it sets none) for each of its `n` choices and each of its prompts. A value the API refuses
-    (a 400 there) counts as none."""
-    model, names = _BUDGETS.get(route, _ANY)
+def completion_tokens(body: dict[str, Any], default: int, budget: Budget | None = None) -> int:
+    """The completion budget: the request's max tokens as its API reads them (`budget`, its route's
+    declaration; `default` when it sets none) for each of its `n` choices and each of its prompts. A
+    value the API refuses (a 400 there) counts as none."""
+    budget = budget or _ANY
     try:
-        budget = model.model_validate(body)
+        read = budget.fields.model_validate(body)
     except ValidationError:
         return default * prompt_count(body)
-    asked = next((value for value in (getattr(budget, name) for name in names) if value is not None), default)
-    return int(asked) * int(getattr(budget, "n", 1)) * prompt_count(body)
+    asked = next((value for value in (getattr(read, name) for name in budget.names) if value is not None), default)
+    return int(asked) * int(getattr(read, "n", 1)) * prompt_count(body)
 
 
 def prompt_count(body: dict[str, Any]) -> int:

@@ -3,10 +3,11 @@ caller) and around every route.
 
 For every request it names the caller (`KeyTable.identify`) in the request's state and its record
 (the access log's `key`, the decoders' fair-queueing `tenant`). How a route is counted is its API's
-declaration (`apis/counting.py`, `limits.counting.Counted`). A body that names a model the key may
-not use is answered as an unknown model (404 `model_not_found`, listing only the models the key may
-use: nothing tells it the others exist). A request to a route that generates or reads a model is
-admitted by the application's board (`board.Board`) against the key's requests and tokens per
+declaration (`limits.counting`: the table the builder gives, `apis/counting.py`). The body is the one
+the guard read (`guard.body_of`), never read again. A body that names a model the key may not use is
+answered as an unknown model (404 `model_not_found`, listing only the models the key may use:
+nothing tells it the others exist). A request to a route that generates or reads a model is
+admitted by the application's board (`board.LimitsBoard`) against the key's requests and tokens per
 minute and its concurrent requests, reserving its estimated tokens (`estimate`); a request that
 writes state is admitted as a request, reserving no tokens. Over a limit it is a 429 in its API's
 shape with `Retry-After` (`headers`). Every admitted response carries the key's rate-limit headers,
@@ -32,11 +33,10 @@ from starlette.datastructures import MutableHeaders, State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.errors import InvalidRequestError, ModelNotFoundError, RateLimitError
-from deployments.ingress.apis.counting import ROUTES
-from deployments.ingress.guard import anthropic_route, reject, replay, route_of
+from deployments.ingress.guard import anthropic_route, body_of, reject, route_of
 from deployments.ingress.limits import estimate
 from deployments.ingress.limits.board import BoardPort
-from deployments.ingress.limits.counting import Counted
+from deployments.ingress.limits.counting import Counted, CountingTable
 from deployments.ingress.limits.headers import rate_headers, retry_headers
 from deployments.ingress.limits.ledger import Caps, Verdict
 from deployments.ingress.limits.table import KeyIdentity, KeyTable
@@ -74,7 +74,8 @@ class Admission:
 
 @dataclass(frozen=True)
 class Limiter:
-    """The limits of one ingress replica: who each caller is, and their admission and settlement."""
+    """The limits of one ingress replica: who each caller is, and their admission and settlement;
+    `routes`: how each route is counted, as the APIs declare it (the builder's `apis/counting.py`)."""
 
     table: KeyTable
     board: BoardPort
@@ -82,6 +83,7 @@ class Limiter:
     default_max_tokens: Mapping[str, int]  # each model's, for a request that sets none
     metrics: Recorder
     estimator: estimate.Estimator = field(default_factory=estimate.Estimator)  # with the stores a request names
+    routes: CountingTable = field(kw_only=True)
 
     def check_model(self, identity: KeyIdentity, model: object) -> None:
         """A model the key may not use is unknown to it: `ModelNotFoundError`, listing only its models."""
@@ -91,8 +93,8 @@ class Limiter:
     async def admit(
         self, identity: KeyIdentity, route: str, request: dict[str, Any], anthropic: bool, owner: bytes | None = None
     ) -> Admission:
-        """Admit a request to a model's endpoint `route` (one that generates or reads a model:
-        `apis/counting.py`), reserving its estimated tokens; over a limit, `RefusedError`. `owner`: the
+        """Admit a request to a model's endpoint `route` (one that generates or reads a model, as
+        `routes` declares it), reserving its estimated tokens; over a limit, `RefusedError`. `owner`: the
         caller's key digest, whose stored objects the request may name."""
         caps = identity.caps
         if caps == Caps():  # nothing to count: no round trip to the board
@@ -102,10 +104,12 @@ class Limiter:
         if caps.tokens_per_minute is not None:
             model = request.get("model")
             base = (model if isinstance(model, str) else self.served.names[0]).partition(":")[0]
-            reads = ROUTES.of("POST", route) is Counted.READS  # nothing generated: no completion budget
+            declared = self.routes.route("POST", route)
+            reads = declared is not None and declared.counted is Counted.READS  # nothing generated: no budget
             default = self.default_max_tokens.get(base, 256) if not reads else None
+            budget = declared.budget if declared is not None else None
             try:
-                cost = await self.estimator.estimate(route, request, default, owner)
+                cost = await self.estimator.estimate(request, default, owner, budget)
             except RecursionError:  # nested deeper than Python reads: the 400 the route gives such a body
                 raise InvalidRequestError("There was an error parsing the body: it is nested too deeply.") from None
             tokens = cost.reserve(caps.tokens_per_minute)
@@ -186,16 +190,15 @@ class KeyLimiter:
         record = record_of(State(state))
         record.tenant = identity.tenant
         route = route_of(scope)
-        counted = ROUTES.of(scope["method"], route)
+        counted = limiter.routes.of(scope["method"], route)
         if counted is None or counted is Counted.UNCOUNTED:
             await self.app(scope, receive, send)
             return
         request: Any = None
-        if counted.reads_body:  # any other body is not read here (an upload streams on untouched)
-            body = await _read(receive)
+        if counted.reads_body:  # any other body is not looked at here (an upload streams on untouched)
+            body = body_of(scope)
             if body is None:
-                return
-            receive = replay(body, receive)
+                raise RuntimeError(f"{route}: the limits read the body the guard read, and the guard read none")
             request = _parsed(body)
         try:
             if counted.reads_body:
@@ -260,15 +263,3 @@ def _parsed(body: bytes) -> Any:
         return json.loads(body) if body else None
     except (ValueError, RecursionError):
         return None
-
-
-async def _read(receive: Receive) -> bytes | None:
-    """The request's body (the guard has read it already: this reads its replay); None: the client left."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            return bytes(body)

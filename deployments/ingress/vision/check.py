@@ -1,16 +1,16 @@
-"""Image input: turn an `image_url` into validated, encoded image bytes.
+"""Image input: turn an image part into validated image bytes.
 
-`load_image` takes ``data:image/...;base64,`` URLs and, through `fetch.fetch_image` (SSRF
-guard, timeouts, byte cap), ``http(s)://`` and ``file://`` URLs; the sync `load_image_url` takes data
-URLs only. Limits come from `ImageInputConfig`. Bytes are checked here, in the CPU ingress, so that a
+`load_image` takes ``data:image/...;base64,`` URLs (`media.data_url`) and, through
+`media.fetch.fetch_image` (SSRF guard, timeouts, byte cap), ``http(s)://`` and ``file://`` URLs;
+`load_part` takes a part as the chat has it, a document's page as its bytes (`ImageBytesPart`: no
+base64 on the way); the sync `load_image_url` takes data URLs only. Limits come from
+`ImageInputConfig`, the same for every way in. Bytes are checked here, in the CPU ingress, so that a
 bad image is a 400 before it costs a GPU replica anything, and travel to the captioner once, encoded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import io
 import re
 import time
@@ -20,13 +20,28 @@ from PIL import Image
 
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
-from deployments.ingress.vision.fetch import fetch_image
+from deployments.ingress.media.chat import ImageBytesPart
+from deployments.ingress.media.data_url import DataURLError, decode_data_url
+from deployments.ingress.media.fetch import fetch_image
 from deployments.monitoring.access_log import ImageStats
+from deployments.protocol.openai.common import ImagePart
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "WEBP", "GIF"}
 DEFAULT_IMAGE_INPUT = ImageInputConfig()
 
-_DATA_URL = re.compile(r"^data:image/(?P<subtype>[a-zA-Z0-9.+-]+);base64,(?P<payload>.*)$", re.DOTALL)
+_IMAGE_MEDIA = re.compile(r"image/[a-zA-Z0-9.+-]+")
+
+
+async def load_part(part: ImagePart, config: ImageInputConfig, *, param: str, stats: ImageStats | None = None) -> bytes:
+    """`load_image` of the part's URL; a page's bytes (`ImageBytesPart`) checked as a data URL's are."""
+    if not isinstance(part, ImageBytesPart):
+        return await load_image(part.image_url.url, config, param=param, stats=stats)
+    data = part.data
+    if len(data) > config.max_image_bytes:
+        raise InvalidImageError(f"Image is larger than {config.max_image_bytes} bytes.", param=param)
+    pixels = await asyncio.to_thread(check_image, data, param=param, config=config)
+    (stats or ImageStats()).accepted(data, pixels)
+    return data
 
 
 async def load_image(url: str, config: ImageInputConfig, *, param: str, stats: ImageStats | None = None) -> bytes:
@@ -66,19 +81,17 @@ def _load_data_url(url: str, param: str, config: ImageInputConfig) -> tuple[byte
             f"Unsupported image URL scheme {scheme!r}: send images as data:image/...;base64 URLs.",
             param=param,
         )
-    match = _DATA_URL.match(url)
-    if match is None:
-        raise InvalidImageError("Image data URL must look like data:image/<type>;base64,<data>.", param=param)
-    payload = match.group("payload")
     cap = config.max_image_bytes
-    if len(payload) > cap * 4 // 3 + 4:
-        raise InvalidImageError(f"Image is larger than {cap} bytes.", param=param)
     try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidImageError("Image data URL is not valid base64.", param=param) from None
-    if len(data) > cap:
-        raise InvalidImageError(f"Image is larger than {cap} bytes.", param=param)
+        data, _ = decode_data_url(url, cap, media=_IMAGE_MEDIA)
+    except DataURLError as exc:
+        if exc.why == "shape":
+            message = "Image data URL must look like data:image/<type>;base64,<data>."
+        elif exc.why == "size":
+            message = f"Image is larger than {cap} bytes."
+        else:
+            message = "Image data URL is not valid base64."
+        raise InvalidImageError(message, param=param) from None
     return data, check_image(data, param=param, config=config)
 
 

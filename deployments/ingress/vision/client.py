@@ -16,8 +16,9 @@ from ray.serve.handle import DeploymentResponse
 
 from deployments.config import ModelConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serve, unwrap
+from deployments.ingress.media.cache import CacheStats
 from deployments.ingress.serve_status import FAILED, DeploymentView, app_state, deployment_view
-from deployments.ingress.vision.cache import CacheStats, CaptionCache, cache_key
+from deployments.ingress.vision.cache import CaptionCache, cache_key
 from deployments.ingress.vision.collect import ImageInput
 from deployments.monitoring import load_board
 from deployments.monitoring.metrics import Recorder
@@ -94,9 +95,8 @@ class CaptionerClient:
         try:
             return await self.cache.get_or_compute(keys, missing, stats)
         finally:
-            if self._metrics is not None:
-                self._metrics.set("caption_cache_entries", len(self.cache))
-                self._metrics.set("caption_cache_bytes", self.cache.bytes)
+            if self._metrics is not None:  # its hits and misses: per request, in the access record
+                self.cache.export(self._metrics, "caption_cache")
 
     async def _call(self, request: CaptionRequest) -> list[str]:
         if time.monotonic() < self._down_until:

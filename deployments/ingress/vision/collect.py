@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidRequestError
+from deployments.ingress.media.chat import parts_of, text_of
 from deployments.ingress.vision.cache import image_digest
-from deployments.ingress.vision.check import load_image
+from deployments.ingress.vision.check import load_part
 from deployments.monitoring.access_log import ImageStats
-from deployments.protocol.openai.chat import ChatMessage, UserMessage
-from deployments.protocol.openai.common import ImagePart, TextPart
+from deployments.protocol.openai.chat import ChatMessage
+from deployments.protocol.openai.common import ImagePart
 
 
 @dataclass(frozen=True)
@@ -26,32 +26,9 @@ class ImageInput:
     digest: str
 
 
-def text_of(content: object) -> str:
-    """A message's text: its string, or its text parts joined by newlines (images and documents
-    not read yet are left out)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "\n".join(p.text for p in content if isinstance(p, TextPart))  # type: ignore[attr-defined]
-
-
-def _image_parts(messages: list[ChatMessage]) -> Iterator[tuple[int, int, UserMessage, ImagePart]]:
-    """`(message index, part index, message, part)` for every image, in conversation order."""
-    for i, msg in enumerate(messages):
-        if isinstance(msg, UserMessage) and isinstance(msg.content, list):
-            for j, part in enumerate(msg.content):
-                if isinstance(part, ImagePart):
-                    yield i, j, msg, part
-
-
-def count_images(messages: list[ChatMessage]) -> int:
-    return sum(1 for _ in _image_parts(messages))
-
-
 def check_image_counts(messages: list[ChatMessage], config: ImageInputConfig) -> None:
     """`InvalidRequestError` when a message or the request carries more images than allowed."""
-    per_message = Counter(i for i, *_ in _image_parts(messages))
+    per_message = Counter(i for i, _, _ in parts_of(messages, ImagePart))
     total = sum(per_message.values())
     if total > config.max_images_per_request:
         raise InvalidRequestError(
@@ -72,9 +49,8 @@ async def collect_images(
     validated and hashed, in order. `stats` gets their sizes and fetch times."""
     check_image_counts(messages, config)
 
-    async def one(i: int, j: int, msg: UserMessage, part: ImagePart) -> ImageInput:
-        param = f"messages[{i}].content[{j}].image_url"
-        data = await load_image(part.image_url.url, config, param=param, stats=stats)
-        return ImageInput(data, text_of(msg.content), await asyncio.to_thread(image_digest, data))
+    async def one(i: int, j: int, part: ImagePart) -> ImageInput:
+        data = await load_part(part, config, param=f"messages[{i}].content[{j}].image_url", stats=stats)
+        return ImageInput(data, text_of(messages[i].content), await asyncio.to_thread(image_digest, data))
 
-    return list(await asyncio.gather(*(one(*found) for found in _image_parts(messages))))
+    return list(await asyncio.gather(*(one(*found) for found in parts_of(messages, ImagePart))))

@@ -5,8 +5,7 @@ Messages without images pass as text, as in proxy vision."""
 
 from __future__ import annotations
 
-from deployments.ingress.vision.collect import text_of
-from deployments.ingress.vision.rewrite import plain_message
+from deployments.ingress.media.chat import plain_message, text_of
 from deployments.protocol.openai.chat import ChatMessage, UserMessage
 from deployments.protocol.openai.common import ImagePart, TextPart
 from deployments.protocol.replica import MessageImage, MessagePart, MessageText, TextMessage

@@ -2,9 +2,9 @@
 (`VisionPipeline.prepare`): a request's messages, in chat form (an API with another shape turns
 its input into chat messages first), become the decoder's messages, and their images become:
 
-- proxy vision: captions in place of the images (`rewrite`), from the captioner (`client`); when the
+- proxy vision: captions in place of the images (`media.chat.rewrite`), from the captioner (`client`); when the
   captioner is down, the request is a 503 (``reject``) or is answered without them (``degrade``):
-  the decoder is told that the images were not seen (`rewrite.unseen_marker`), and the answer says
+  the decoder is told that the images were not seen (`media.unseen`), and the answer says
   which and why (`Degraded`: the `vision` field, `system_fingerprint`, the `X-Vision-Degraded`
   header, and `proxy_vision.degraded_notice` before the text when set);
 - native vision: the images, checked here (within the model's own per-request limit), sent to the
@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, VisionDisabledError
 from deployments.ingress.documents.fit import ContextFit
-from deployments.ingress.documents.stage import DocumentStage, Expanded, count_documents, unseen_page_marker
-from deployments.ingress.vision.cache import CacheStats
+from deployments.ingress.documents.stage import DocumentStage, Expanded, count_documents
+from deployments.ingress.media.cache import CacheStats
+from deployments.ingress.media.chat import as_text, count_images, parts_of, rewrite
+from deployments.ingress.media.unseen import unseen_marker, unseen_page_marker
 from deployments.ingress.vision.client import Captioner
-from deployments.ingress.vision.collect import check_image_counts, collect_images, count_images
+from deployments.ingress.vision.collect import check_image_counts, collect_images
 from deployments.ingress.vision.native import native_messages
-from deployments.ingress.vision.rewrite import rewrite, unseen_marker
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import ChatMessage, UserMessage
+from deployments.protocol.openai.chat import ChatMessage
 from deployments.protocol.openai.common import ImagePart, UnseenImage, UnseenPage, UnseenReason, VisionReport
 from deployments.protocol.replica import ImageBytes, TextMessage
 from deployments.state.owners import Caller
@@ -137,7 +138,7 @@ class VisionPipeline:
             )
         if images:
             check_image_counts(messages, self._images)
-        seen = DecoderInput(rewrite(messages, [""] * images), uncaptioned=images)
+        seen = DecoderInput(as_text(messages), uncaptioned=images)
         return _with_pages(seen, expanded.unseen)
 
     async def _proxy(self, expanded: Expanded, record: RequestRecord) -> DecoderInput:
@@ -161,7 +162,7 @@ class VisionPipeline:
             logger.warning("answering without image descriptions: %s", exc.message)
             reason: UnseenReason = "captioner_timeout" if isinstance(exc, CaptionerTimeout) else "captioner_unavailable"
             record.degraded = reason
-            pages = [expanded.page_images.get(id(part)) for part in _image_parts(messages)]
+            pages = [expanded.page_images.get(id(part)) for _, _, part in parts_of(messages, ImagePart)]
             users = [k for k, page in enumerate(pages) if page is None]
             unseen = [UnseenImage(index=n, reason=reason, message=exc.message) for n in range(len(users))]
             unseen_pages = [page.unseen(reason) for page in pages if page is not None]
@@ -183,17 +184,6 @@ class VisionPipeline:
         return DecoderInput(
             native_messages(messages), [ImageBytes(data=image.data, sha256=image.digest) for image in images]
         )
-
-
-def _image_parts(messages: list[ChatMessage]) -> list[ImagePart]:
-    """Every image part of the chat, in conversation order (as `collect_images` reads them)."""
-    return [
-        part
-        for msg in messages
-        if isinstance(msg, UserMessage) and isinstance(msg.content, list)
-        for part in msg.content
-        if isinstance(part, ImagePart)
-    ]
 
 
 def _with_pages(seen: DecoderInput, unseen: list[UnseenPage]) -> DecoderInput:

@@ -15,7 +15,8 @@ from deployments.config import ImageInputConfig, ProxyVisionConfig
 from deployments.errors import CaptionerUnavailable, InvalidRequestError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.documents.stage import DocumentStage
-from deployments.ingress.vision.cache import CacheStats, CaptionCache
+from deployments.ingress.media.cache import CacheStats
+from deployments.ingress.vision.cache import CaptionCache
 from deployments.ingress.vision.collect import ImageInput
 from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.protocol.openai.common import TokenLogprob, TopLogprob

@@ -1,9 +1,14 @@
-"""The caption cache: bounds, LRU order, hit and miss counts, shared in-flight captions."""
+"""The caption cache: bounds, LRU order, hit and miss counts, shared in-flight captions; and the one
+generic cache (`media.cache.SharedCache`) under it and the document cache, each with its policy for
+work that nobody waits for any more."""
 
 import asyncio
 
 import pytest
 
+from deployments.ingress.documents.cache import DocumentCache
+from deployments.ingress.documents.reader import Page, ReadDocument
+from deployments.ingress.media.cache import SharedCache
 from deployments.ingress.vision.cache import CaptionCache, cache_key, image_digest
 
 
@@ -95,3 +100,34 @@ async def test_zero_entries_disables_caching():
     await cache.get_or_compute(["k"], captioner)
     await cache.get_or_compute(["k"], captioner)
     assert len(captioner.calls) == 2 and len(cache) == 0
+
+
+@pytest.mark.parametrize(
+    ("cache", "value", "kept"),
+    [
+        (CaptionCache(8, 1 << 20), "a caption", True),
+        (DocumentCache(8, 1 << 20), ReadDocument("text", (Page("x"),)), False),
+    ],
+    ids=["caption: finished into the cache", "document: cancelled"],
+)
+async def test_one_cache_for_both_each_with_its_policy_for_work_nobody_waits_for(cache, value, kept):
+    assert isinstance(cache, SharedCache)
+    release, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def compute(indices: list[int]) -> list[object]:
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return [value for _ in indices]
+
+    caller = asyncio.ensure_future(cache.get_or_compute(["k"], compute))
+    await asyncio.sleep(0.01)
+    assert cache.in_flight == 1
+    caller.cancel()
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.sleep(0.01)
+    assert cancelled.is_set() is not kept and cache.in_flight == 0
+    assert (cache.get("k") == value) is kept

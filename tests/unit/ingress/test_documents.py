@@ -107,7 +107,7 @@ async def test_a_page_without_text_is_an_image_within_the_limits_or_named_unseen
     kinds = [part.type for part in parts]  # type: ignore[union-attr]
     assert kinds == ["text", "text", "text", "image_url", "text"]
     assert parts[2].text == "[document a.pdf, page 2 of 3]"  # type: ignore[union-attr]
-    png = base64.b64decode(parts[3].image_url.url.split(",", 1)[1])  # type: ignore[union-attr]
+    png = parts[3].data  # type: ignore[union-attr]  # the page as bytes: no data URL on the way
     assert Image.open(io.BytesIO(png)).size[1] == 1024  # a portrait page, rendered to render_max_side
     assert [page.page for page in seen.page_images.values()] == [2]
 

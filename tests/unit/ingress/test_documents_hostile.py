@@ -183,9 +183,9 @@ async def test_one_client_leaving_never_fails_anothers_read_of_the_same_document
         await release.wait()
         return DOCUMENT
 
-    first = asyncio.create_task(cache.get_or_read("k", read))
+    first = asyncio.create_task(cache.get_or_make("k", read))
     await settle()
-    second = asyncio.create_task(cache.get_or_read("k", read))
+    second = asyncio.create_task(cache.get_or_make("k", read))
     await settle()
     first.cancel()  # the request that started the reading leaves
     await settle()
@@ -206,19 +206,19 @@ async def test_a_shared_reading_is_cancelled_when_its_last_waiter_leaves():
             raise
         return DOCUMENT
 
-    waiters = [asyncio.create_task(cache.get_or_read("k", read)) for _ in range(2)]
+    waiters = [asyncio.create_task(cache.get_or_make("k", read)) for _ in range(2)]
     await settle()
     waiters[0].cancel()
     await settle()
     assert not cancelled.is_set()  # one still waits
     waiters[1].cancel()
     await settle()
-    assert cancelled.is_set() and cache.reading == 0
+    assert cancelled.is_set() and cache.in_flight == 0
 
     async def again() -> ReadDocument:
         return DOCUMENT
 
-    assert await cache.get_or_read("k", again) is DOCUMENT  # a later request reads afresh
+    assert await cache.get_or_make("k", again) is DOCUMENT  # a later request reads afresh
 
 
 # Point 11 --------------------------------------------------------------------------------------

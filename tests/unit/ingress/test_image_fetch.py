@@ -13,8 +13,8 @@ from aiohttp.test_utils import TestServer
 
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError
+from deployments.ingress.media.fetch import address_category, fetch_image
 from deployments.ingress.vision.check import load_image, load_image_url
-from deployments.ingress.vision.fetch import address_category, fetch_image
 from deployments.monitoring.access_log import ImageStats
 from tests.conftest import data_url, png_bytes
 

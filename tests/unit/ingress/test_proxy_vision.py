@@ -8,8 +8,9 @@ from pydantic import TypeAdapter
 
 from deployments.config import ImageInputConfig
 from deployments.errors import InvalidImageError, InvalidRequestError
-from deployments.ingress.vision.collect import collect_images, count_images
-from deployments.ingress.vision.rewrite import rewrite, unseen_marker
+from deployments.ingress.media.chat import count_images, rewrite
+from deployments.ingress.media.unseen import unseen_marker
+from deployments.ingress.vision.collect import collect_images
 from deployments.protocol.openai.chat import ChatMessage
 from tests.conftest import data_url, png_bytes
 

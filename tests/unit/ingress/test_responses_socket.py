@@ -16,6 +16,7 @@ from starlette.testclient import TestClient, WebSocketDenialResponse
 from deployments.config import BatchesConfig, DocumentInputConfig, ImageInputConfig, ServerConfig
 from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.apis.responses.compaction import transcript
 from deployments.ingress.apis.responses.protocol import ResponseCreateEvent
 from deployments.ingress.documents.stage import DocumentStage
@@ -329,8 +330,10 @@ def test_a_message_nested_too_deeply_is_a_400_for_its_turn_with_limits_or_withou
     limits_file = "default: {requests_per_minute: 100, tokens_per_minute: 100000}"  # the estimate is read
     table = KeyTable(parse_limits(limits_file, "limits.yaml"), None, environ={})
     for limits in (None, table):
-        guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), limits=limits)
-        limiter = None if limits is None else Limiter(table, LocalBoard(), served, {"echo": 64}, FakeMetrics())
+        guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), extra_keys=limits)
+        limiter = (
+            None if limits is None else Limiter(table, LocalBoard(), served, {"echo": 64}, FakeMetrics(), routes=ROUTES)
+        )
         app = build_api(served, guard, FakeMetrics(), stored_responses(), limiter=limiter)
         with TestClient(app) as client, client.websocket_connect("/v1/responses") as socket:
             socket.send_text(deep)

@@ -1,5 +1,14 @@
-"""How the keys' limits count /v1/chat/completions (`limits.counting`)."""
+"""How the keys' limits count /v1/chat/completions (`limits.counting`): `max_completion_tokens`
+before `max_tokens`, for each of its `n` choices."""
 
-from deployments.ingress.limits.counting import Counted, RouteCounting
+from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
+from deployments.ingress.limits.counting import Budget, Counted, RouteCounting
 
-COUNTING = (RouteCounting("POST", "/v1/chat/completions", Counted.GENERATES),)
+COUNTING = (
+    RouteCounting(
+        "POST",
+        "/v1/chat/completions",
+        Counted.GENERATES,
+        Budget.read(ChatCompletionRequest, "max_completion_tokens", "max_tokens", n=True),
+    ),
+)

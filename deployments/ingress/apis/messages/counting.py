@@ -1,8 +1,9 @@
 """How the keys' limits count Anthropic's Messages API (`limits.counting`)."""
 
-from deployments.ingress.limits.counting import Counted, RouteCounting
+from deployments.ingress.apis.messages.protocol import MessagesRequest
+from deployments.ingress.limits.counting import Budget, Counted, RouteCounting
 
 COUNTING = (
-    RouteCounting("POST", "/v1/messages", Counted.GENERATES),
+    RouteCounting("POST", "/v1/messages", Counted.GENERATES, Budget.read(MessagesRequest, "max_tokens")),
     RouteCounting("POST", "/v1/messages/count_tokens", Counted.NAMES_A_MODEL),
 )

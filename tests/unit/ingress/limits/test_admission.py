@@ -1,8 +1,9 @@
 """Admission through the real app (the limits middleware and a ledger in this process) where a
 hostile client would look for a way around it: the keys of the key list each have their own bucket
 of the default's size, a place among a key's concurrent requests is held until its response has
-reached the client (not only until the app has queued it, as under Serve), and a body nested too
-deeply is the same 400 with a limits file as without one."""
+reached the client (not only until the app has queued it, as under Serve), a body nested too
+deeply is the same 400 with a limits file as without one, and the limits read the body the guard
+read (never the server's `receive` again)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from starlette.types import ASGIApp, Message
 from deployments.config import ServerConfig
 from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
-from deployments.ingress.guard import GuardSettings
-from deployments.ingress.limits.limiter import Limiter
+from deployments.ingress.apis.counting import ROUTES
+from deployments.ingress.guard import BODY_KEY, GuardSettings
+from deployments.ingress.limits.limiter import KeyLimiter, Limiter
 from deployments.ingress.limits.table import KeyTable
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder
@@ -33,10 +35,9 @@ def app(text: str, board: LocalBoard, decoder: FakeDecoder | None = None, metric
     """The ingress's app with the key list X and Y, and the limits file `text` (no named key of theirs)."""
     served = served_models(decoder or FakeDecoder(["Hi"]))
     table = KeyTable(parse_limits(text, "limits.yaml"), None, environ={})
-    guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_X, KEY_Y], api_keys_env=None), limits=table)
-    return build_api(
-        served, guard, FakeMetrics(), limiter=Limiter(table, board, served, {"echo": 64}, metrics or FakeMetrics())
-    )
+    guard = GuardSettings.from_config(ServerConfig(api_keys=[KEY_X, KEY_Y], api_keys_env=None), extra_keys=table)
+    limiter = Limiter(table, board, served, {"echo": 64}, metrics or FakeMetrics(), routes=ROUTES)
+    return build_api(served, guard, FakeMetrics(), limiter=limiter)
 
 
 def auth(key: str) -> dict[str, str]:
@@ -164,3 +165,30 @@ async def test_a_body_nested_too_deeply_is_the_same_400_with_limits_as_without()
             for route in (CHAT, "/v1/responses", "/v1/embeddings", "/tokenize"):
                 answers.append((route, (await http.post(route, content=deep, headers=headers)).status_code))
     assert answers[:4] == answers[4:] and {status for _, status in answers} == {400}
+
+
+async def test_the_limits_admit_by_the_body_the_guard_handed_on_without_receiving_it_again():
+    board, table = LocalBoard(), KeyTable(parse_limits("default: {requests_per_minute: 5}", "limits.yaml"), None, {})
+    limiter = Limiter(table, board, served_models(FakeDecoder(["Hi"])), {"echo": 64}, FakeMetrics(), routes=ROUTES)
+    events: list[str] = []
+
+    async def route(scope, receive, send) -> None:
+        events.append("route")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive() -> Message:  # the server's: the body was read from it by the guard already
+        events.append("receive")
+        return {"type": "http.disconnect"}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    state = {BODY_KEY: json.dumps({**BODY, "model": "echo"}).encode()}
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [], "state": state}
+    await KeyLimiter(route, limiter)(scope, receive, send)
+    assert events == ["route", "receive"]  # admitted first; then only the server's word that the response went
+    assert dict(sent[0]["headers"])[b"x-ratelimit-remaining-requests"] == b"4"
+    assert board.ledger.in_flight("default") == 0

@@ -1,7 +1,9 @@
-"""What the limits count, as each API declares it (`apis/counting.py`): every route of the app that
-may reach a model or write state has a declaration (a new route cannot walk around the limits by
-being forgotten), /v1/responses/compact is admitted and settled as the generation it is, and the
-Conversations API's writes are counted as requests with no tokens."""
+"""What the limits count, as each API declares it (`apis/counting.py`, handed to the limits by the
+builder): every route of the app that may reach a model or write state has a declaration (a new
+route cannot walk around the limits by being forgotten), the limits count by the table they are
+given and read a request's budget as its declaration says, /v1/responses/compact is admitted and
+settled as the generation it is, and the Conversations API's writes are counted as requests with no
+tokens."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from fastapi.routing import APIRoute
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.completions.protocol import CompletionRequest
 from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.guard import GuardSettings
-from deployments.ingress.limits.counting import Counted, CountingTable, RouteCounting
+from deployments.ingress.limits import estimate
+from deployments.ingress.limits.counting import Budget, Counted, CountingTable, RouteCounting
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
 from deployments.state.batches import BatchStore
@@ -25,6 +29,7 @@ from deployments.state.records import stored_owners
 from tests.support.stores import stored_responses, temporary_storage
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder
+from tests.unit.ingress.limits.test_estimate import CountingBoard
 from tests.unit.ingress.limits.test_limiter import LocalBoard, served_models
 
 KEY = "sk-counted-0123456789"
@@ -37,13 +42,14 @@ def limits(**caps: int) -> KeyTable:
     return KeyTable(parse_limits(text, "limits.yaml"), None, environ={})
 
 
-def whole_app(board: LocalBoard, table: KeyTable, metrics: FakeMetrics | None = None):
-    """The ingress's app with every API served (responses, files and batches, conversations)."""
+def whole_app(board: LocalBoard, table: KeyTable, metrics: FakeMetrics | None = None, routes: CountingTable = ROUTES):
+    """The ingress's app with every API served (responses, files and batches, conversations), its
+    routes counted as `routes` declares."""
     served = served_models(FakeDecoder(["Sum", "mary."]))
     storage = temporary_storage()
     owners = stored_owners(storage)
-    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), limits=table)
-    limiter = Limiter(table, board, served, {"echo": 64, "other": 64}, metrics or FakeMetrics())
+    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), extra_keys=table)
+    limiter = Limiter(table, board, served, {"echo": 64, "other": 64}, metrics or FakeMetrics(), routes=routes)
     return build_api(
         served,
         guard,
@@ -55,8 +61,10 @@ def whole_app(board: LocalBoard, table: KeyTable, metrics: FakeMetrics | None = 
     )
 
 
-def client(board: LocalBoard, table: KeyTable, metrics: FakeMetrics | None = None) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=whole_app(board, table, metrics))
+def client(
+    board: LocalBoard, table: KeyTable, metrics: FakeMetrics | None = None, routes: CountingTable = ROUTES
+) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=whole_app(board, table, metrics, routes))
     return httpx.AsyncClient(transport=transport, base_url="http://test", headers={"Authorization": f"Bearer {KEY}"})
 
 
@@ -78,6 +86,27 @@ def test_a_templated_declaration_matches_its_paths_only():
     assert table.of("DELETE", "/v1/things/abc/more") is None and table.of("POST", "/v1/things/abc") is None
     with pytest.raises(ValueError, match="declared twice"):
         CountingTable([RouteCounting("POST", "/v1/x", Counted.WRITES)] * 2)
+
+
+async def test_the_limits_count_by_the_table_they_are_given_and_read_the_budget_it_declares():
+    """The limits import no API: here chat's budget is declared as a legacy completion reads it (its
+    `max_tokens`, 16 when unset, for each of its `n`) and /v1/completions is not declared at all."""
+    routes = CountingTable(
+        [
+            RouteCounting(
+                "POST", "/v1/chat/completions", Counted.GENERATES, Budget.read(CompletionRequest, "max_tokens", n=True)
+            )
+        ]
+    )
+    board = CountingBoard()
+    chat = {"model": "echo", "n": "2", "messages": [{"role": "user", "content": "hi"}]}
+    legacy = {"model": "echo", "prompt": "hi", "max_tokens": 5}
+    async with client(board, limits(requests_per_minute=1, tokens_per_minute=10_000), routes=routes) as http:
+        counted = await http.post("/v1/chat/completions", json=chat)
+        uncounted = [await http.post("/v1/completions", json=legacy) for _ in range(2)]
+    assert counted.status_code == 200 and counted.headers["x-ratelimit-limit-requests"] == "1"
+    assert board.reserved == [estimate.prompt_tokens(chat) + 16 * 2]  # not the model's 64: the declared default
+    assert [a.status_code for a in uncounted] == [200, 200] and "x-ratelimit-limit-requests" not in uncounted[0].headers
 
 
 async def test_compact_is_admitted_against_the_keys_requests_and_settled_to_what_it_generated():

@@ -14,6 +14,7 @@ import pytest
 from deployments.config import ServerConfig
 from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.limits import estimate
 from deployments.ingress.limits.estimate import Estimate, Estimator, StoreSizes
@@ -64,8 +65,10 @@ def client(
 ) -> httpx.AsyncClient:
     served = served_models(decoder or FakeDecoder(["a", "b", "c"]))
     table = KeyTable(parse_limits(LIMITS, "limits.yaml"), None, environ={})
-    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), limits=table)
-    limiter = Limiter(table, board, served, {"echo": DEFAULT_MAX_TOKENS}, metrics, estimator or Estimator())
+    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), extra_keys=table)
+    limiter = Limiter(
+        table, board, served, {"echo": DEFAULT_MAX_TOKENS}, metrics, estimator or Estimator(), routes=ROUTES
+    )
     api = build_api(served, guard, metrics, limiter=limiter)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 

@@ -16,6 +16,7 @@ from deployments.config import ServerConfig
 from deployments.config.limits import parse_limits
 from deployments.errors import InvalidRequestError
 from deployments.ingress.api import build_api
+from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.limits import estimate
@@ -76,8 +77,8 @@ def client(
 ) -> httpx.AsyncClient:
     served = served_models(decoder)
     table = KeyTable(parse_limits(LIMITS, "limits.yaml"), None, environ={"TEAM_A_KEY": KEY_A})
-    guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None), limits=table)
-    limiter = Limiter(table, board, served, {"echo": 64, "other": 64}, metrics)
+    guard = GuardSettings.from_config(ServerConfig(api_keys=list(keys), api_keys_env=None), extra_keys=table)
+    limiter = Limiter(table, board, served, {"echo": 64, "other": 64}, metrics, routes=ROUTES)
     api = build_api(served, guard, metrics, limiter=limiter)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test")
 
@@ -180,7 +181,7 @@ async def test_a_batch_line_waits_for_its_keys_budget_instead_of_a_429() -> None
     digest = hashlib.sha256(KEY_A.encode()).hexdigest()
     text = f"keys: [{{name: batcher, key_sha256: {digest}, tokens_per_minute: {2 * need - 20}}}]"
     table = KeyTable(parse_limits(text, "limits.yaml"), None, environ={})
-    limiter = Limiter(table, board, served_models(FakeDecoder()), {"echo": 64}, FakeMetrics())
+    limiter = Limiter(table, board, served_models(FakeDecoder()), {"echo": 64}, FakeMetrics(), routes=ROUTES)
     key = table.named("batcher", "batcher")
     first = await limiter.admit_waiting(key, "/v1/chat/completions", body)
     started = time.monotonic()
@@ -198,8 +199,8 @@ def test_websocket_turns_are_admitted_as_requests_and_keep_to_the_keys_models() 
     decoder, board = FakeDecoder(["Hi"]), LocalBoard()
     served = served_models(decoder)
     table = KeyTable(parse_limits(LIMITS, "limits.yaml"), None, environ={"TEAM_A_KEY": KEY_A})
-    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), limits=table)
-    limiter = Limiter(table, board, served, {"echo": 64}, FakeMetrics())
+    guard = GuardSettings.from_config(ServerConfig(api_keys_env=None), extra_keys=table)
+    limiter = Limiter(table, board, served, {"echo": 64}, FakeMetrics(), routes=ROUTES)
     app = build_api(served, guard, FakeMetrics(), limiter=limiter)
     events = []
     with TestClient(app) as client, client.websocket_connect("/v1/responses", headers=auth(KEY_A)) as socket:

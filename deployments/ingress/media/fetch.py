@@ -1,4 +1,5 @@
-"""Fetch image bytes from ``http(s)://`` and ``file://`` URLs, behind an SSRF guard.
+"""Fetch bytes from ``http(s)://`` URLs behind an SSRF guard (an image's URL, a document's `file_url`),
+and an image's from a ``file://`` URL inside `images.file_root`.
 
 A client-supplied URL must not turn the service into a proxy into its own network. Every host is
 checked after DNS resolution, and the connection goes only to an address that passed the check: a
@@ -179,7 +180,7 @@ def _check_target(url: URL, allow: _Allow, *, where: str, param: str) -> str:
 async def fetch_image(url: str, config: ImageInputConfig, *, param: str) -> bytes:
     """Bytes at an ``http://``, ``https://`` or ``file://`` URL, within `config`'s limits.
 
-    The bytes are not checked as an image here (see `check.check_image`). Raises `InvalidImageError`
+    The bytes are not checked as an image here (see `vision.check.check_image`). Raises `InvalidImageError`
     naming `param` for any failure: a refused scheme, host or path, a timeout, a non-2xx status, too
     many redirects, a body over `max_image_bytes`.
     """
