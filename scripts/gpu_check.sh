@@ -8,7 +8,11 @@
 #   2. Serve's own cost on the card: the static decoder on the same model alone and through the service
 #      (`serve run`: the proxy, the ingress, the decoder's handle), the TTFT the service adds at c1 and its
 #      tokens/s over the engine's at c32 (python -m scripts.bench overhead);
-#   3. the GPU tests: engines on the card, captured steps (the static decoder's captured tokens equal
+#   3. agent sessions on the transformers engine (issue 68): the same random model on 2 decoder replicas at
+#      half a card each, Serve's default router against ours, 6 sessions x 4 turns of ~1,200-token system
+#      texts: warm TTFT and cached share (python -m scripts.bench sessions; last, so it never takes the
+#      tests' time: where the budget ran out, run it alone, the command in its log line below);
+#   4. the GPU tests: engines on the card, captured steps (the static decoder's captured tokens equal
 #      `generate`; graphs on and off give the same greedy tokens; a seed reproducible beside other
 #      requests), and the service with the decoder and the captioner packed at half a card each (text, an
 #      image not degraded, a stream, 16 at once, both replicas holding memory on the same card).
@@ -83,9 +87,11 @@ export MMSERVE_TOKENIZER_DIR=$tokenizer
 
 bench=()
 overhead=(--gpu-shape smollm2-1.7b --concurrency 1 32)
+sessions=(--gpu-shape smollm2-1.7b --layouts serve ours --sessions 6 --turns 4 --system-tokens 1200 --new-tokens 24)
 if [ $rehearse = 1 ]; then
   bench=(--shape tiny --concurrency 1 4 --max-tokens 16)
   overhead=(--gpu-shape tiny --concurrency 1 4 --max-tokens 16 --rounds 2)
+  sessions=(--gpu-shape tiny --layouts ours --sessions 2 --turns 2 --system-tokens 200 --new-tokens 8)
 else
   gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) || {
     note "no NVIDIA GPU here (nvidia-smi failed); on a CPU machine: --rehearse"
@@ -110,5 +116,9 @@ step overhead 150 "$py" -m scripts.bench overhead --tokenizer "$tokenizer" "${ov
 [ -f "$out/overhead.log" ] && grep -E '"(where|ttft_added_ms)"' "$out/overhead.log" | sed 's/^/  /' | tee -a "$summary"
 # A module that fails to import fails its own tests, not the others'.
 step tests 240 "$py" -m pytest tests/gpu -q -p no:cacheprovider --continue-on-collection-errors
+sessions+=(--tokenizer "$tokenizer" --port 8124)
+note "sessions: $py -m scripts.bench sessions ${sessions[*]}"
+step sessions 240 "$py" -m scripts.bench sessions "${sessions[@]}"
+[ -f "$out/sessions.log" ] && grep '"layout"' "$out/sessions.log" | sed 's/^/  /' | tee -a "$summary"
 note "gpu_check: $([ $status = 0 ] && echo passed || echo FAILED) in $SECONDS s"
 exit $status

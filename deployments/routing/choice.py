@@ -6,9 +6,10 @@ and how deep each holds the request's prefix, rank them.
    it. A prefix under one adapter is never matched under another (`keys`).
 2. **What all replicas share is not warm**: a replica is warm for a request when it holds more of
    the request's prefix than every other candidate does (`depth > floor`, the floor being the least
-   any candidate holds). A system prompt that every replica holds decides nothing, so it cannot pull
-   every session to one replica; one that only some hold draws new sessions there only while the load
-   rule allows, and the first that goes elsewhere makes it common.
+   any candidate with room holds, its adapter or not). A system prompt that every replica holds
+   decides nothing, so it cannot pull every session to one replica; one that only some hold draws
+   new sessions there only while the load rule allows, and the first that goes elsewhere makes it
+   common.
 3. **Load bound**: a warm replica wins while its ongoing requests are at most `LoadRule.imbalance`
    above the least busy candidate's; past that, the least busy wins (``load_fallback``).
 4. **Ties**: among equally deep replicas within the bound, the session's last replica (a client's
@@ -104,7 +105,10 @@ def choose(
     held = {c.id: depth.get(c.id, 0) for c in pool}
     least = min(c.load for c in pool)
     spread = max(c.load for c in pool) - least
-    floor, best = min(held.values()), max(held.values())
+    # The floor is over every replica with room, not the adapter's holders alone: a session under an
+    # adapter that one replica holds is warm there when the others hold less of it.
+    floor = min(depth.get(c.id, 0) for c in [c for c in candidates if not c.full] or candidates)
+    best = max(held.values())
     near = [c for c in pool if c.load - least <= rule.imbalance]
 
     def busy_order(c: Candidate) -> tuple[int, int, float]:

@@ -46,7 +46,9 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
         self._rule = LoadRule(imbalance=imbalance)
         self._index = PrefixIndex(index_blocks)
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session hint -> replica it last went to
-        self._routing: OrderedDict[str, tuple[tuple[int, ...], Choice]] = OrderedDict()  # request -> its choice
+        # id(pending request) -> (it, its blocks, its choice): by the object, not `internal_request_id`, which
+        # a handle call inherits from the request it is made in (two decoder calls of one request share it).
+        self._routing: OrderedDict[int, tuple[PendingRequest, tuple[int, ...], Choice]] = OrderedDict()
         self._picked: dict[str, int] = {}  # replica -> requests chosen for it and not yet sent
         self._reports: dict[str, Any] = {}  # replica -> the `at` of its last report applied
         self._rng = random.Random()
@@ -83,8 +85,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
             return [[by_id[c.id]] for c in order]
         metadata = pending_request.metadata
         adapter = metadata.multiplexed_model_id or None
-        known = self._routing.get(metadata.internal_request_id)
-        blocks = known[0] if known is not None else prefix_blocks(request, adapter)
+        known = self._routing.get(id(pending_request))
+        blocks = known[1] if known is not None else prefix_blocks(request, adapter)
         session = getattr(metadata, "session_id", "") or None
         choice = choose(
             candidates,
@@ -97,11 +99,11 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
         if choice is None:
             return []
         if known is not None:
-            self._unpick(known[1].replica)
-        self._routing[metadata.internal_request_id] = (blocks, choice)
-        self._routing.move_to_end(metadata.internal_request_id)
+            self._unpick(known[2].replica)
+        self._routing[id(pending_request)] = (pending_request, blocks, choice)
+        self._routing.move_to_end(id(pending_request))
         while len(self._routing) > MAX_IN_FLIGHT:
-            _, (_, dropped) = self._routing.popitem(last=False)
+            _, (_, _, dropped) = self._routing.popitem(last=False)
             self._unpick(dropped.replica)
         self._picked[choice.replica] = self._picked.get(choice.replica, 0) + 1
         return [[by_id[rank[0]]] for rank in choice.ranked if rank[0] in by_id]
@@ -134,10 +136,10 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
         """The request went to `replica_id`: its prefix is recorded there, its session follows it."""
         metadata = pending_request.metadata
-        known = self._routing.pop(metadata.internal_request_id, None)
+        known = self._routing.pop(id(pending_request), None)
         if known is None:
             return
-        blocks, choice = known
+        _, blocks, choice = known
         self._unpick(choice.replica)
         replica = replica_id.unique_id
         now = time.time()
@@ -156,9 +158,13 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
             self._metrics.set("routing_load_spread", choice.spread)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        known = self._routing.pop(internal_request_id, None)  # never routed (cancelled while waiting)
-        if known is not None:
-            self._unpick(known[1].replica)
+        """A request ended; one still kept here was never routed (rejected, or cancelled while waiting):
+        its choice is dropped. Of the requests sharing its id, those still waiting to be sent (their
+        future not yet set) keep theirs."""
+        for key, (pending, _, choice) in list(self._routing.items()):
+            if pending.metadata.internal_request_id == internal_request_id and pending.future.done():
+                del self._routing[key]
+                self._unpick(choice.replica)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Serve's replica set changed (or a replica's routing stats did): a replica that left is

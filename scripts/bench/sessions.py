@@ -1,26 +1,43 @@
 """Agent sessions through the service, per decoder layout and router (issue 68): `--sessions` concurrent
-sessions of `--turns` turns each, every session with its own long system text (or, `--shared`, a
-common one first and then its own), each turn the whole conversation so far plus a new question,
-streamed with usage (`cached_tokens`), as Codex, Claude Code or a chat UI resend it.
+sessions of `--turns` turns each, every session with its own long system text, each turn the whole
+conversation so far plus a new question, streamed with usage (`cached_tokens`), as Codex, Claude Code or
+a chat UI resend it.
 
-Layouts (`--layouts`, run one after the other on the offline default, models.yaml's primary alone):
+Layouts (`--layouts`, one after the other; models.yaml's primary alone, or with `--gpu-shape` a random
+model of that shape on the transformers engine, each replica at `--decoder-gpus` of a GPU):
 - ``one``: one decoder replica with all the cores;
 - ``serve``: two replicas, a core each, Serve's default router (power of two choices);
 - ``ray``: two replicas, Ray Serve LLM's `PrefixCacheAffinityRouter` attached (`routing.ray_prefix`);
-- ``ours``: two replicas, our router (`routing.router`).
+- ``ours``: two replicas, our router (`routing.router`);
+- ``scale`` (not by default): ours, autoscaled 1 -> 2 -> 1 under the sessions (`scale_run`).
 
-Per layout and case (own prompts; `--shared` adds the shared-prefix case) one JSON line: warm turns'
-(turn 2 on) cached share of prompt tokens, warm TTFT p50 / p95 / max, cold TTFT p50, wall time, and
-requests per decoder replica (from Ray's metrics export: `routing_requests` for ours, else the
-replicas' `request_success`).
+Cases (`--cases`; `--shared` adds ``shared``), each session's prompt:
+- ``own``: its own system text;
+- ``shared``: one common `--shared-tokens` system text first, then its own;
+- ``image``: its own, then a user turn with its own picture, resent every turn (proxy vision: where the
+  captioner cannot load, as the offline default's cannot without the hub, the ingress puts the same
+  placeholder text in its place every turn; the line says whether the captioner was ready);
+- ``adapter``: its own, under one of two random GGUF LoRA adapters of the primary (`lora_adapters`),
+  session i under adapter i % 2. llama.cpp turns its prefix cache off where adapters are loaded, so
+  cached shares are 0 there by design: the routing decisions say where the turns went.
+
+Per layout and case one JSON line: warm turns' (turn 2 on) cached share of prompt tokens, warm TTFT p50 /
+p95 / max, cold TTFT p50, wall time, requests per decoder replica and ours' routing decisions (from Ray's
+metrics export: `routing_requests` / `routing_decisions`, else the replicas' `request_success`).
 
     .venv/bin/python -m scripts.bench sessions    # --sessions 6 --turns 5 --system-tokens 1900 --new-tokens 24
     .venv/bin/python -m scripts.bench sessions --sessions 2 --turns 2 --system-tokens 300 --layouts one ours  # smoke
+    .venv/bin/python -m scripts.bench sessions --layouts ours --cases image adapter
+    .venv/bin/python -m scripts.bench sessions --layouts scale
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import os
+import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -33,11 +50,21 @@ import yaml
 from httpx import Limits
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-from scripts.bench.common import arguments, emit, pct, start_ours
+from scripts.bench.common import ROOT, Server, arguments, emit, image_url, pct, serve_run, start_ours
 from scripts.bench.overhead import decoder_models
 from scripts.bench.serve import machine
 
-LAYOUTS = {"one": (1, "prefix"), "serve": (2, "power_of_two"), "ray": (2, "ray_prefix_cache"), "ours": (2, "prefix")}
+LAYOUTS = {
+    "one": (1, "prefix"),
+    "serve": (2, "power_of_two"),
+    "ray": (2, "ray_prefix_cache"),
+    "ours": (2, "prefix"),
+    "scale": (2, "prefix"),
+}
+CASES = ("own", "shared", "image", "adapter")
+SERVER_KIND = {"own": "text", "shared": "text", "image": "image", "adapter": "adapter"}  # one server each
+ADAPTER_RANK = 8
+WARM = 0.9  # a turn with this share of its prompt cached is warm
 WORDS = [
     "river",
     "stone",
@@ -68,9 +95,42 @@ class Turn:
     prompt_tokens: int
     cached_tokens: int
 
+    @property
+    def cached_share(self) -> float | None:
+        return round(self.cached_tokens / self.prompt_tokens, 3) if self.prompt_tokens else None
+
+
+@dataclass
+class Session:
+    """One session's conversation so far, resent whole every turn under its `model`."""
+
+    seed: int
+    model: str
+    messages: list[dict[str, Any]]
+    turns: int = 0
+
+    async def turn(self, client: AsyncOpenAI, max_tokens: int) -> Turn:
+        self.messages.append({"role": "user", "content": f"Turn {self.turns}: name three words of the notes, briefly."})
+        result, answer = await one_turn(client, self.model, self.messages, max_tokens, self.seed, self.turns)
+        self.messages.append({"role": "assistant", "content": answer})
+        self.turns += 1
+        return result
+
+
+def new_session(seed: int, model: str, args: Any, case: str, common: str | None) -> Session:
+    if case == "shared":
+        system = f"{common}\n\n{system_text(seed, args.system_tokens // 4)}"
+    else:
+        system = system_text(seed, args.system_tokens)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    if case == "image":  # the same picture, resent every turn
+        picture = [{"type": "image_url", "image_url": {"url": image_url(seed)}}, {"type": "text", "text": "Keep this."}]
+        messages += [{"role": "user", "content": picture}, {"role": "assistant", "content": "Kept."}]
+    return Session(seed, f"{model}:a{seed % 2}" if case == "adapter" else model, messages)
+
 
 async def one_turn(
-    client: AsyncOpenAI, model: str, messages: list[dict[str, str]], max_tokens: int, session: int, turn: int
+    client: AsyncOpenAI, model: str, messages: list[dict[str, Any]], max_tokens: int, session: int, turn: int
 ) -> tuple[Turn, str]:
     start, first, text, usage = time.perf_counter(), None, [], None
     stream = await client.chat.completions.create(
@@ -95,47 +155,61 @@ async def one_turn(
     return Turn(session, turn, (first or end) - start, prompt, cached), "".join(text)
 
 
-async def session_run(client: AsyncOpenAI, model: str, seed: int, args: Any, shared: str | None) -> list[Turn]:
-    own = system_text(seed, args.system_tokens if shared is None else args.system_tokens // 4)
-    system = own if shared is None else shared + "\n\n" + own
-    messages = [{"role": "system", "content": system}]
-    turns = []
-    for turn in range(args.turns):
-        messages.append({"role": "user", "content": f"Turn {turn}: name three words of the notes, briefly."})
-        result, answer = await one_turn(client, model, messages, args.new_tokens, seed, turn)
-        messages.append({"role": "assistant", "content": answer})
-        turns.append(result)
-    return turns
+def ray_session() -> Path:
+    """The folder of the Ray instance `serve run` started here: under RAY_TMPDIR, which `main` sets to a
+    folder of its own, so that another Ray on the machine (a test, another benchmark) is not read."""
+    return Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "session_latest"
 
 
-def per_replica(model: str) -> dict[str, float]:
-    """Requests per decoder replica so far, from Ray's metrics export (its port in the newest Ray session's
-    folder, as `fairness` reads it): ours' `routing_requests` by decoder replica, else the decoder replicas'
-    finished requests. Exported every few seconds: read after a pause."""
+def client_for(base_url: str) -> AsyncOpenAI:
+    limits = Limits(max_connections=100, max_keepalive_connections=0)
+    return AsyncOpenAI(
+        base_url=base_url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=1800,
+        http_client=DefaultAsyncHttpxClient(limits=limits),
+    )
+
+
+def routing_counts(model: str) -> dict[str, dict[str, float]]:
+    """Requests per decoder replica and routing decisions so far, from Ray's metrics export (its port in
+    the Ray session's folder): ours' `routing_requests` by decoder replica,
+    else the decoder replicas' finished requests. Exported every few seconds: read after a pause."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    port = next(Path("/tmp/ray/session_latest").glob("metrics_export_port_*")).read_text().strip()
+    port = next(ray_session().glob("metrics_export_port_*")).read_text().strip()
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     routed: dict[str, float] = {}
     finished: dict[str, float] = {}
+    decisions: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.labels.get("model") != model:
                 continue
             if sample.name == "ray_mmserve_routing_requests_total":
                 routed[sample.labels.get("decoder_replica", "?")] = sample.value
+            elif sample.name == "ray_mmserve_routing_decisions_total":
+                decisions[sample.labels.get("decision", "?")] = sample.value
             elif sample.name == "ray_mmserve_request_success_total":
                 replica = sample.labels.get("replica", "?")
                 finished[replica] = finished.get(replica, 0.0) + sample.value
-    return routed or finished
+    return {"replicas": routed or finished, "decisions": decisions}
 
 
-def counted(model: str) -> dict[str, float]:
+def counted(model: str) -> dict[str, dict[str, float]]:
     time.sleep(12)  # Ray exports its metrics every few seconds
     try:
-        return per_replica(model)
+        return routing_counts(model)
     except (StopIteration, httpx.HTTPError):
-        return {}
+        return {"replicas": {}, "decisions": {}}
+
+
+def since(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
+    return {
+        "requests_per_replica": {k: v - before["replicas"].get(k, 0.0) for k, v in after["replicas"].items()},
+        "routing_decisions": {k: v - before["decisions"].get(k, 0.0) for k, v in after["decisions"].items()},
+    }
 
 
 def summary(turns: list[Turn], wall_s: float) -> dict[str, Any]:
@@ -153,32 +227,166 @@ def summary(turns: list[Turn], wall_s: float) -> dict[str, Any]:
     }
 
 
-async def workload(base_url: str, model: str, args: Any, shared: bool) -> dict[str, Any]:
-    client = AsyncOpenAI(
-        base_url=base_url + "/v1",
-        api_key="unused",
-        max_retries=0,
-        timeout=1800,
-        http_client=DefaultAsyncHttpxClient(limits=Limits(max_connections=100, max_keepalive_connections=0)),
-    )
-    common = system_text(999, args.shared_tokens) if shared else None
+async def workload(base_url: str, model: str, args: Any, case: str) -> dict[str, Any]:
+    client = client_for(base_url)
+    common = system_text(999, args.shared_tokens) if case == "shared" else None
+    sessions = [new_session(seed, model, args, case, common) for seed in range(args.sessions)]
+
+    async def run(session: Session) -> list[Turn]:
+        return [await session.turn(client, args.new_tokens) for _ in range(args.turns)]
+
     start = time.perf_counter()
-    runs = await asyncio.gather(*(session_run(client, model, seed, args, common) for seed in range(args.sessions)))
+    runs = await asyncio.gather(*(run(s) for s in sessions))
     return summary([t for run in runs for t in run], time.perf_counter() - start)
 
 
-def models_for(directory: Path, router: str, args: Any) -> Path:
-    path = decoder_models(directory, None, None, 0)
-    models = yaml.safe_load(path.read_text())
-    entry = models["models"][0]
-    entry.setdefault("deployment", {})["routing"] = {"router": router}
+class DecoderReplicas:
+    """The decoder's running replicas as Serve's controller logs them ("Replica(id=..., deployment=
+    'PrimaryDecoder', ...) started successfully", "Removing 1 replica from Deployment(name='PrimaryDecoder'
+    ..."), in the Ray session's folder."""
+
+    STARTED = re.compile(r"deployment='PrimaryDecoder', app='[^']*'\) started successfully")
+    REMOVED = re.compile(r"Removing (\d+) replicas? from Deployment\(name='PrimaryDecoder'")
+
+    def count(self) -> int:
+        total = 0
+        for path in (ray_session() / "logs" / "serve").glob("controller_*.log"):
+            text = path.read_text(errors="replace")
+            total += len(self.STARTED.findall(text)) - sum(int(n) for n in self.REMOVED.findall(text))
+        return total
+
+
+async def scale_run(base_url: str, model: str, args: Any) -> dict[str, Any]:
+    """Autoscaling 1 -> 2 -> 1 under sessions (issue 68). Up: `--sessions` sessions turn in rounds until
+    Serve's second replica runs; then as many new sessions join them (they spread to it by load) for
+    `--turns` rounds. Down: session 0 alone keeps turning until Serve removes a replica. After: each
+    session takes two more turns, one session at a time (so that Serve keeps one replica). Every turn is
+    one JSON line; the summary says whether any failed and whether each session's second turn after the
+    removal was warm (its first may be cold: its prefix may have left with the replica)."""
+    client, replicas, t0 = client_for(base_url), DecoderReplicas(), time.perf_counter()
+    sessions = [new_session(seed, model, args, "own", None) for seed in range(args.sessions)]
+    errors: list[str] = []
+    marks: dict[str, float | None] = {}
+    after: dict[int, list[float | None]] = {}
+
+    async def turn(session: Session, phase: str) -> None:
+        count = replicas.count()
+        try:
+            t = await session.turn(client, args.new_tokens)
+        except Exception as exc:  # every failure is counted, none stops the run
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            emit({"phase": phase, "session": session.seed, "replicas": count, "error": errors[-1]})
+            return
+        if phase == "after":
+            after.setdefault(session.seed, []).append(t.cached_share)
+        at, ttft = round(time.perf_counter() - t0, 1), round(t.ttft_s, 3)
+        line = {"t": at, "phase": phase, "session": t.session, "turn": t.turn, "replicas": count, "ttft_s": ttft}
+        emit({**line, "cached_share": t.cached_share})
+
+    def at() -> float:
+        return round(time.perf_counter() - t0, 1)
+
+    deadline = time.monotonic() + args.scale_timeout_s
+    while replicas.count() < 2 and time.monotonic() < deadline:
+        await asyncio.gather(*(turn(s, "up") for s in sessions))
+    marks["two_replicas_at_s"] = at() if replicas.count() >= 2 else None
+    sessions += [new_session(seed, model, args, "own", None) for seed in range(len(sessions), 2 * len(sessions))]
+    for _ in range(args.turns):
+        await asyncio.gather(*(turn(s, "up") for s in sessions))
+    while replicas.count() >= 2 and time.monotonic() < deadline:
+        await turn(sessions[0], "down")
+    marks["one_replica_at_s"] = at() if replicas.count() < 2 else None
+    for s in sessions:
+        for _ in range(2):
+            await turn(s, "after")
+    second = [shares[1] for shares in after.values() if len(shares) > 1]
+    return {
+        **marks,
+        "replicas_at_end": replicas.count(),
+        "errors": len(errors),
+        "after_first_turn_cached": [shares[0] for shares in after.values()],
+        "after_second_turn_cached": second,
+        "warm_within_one_turn": bool(second) and all((s or 0) >= WARM for s in second),
+        "wall_s": at(),
+    }
+
+
+def models_for(directory: Path, base: dict[str, Any], layout: str, kind: str, args: Any) -> Path:
+    """The layout's models.yaml: the primary with its router, (GPU) its replica count, (scale) its
+    autoscaling, and for the image and adapter cases the captioner or two adapters."""
+    replicas, router = LAYOUTS[layout]
+    entry = copy.deepcopy(base)
+    deployment = entry.setdefault("deployment", {})
+    deployment["routing"] = {"router": router}
+    params = entry.setdefault("params", {})
     if args.cache_ram_mib is not None:
-        entry.setdefault("params", {})["cache_ram_mib"] = args.cache_ram_mib
+        params["cache_ram_mib"] = args.cache_ram_mib
     if args.slots:
-        entry.setdefault("params", {})["max_num_seqs"] = args.slots
-    out = directory / f"models-{router}.yaml"
-    out.write_text(yaml.safe_dump(models))
+        params["max_num_seqs"] = args.slots
+    if args.gpu_shape:
+        params["max_model_len"] = 2048  # the random model's positions
+        deployment["autoscaling"] = {"min_replicas": replicas, "max_replicas": replicas}
+    if layout == "scale":
+        deployment["autoscaling"] = {
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_ongoing_requests": 1,
+            "upscale_delay_s": 2,
+            "downscale_delay_s": args.downscale_delay_s,
+            "look_back_period_s": 2,
+            "metrics_interval_s": 1,
+        }
+    models = [entry]
+    if kind == "image":
+        shipped = yaml.safe_load((ROOT / "models.yaml").read_text())["models"]
+        captioner = next(m for m in shipped if m["name"] == shipped[0]["capabilities"]["captioner"])
+        if "local_path" in captioner:
+            captioner["local_path"] = str((ROOT / captioner["local_path"]).resolve())
+        entry["capabilities"] = {
+            **entry.get("capabilities", {}),
+            "vision_mode": "proxy",
+            "captioner": captioner["name"],
+        }
+        models.append(captioner)
+    if kind == "adapter":
+        from scripts.bench.lora_adapters import build_gguf_lora
+
+        gguf = Path(entry["local_path"]) / entry["weight_file"]
+        adapters = {
+            f"a{i}": str(build_gguf_lora(gguf, directory / f"a{i}.gguf", seed=i, rank=ADAPTER_RANK)) for i in (0, 1)
+        }
+        params["lora"] = {"adapters": adapters, "max_rank": ADAPTER_RANK}
+    out = directory / f"models-{layout}-{kind}.yaml"
+    out.write_text(yaml.safe_dump({"models": models}))
     return out
+
+
+def start(models_file: Path, layout: str, kind: str, args: Any) -> Server:
+    replicas = LAYOUTS[layout][0]
+    on_gpu = bool(args.gpu_shape) and _cuda()
+    builder = {"decoder_gpus": args.decoder_gpus} if on_gpu else {}
+    cpu_replicas = 0 if on_gpu else replicas
+    if kind != "image":
+        return start_ours(models_file, args.port, cpu_replicas, name=f"sessions-{layout}", vision=False, args=builder)
+    # As start_ours, but ready once the decoder is and the captioner is known, loaded or not.
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = args.port
+    for app in config["applications"]:
+        app["args"] = {**app["args"], "models_file": str(models_file), **builder}
+    if cpu_replicas:
+        config["applications"][0]["args"]["decoder_cpu_replicas"] = cpu_replicas
+
+    def ready(response: httpx.Response) -> bool:
+        components = response.json().get("components", {})
+        return bool(components.get("decoder", {}).get("ready")) and "captioner" in components
+
+    return serve_run(f"sessions-{layout}-image", config, models_file.parent / "serve_config.yaml", "/health", ready)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str]) -> None:
@@ -186,39 +394,61 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--system-tokens", type=int, default=1900, help="each session's own system text")
-    parser.add_argument("--shared-tokens", type=int, default=1500, help="--shared: the common system text")
+    parser.add_argument("--shared-tokens", type=int, default=1500, help="the shared case's common system text")
     parser.add_argument("--new-tokens", type=int, default=24, help="max_tokens of each turn")
-    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
-    parser.add_argument("--shared", action="store_true", help="also the shared-prefix case")
-    parser.add_argument("--only-shared", action="store_true", help="the shared-prefix case alone")
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=["one", "serve", "ray", "ours"])
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=["own"])
+    parser.add_argument("--shared", action="store_true", help="also the shared case")
     parser.add_argument("--cache-ram-mib", type=int, default=None, help="params.cache_ram_mib (default: models.yaml's)")
     parser.add_argument("--slots", type=int, default=0, help="params.max_num_seqs (0: models.yaml's)")
+    parser.add_argument("--downscale-delay-s", type=float, default=15, help="scale: Serve's downscale_delay_s")
+    parser.add_argument("--scale-timeout-s", type=float, default=900, help="scale: the most its phases may take")
+    parser.add_argument("--gpu-shape", default=None, help="a random model of this shape (scripts.bench.gpu)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="--gpu-shape: its tokenizer")
+    parser.add_argument("--decoder-gpus", type=float, default=0.5, help="--gpu-shape on a GPU: each replica's share")
     parser.add_argument("--port", type=int, default=8123)
     args = parser.parse_args(argv)
-    cases = [True] if args.only_shared else [False, True] if args.shared else [False]
-    emit({"bench": "sessions", "machine": machine(), "args": vars(args)})
+    cases = list(dict.fromkeys([*args.cases, *(["shared"] if args.shared else [])]))
+    if args.gpu_shape and "adapter" in cases:
+        raise SystemExit("--gpu-shape: no adapter case (its adapters are GGUF files for the offline default)")
+    emit({"bench": "sessions", "machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}})
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="mms-", dir="/tmp")  # short: Ray's socket paths
+    try:
+        run_layouts(args, cases)
+    finally:
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
+
+def run_layouts(args: Any, cases: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        base_file = decoder_models(Path(tmp), args.gpu_shape, args.tokenizer, args.slots or 16)
+        base = yaml.safe_load(base_file.read_text())["models"][0]
+        model = base["name"]
         for layout in args.layouts:
-            replicas, router = LAYOUTS[layout]
-            models_file = models_for(Path(tmp), router, args)
-            model = yaml.safe_load(models_file.read_text())["models"][0]["name"]
-            server = start_ours(
-                models_file, args.port, decoder_replicas=replicas, name=f"sessions-{layout}", vision=False
-            )
-            try:
-                for shared in cases:
-                    before = counted(model)
-                    result = asyncio.run(workload(server.base_url, model, args, shared))
-                    after = counted(model)
-                    emit(
-                        {
-                            "layout": layout,
-                            "replicas": replicas,
-                            "router": router,
-                            "case": "shared_prefix" if shared else "own_prefix",
-                            **result,
-                            "requests_per_replica": {k: v - before.get(k, 0.0) for k, v in after.items()},
-                        }
-                    )
-            finally:
-                server.stop()
+            kinds = ["text"] if layout == "scale" else list(dict.fromkeys(SERVER_KIND[c] for c in cases))
+            for kind in kinds:
+                directory = Path(tmp) / f"{layout}-{kind}"
+                directory.mkdir()
+                server = start(models_for(directory, base, layout, kind, args), layout, kind, args)
+                try:
+                    if layout == "scale":
+                        emit(
+                            {
+                                "layout": layout,
+                                "router": "prefix",
+                                **asyncio.run(scale_run(server.base_url, model, args)),
+                            }
+                        )
+                        continue
+                    for case in (c for c in cases if SERVER_KIND[c] == kind):
+                        before = counted(model)
+                        result = asyncio.run(workload(server.base_url, model, args, case))
+                        extra = {}
+                        if case == "image":
+                            health = httpx.get(server.base_url + "/health", timeout=30).json()
+                            extra["captioner_ready"] = health["components"].get("captioner", {}).get("ready")
+                        replicas, router = LAYOUTS[layout]
+                        line = {"layout": layout, "replicas": replicas, "router": router, "case": case, **result}
+                        emit({**line, **extra, **since(before, counted(model))})
+                finally:
+                    server.stop()

@@ -95,3 +95,10 @@ def test_an_adapter_whose_holders_are_full_may_go_elsewhere():
 
 def test_no_candidates_no_choice():
     assert choose([], {}, RULE) is None
+
+
+def test_a_session_under_an_adapter_one_replica_holds_is_warm_there():
+    """Its holder is the only replica it may go to; it is warm there when the others hold less of it."""
+    holder = {"b": frozenset({"sql"})}
+    choice = choose(two(**holder), {"b": 12}, RULE, adapter="sql", session_replica="b")
+    assert choice is not None and (choice.replica, choice.decision) == ("b", "warm")

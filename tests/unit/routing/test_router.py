@@ -71,8 +71,11 @@ async def route(router: PrefixRouter, request: Any, adapter: str = "", session_i
 async def test_each_session_stays_on_the_replica_that_holds_it_and_sessions_spread():
     a, b = FakeReplica("a"), FakeReplica("b")
     router = await started(a, b)
-    first = {name: await route(router, session(name, 0)) for name in ("s1", "s2", "s3", "s4")}
-    assert set(first.values()) == {"a", "b"}  # no match anywhere: by load and chance
+    first = {}
+    for name in ("s1", "s2", "s3", "s4"):
+        first[name] = await route(router, session(name, 0))
+        router.on_send_request((a if first[name] == "a" else b).replica_id)  # its first turn is still running
+    assert sorted(first.values()) == ["a", "a", "b", "b"]  # no match anywhere: by load
     for turn in range(1, 4):
         for name, replica in first.items():
             assert await route(router, session(name, turn)) == replica
@@ -144,3 +147,26 @@ async def test_a_call_without_a_prompt_goes_to_the_least_busy():
     a, b = FakeReplica("a", load=3), FakeReplica("b", load=0)
     router = await started(a, b)
     assert await route(router, TokenizeInput(prompt="hello")) == "b"
+
+
+async def test_two_calls_of_one_request_are_routed_each_by_its_own_prompt():
+    """A handle call inherits `internal_request_id` from the request it is made in: two decoder calls
+    of one ingress request, chosen before either is sent, still go each to its own prompt's replica."""
+    a, b = FakeReplica("a"), FakeReplica("b")
+    router = await started(a, b)
+    homes = {"s1": await route(router, session("s1", 0))}
+    for replica, load in ((a, 5 if homes["s1"] == "a" else 0), (b, 5 if homes["s1"] == "b" else 0)):
+        router.replica_queue_len_cache.update(replica.replica_id, load)
+    homes["s2"] = await route(router, session("s2", 0))
+    assert homes["s1"] != homes["s2"]
+    for replica in (a, b):
+        router.replica_queue_len_cache.update(replica.replica_id, 0)
+    metadata = RequestMetadata(request_id="r", internal_request_id="shared")
+    pending = {name: PendingRequest(args=[session(name, 1)], kwargs={}, metadata=metadata) for name in homes}
+    chosen = {name: (await router.choose_replicas(router._replicas_list, p))[0][0] for name, p in pending.items()}
+    assert {name: r.replica_id.unique_id for name, r in chosen.items()} == homes
+    router.on_request_completed(chosen["s1"].replica_id, "shared")  # neither sent yet: both choices kept
+    for name, p in pending.items():
+        router.on_request_routed(p, chosen[name].replica_id, None)  # type: ignore[arg-type]
+    assert await route(router, session("s2", 2)) == homes["s2"]
+    assert router._picked == {}
