@@ -36,7 +36,7 @@ configuration (docs/benchmarks.md records the runs).
 - `store`: what `store: true` adds to a response, and the responses store's size under its caps
   (`store.py`);
 - `sessions`: agent sessions (the whole conversation resent each turn) per decoder layout and router:
-  warm turns' cached share and time to first token (`sessions.py`);
+  warm turns' cached share and time to first token (`sessions.py`, its client side in `session_client.py`);
 - `gpu`: the engine on a GPU against plain `generate` and the bandwidth roofline (`gpu.py`).
 
 What they share sits here too: `common` (servers in their own process group, the models.yaml they
