@@ -13,9 +13,11 @@ for a request's prefix must serve that request, not the oldest one waiting.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -51,6 +53,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
         self._routing: OrderedDict[int, tuple[PendingRequest, tuple[int, ...], Choice]] = OrderedDict()
         self._picked: dict[str, int] = {}  # replica -> requests chosen for it and not yet sent
         self._reports: dict[str, Any] = {}  # replica -> the `at` of its last report applied
+        # routing task -> the request it is choosing for (`_fulfill_next_pending_request`)
+        self._choosing: weakref.WeakKeyDictionary[asyncio.Task[Any], PendingRequest] = weakref.WeakKeyDictionary()
         self._rng = random.Random()
         self._metrics: Any = None
         try:
@@ -83,6 +87,9 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
         if request is None or pending_request is None:
             order = sorted(candidates, key=lambda c: (c.load, self._rng.random()))
             return [[by_id[c.id]] for c in order]
+        task = asyncio.current_task()
+        if task is not None:
+            self._choosing[task] = pending_request
         metadata = pending_request.metadata
         adapter = metadata.multiplexed_model_id or None
         known = self._routing.get(id(pending_request))
@@ -107,6 +114,22 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
             self._unpick(dropped.replica)
         self._picked[choice.replica] = self._picked.get(choice.replica, 0) + 1
         return [[by_id[rank[0]]] for rank in choice.ranked if rank[0] in by_id]
+
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: Any = None) -> None:
+        """Give `replica` to the request this routing task chose it for. Serve matches a choice to its
+        request by `internal_request_id` alone, which every handle call made while serving one request
+        shares: a second decoder call of one request (a legacy completion's second prompt) would never
+        be matched, and would wait forever (Serve's `FIFOMixin` would hand it the first waiting request
+        instead, whatever its prompt)."""
+        task = asyncio.current_task()
+        own = self._choosing.pop(task, None) if task is not None else None
+        if own is None or own.future.done():
+            super()._fulfill_next_pending_request(replica, request_metadata)
+            return
+        self._record_queue_wait_time(own)
+        own.future.set_result(replica)
+        if self._pending_requests_by_id.get(own.metadata.internal_request_id) is own:
+            self._remove_pending_request_from_indices(own)
 
     async def _loads(self, replicas: list[RunningReplica]) -> dict[str, int]:
         """Ongoing requests per replica: Serve's queue-length cache, probed where it has none (a

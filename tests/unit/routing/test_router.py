@@ -170,3 +170,17 @@ async def test_two_calls_of_one_request_are_routed_each_by_its_own_prompt():
         router.on_request_routed(p, chosen[name].replica_id, None)  # type: ignore[arg-type]
     assert await route(router, session("s2", 2)) == homes["s2"]
     assert router._picked == {}
+
+
+async def test_two_calls_of_one_request_both_get_a_replica_through_serves_own_routing():
+    """Serve's routing loop matches a chosen replica to its request by `internal_request_id`: two
+    decoder calls sharing it (a legacy completion's two prompts) must both be sent, each where its own
+    prompt was routed, not wait forever (the second was never matched)."""
+    a, b = FakeReplica("a"), FakeReplica("b")
+    router = await started(a, b)
+    metadata = RequestMetadata(request_id="r", internal_request_id="shared")
+    calls = [PendingRequest(args=[session(name, 0)], kwargs={}, metadata=metadata) for name in ("s1", "s2")]
+    async with asyncio.timeout(10):
+        replicas = await asyncio.gather(*(router._choose_replica_for_request(call) for call in calls))
+    assert {r.replica_id.unique_id for r in replicas} <= {"a", "b"}
+    assert all(call.future.done() for call in calls)
