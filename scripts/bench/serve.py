@@ -229,9 +229,10 @@ def llama_server_layout(models_file: Path) -> dict[str, Any]:
     they are one pool, the threads of one-token and of batched steps of one replica with every core),
     for a peer that runs the same (its -t and -tb)."""
     from deployments.config import load_models_file
-    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path, llama_threads
+    from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path
     from deployments.engines.llamacpp.gguf_meta import describe_gguf
     from deployments.engines.llamacpp.kv_cache import kv_cache_type, kv_layout
+    from deployments.engines.llamacpp.settings import llama_threads
 
     model = load_models_file(models_file).models[0]
     params = model.params if model.params.cpu_threads else model.params.model_copy(update={"cpu_threads": "all"})

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.config import EngineParams, ModelConfig, cpu_cores
+from deployments.config import ModelConfig
 from deployments.engines.admission import Budget
 from deployments.engines.base import EngineOutput, TextEngine
 from deployments.engines.bridge import ThreadStream
@@ -49,6 +49,7 @@ from deployments.engines.llamacpp.kv_cache import kv_cache_type, kv_layout
 from deployments.engines.llamacpp.params import LlamaCppError, StopIds, completion_body, read_chunk, token_logprobs
 from deployments.engines.llamacpp.prompts import LlamaCppPrompts
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
+from deployments.engines.llamacpp.settings import llama_threads, lora_ids
 from deployments.engines.load_log import LoadLog, size_text
 from deployments.errors import ConfigError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest
@@ -59,23 +60,6 @@ logger = logging.getLogger("ray.serve")
 
 DEFAULT_CONTEXT = 4096  # a GGUF file that does not say its training context
 LLAMA_N_BATCH = 2048  # llama.cpp's default n_batch: the prefill budget when prefill_chunk_size is unset
-
-
-def llama_threads(params: EngineParams) -> tuple[int, int]:
-    """Threads of llama.cpp's one-token steps and of its batched steps (llama-server's -t and -tb):
-    `cpu_threads` (all: the cores this process may run on), else OMP_NUM_THREADS (Ray sets it to the
-    replica's num_cpus), else the cores; batched steps `cpu_threads_batch`, else as one-token steps."""
-
-    def threads(setting: int | str | None) -> int:
-        if setting == "all":
-            return cpu_cores()
-        if isinstance(setting, int):
-            return setting
-        omp = os.environ.get("OMP_NUM_THREADS", "")
-        return int(omp) if omp.isdigit() and int(omp) > 0 else cpu_cores()
-
-    single = threads(params.cpu_threads)
-    return single, single if params.cpu_threads_batch is None else threads(params.cpu_threads_batch)
 
 
 @dataclass(frozen=True)
@@ -147,7 +131,7 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
                     http_streams=self.streams if self.takes_images else 0,
                     kv_cache_type=self.kv_cache_type,
                     lora_paths=tuple(model.params.lora.adapters.values()) if model.params.lora else (),
-                    cache_ram_mib=self.params.cache_ram_mib if self.params.enable_prefix_caching else 0,
+                    cache_ram_mib=self.prompt_cache_mib,
                 )
             )
         except BaseException as exc:
@@ -383,26 +367,6 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
         )
         body = {**body, "prompt": ids, "n_predict": fitted.max_tokens}
         return Prepared(len(ids), body, fitted.dropped_prompt_tokens)
-
-
-def lora_ids(model: ModelConfig) -> dict[str, int]:
-    """The entry's GGUF LoRA adapters, by name, with their index in llama.cpp's list; refuses what
-    llama.cpp cannot serve (adapters loaded at start only: no dynamic_path; GGUF files only)."""
-    lora = model.params.lora
-    if lora is None:
-        return {}
-    if lora.dynamic_path is not None:
-        raise ConfigError(
-            f"model {model.name!r}: llama.cpp loads its LoRA adapters at start: lora.dynamic_path is not served"
-        )
-    if model.capabilities.vision_mode == "native":
-        raise ConfigError(f"model {model.name!r}: LoRA adapters are not served with vision_mode: native yet")
-    for name, path in lora.adapters.items():
-        if not path.lower().endswith(".gguf"):
-            raise ConfigError(
-                f"model {model.name!r}: lora.adapters.{name}: llama.cpp takes a GGUF adapter file, not {path}"
-            )
-    return {name: i for i, name in enumerate(lora.adapters)}
 
 
 def _request_error(exc: BaseException) -> BaseException:

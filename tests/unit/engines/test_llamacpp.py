@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from deployments.config import EngineParams, Lifecycle, ModelConfig, cpu_cores, load_models_file
 from deployments.engines import create_caption_engine, create_text_engine
 from deployments.engines.llamacpp import LlamaCppTextEngine
-from deployments.engines.llamacpp.engine import llama_threads
 from deployments.engines.llamacpp.gguf_meta import describe_gguf
 from deployments.engines.llamacpp.kv_cache import kv_layout
 from deployments.engines.llamacpp.server import LlamaServer, ServerSettings
+from deployments.engines.llamacpp.settings import llama_threads
 from deployments.errors import ConfigError, ContextLengthError, DecoderUnavailable, InvalidRequestError
 from deployments.protocol.replica import GenerateRequest, GrammarSpec, TextMessage
 from deployments.replicas.lifecycle import EngineSlot
