@@ -45,7 +45,8 @@ logger = logging.getLogger("ray.serve")
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Main application: the OpenAI ingress and a decoder per primary model. On CPU the decoders
-    share the cores and one Ray CPU equally."""
+    share the cores and one Ray CPU equally.
+    """
     app_args = parse_args(args)
     plan = resolve_plan(app_args)
     deadline = plan.server.request_timeout_s  # a replacement waits for the requests in flight
@@ -138,7 +139,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 def build_captioner_app(args: dict[str, Any] | None = None) -> Application:
     """Captioner application: a captioner deployment per captioner the primaries name. The first is
     the application's root and holds the others' handles, so that Serve deploys them all. Without
-    a proxy-vision captioner configured, one replica that only reports so."""
+    a proxy-vision captioner configured, one replica that only reports so.
+    """
     app_args = parse_args(args)
     plan = resolve_plan(app_args)
     models: list[ModelConfig | None] = [*plan.captioners] or [None]

@@ -74,29 +74,40 @@ def _rebuild(cls: type[ServiceError], message: str, param: str | None) -> Servic
 
 
 class InvalidRequestError(ServiceError):
+    """The request cannot be served as it is (400); the message says what to change."""
+
     status = 400
     type = "invalid_request_error"
 
 
 class InvalidImageError(InvalidRequestError):
+    """An image part is refused (400): unreadable, too large or from a source not allowed."""
+
     code = "invalid_image"
 
 
 class InvalidDocumentError(InvalidRequestError):
+    """A document (PDF or text) is refused (400); the message names it."""
+
     code = "invalid_document"
 
 
 class VisionDisabledError(InvalidRequestError):
+    """The request has images and the model takes none (400)."""
+
     code = "vision_not_supported"
 
 
 class ContextLengthError(InvalidRequestError):
+    """The prompt does not fit the model's context (400)."""
+
     code = "context_length_exceeded"
 
     @property
     def sizes(self) -> tuple[int, int] | None:
         """`(prompt tokens, the model's context)` as the message gives them (it is all that crosses a
-        Ray handle), None when it does not."""
+        Ray handle), None when it does not.
+        """
         return context_sizes(self.message)
 
 
@@ -111,40 +122,54 @@ def context_sizes(message: str) -> tuple[int, int] | None:
 
 
 class PreviousResponseNotFound(InvalidRequestError):
+    """`previous_response_id` names a response that is unknown or evicted (400)."""
+
     code = "previous_response_not_found"
 
 
 class AuthenticationError(ServiceError):
+    """No accepted API key came with the request (401)."""
+
     status = 401
     type = "invalid_request_error"
     code = "invalid_api_key"
 
 
 class RequestTimeoutError(ServiceError):
+    """The request's deadline passed before its answer was complete (408)."""
+
     status = 408
     type = "timeout_error"
     code = "request_timeout"
 
 
 class PayloadTooLargeError(ServiceError):
+    """The request's body is over its cap (413)."""
+
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
 
 
 class ModelNotFoundError(ServiceError):
+    """The request names a model that is not served, or not to this key (404)."""
+
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
 
 
 class ResponseNotFoundError(ServiceError):
+    """A stored response that is unknown or evicted (404)."""
+
     status = 404
     type = "invalid_request_error"
     code = "response_not_found"
 
 
 class ObjectNotFoundError(ServiceError):
+    """A file or batch that is unknown, deleted or another key's (404)."""
+
     status = 404
     type = "invalid_request_error"
     code = "not_found"
@@ -152,7 +177,8 @@ class ObjectNotFoundError(ServiceError):
 
 class RateLimitError(ServiceError):
     """Over one of the key's limits (`ingress.limits`): OpenAI's 429, its `type` the limit's kind
-    (`requests`, `tokens`), as OpenAI's rate-limit errors have it."""
+    (`requests`, `tokens`), as OpenAI's rate-limit errors have it.
+    """
 
     status = 429
     type = "requests"
@@ -164,6 +190,8 @@ class RateLimitError(ServiceError):
 
 
 class UnavailableError(ServiceError):
+    """The service cannot answer now (503); `Retry-After` says when to try again."""
+
     status = 503
     type = "service_unavailable"
     code = "service_unavailable"
@@ -171,23 +199,32 @@ class UnavailableError(ServiceError):
 
 
 class CaptionerUnavailable(UnavailableError):
+    """The vision captioner cannot caption now (503 under `on_failure: reject`)."""
+
     code = "captioner_unavailable"
 
 
 class CaptionerTimeout(CaptionerUnavailable):
     """Same status and code as its parent (a 503 under `on_failure: reject`); its own class so that a
-    degraded response can say the captioner was slow rather than down."""
+    degraded response can say the captioner was slow rather than down.
+    """
 
 
 class DecoderUnavailable(UnavailableError):
+    """A served model's decoder cannot generate now: loading, failed or restarting (503)."""
+
     code = "decoder_unavailable"
 
 
 class EmbedderUnavailable(UnavailableError):
+    """An embedding model cannot embed now: loading or failed (503)."""
+
     code = "embedder_unavailable"
 
 
 class OverloadedError(UnavailableError):
+    """A deployment's queue is full (Serve's `max_queued_requests`): 503 with a short `Retry-After`."""
+
     code = "overloaded"
     retry_after_s = 1
 
@@ -207,7 +244,8 @@ def known_errors() -> list[tuple[int, str]]:
 def from_serve(exc: BaseException) -> BaseException:
     """Serve's errors for a call through a handle, as ours: a full queue is `OverloadedError`
     (honouring the deployment's ``backpressure_config``), a replica that died or cannot be reached
-    is `UnavailableError`. Anything else is returned unchanged."""
+    is `UnavailableError`. Anything else is returned unchanged.
+    """
     exc = unwrap(exc)
     if isinstance(exc, BackPressureError):
         error = OverloadedError("The service is at capacity (a deployment's queue is full); retry shortly.")
@@ -220,6 +258,7 @@ def from_serve(exc: BaseException) -> BaseException:
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error body, ``{"error": {...}}``, from its fields."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -269,7 +308,8 @@ _UNION_TAGS = {
 
 def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """Drop what unions add to a loc: the tag after a list index (`0, "user"`) and branch names
-    (`"list[...]"`, `"str"`), keeping real field names such as `image_url`."""
+    (`"list[...]"`, `"str"`), keeping real field names such as `image_url`.
+    """
     out: list[Any] = []
     for before, prev, part in zip((None, None, *loc), (None, *loc), loc, strict=False):
         if isinstance(part, str):
@@ -315,7 +355,8 @@ ANTHROPIC_TYPES = {
 
 def as_anthropic(status: int, body: dict) -> dict:
     """An OpenAI error body (`to_openai_error`'s, the guard's) in Anthropic's shape:
-    ``{"type": "error", "error": {"type", "message"}}``, the type Anthropic gives the status."""
+    ``{"type": "error", "error": {"type", "message"}}``, the type Anthropic gives the status.
+    """
     fallback = "api_error" if status >= 500 else "invalid_request_error"
     message = body["error"]["message"]
     sizes = context_sizes(message) if body["error"].get("code") == ContextLengthError.code else None

@@ -1,5 +1,6 @@
 """Several async streams read as one, item by item as they come: a request's `n` sequences in the
-decoder replica, a legacy completion's prompts in the ingress."""
+decoder replica, a legacy completion's prompts in the ingress.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ _DONE = object()
 class MergedStreams(Generic[T]):
     """Iterate for the items of every stream as they come. An error in one stream ends them all: it
     is raised to the reader and the others are cancelled. `cancel()` stops every stream at once, and
-    each is closed, so that what it holds (a sequence's slot) is freed; `aclose()` also waits for that."""
+    each is closed, so that what it holds (a sequence's slot) is freed; `aclose()` also waits for that.
+    """
 
     def __init__(self, streams: Sequence[AsyncGenerator[T, None]]) -> None:
         self._queue: asyncio.Queue[object] = asyncio.Queue()

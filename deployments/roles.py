@@ -1,7 +1,8 @@
 """The four roles a deployment plays, named once for the whole service: the ingress (HTTP, the
 router), the primary decoder, the vision captioner and the text embedder. A role's value names it in logs and
 load-progress lines; `deployment` is its Serve deployment's name (with several primaries or
-captioners, each deployment adds its model's name: `options.deployment_name`)."""
+captioners, each deployment adds its model's name: `options.deployment_name`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from enum import StrEnum
 
 
 class Role(StrEnum):
+    """A role a deployment plays; its value names it in logs."""
+
     INGRESS = "ingress"
     DECODER = "decoder"
     CAPTIONER = "captioner"

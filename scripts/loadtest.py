@@ -1,8 +1,8 @@
-"""Load and soak test: concurrent mixed chat requests against a running mmserve, with faults.
+r"""Load and soak test: concurrent mixed chat requests against a running mmserve, with faults.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/loadtest.py --serve --requests 500 --concurrency 16 \\
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/loadtest.py --serve --requests 500 --concurrency 16 \
         --kill captioner@60 --kill decoder@150
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/loadtest.py --serve --duration-s 1860 --concurrency 16 \\
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/loadtest.py --serve --duration-s 1860 --concurrency 16 \
         --kill captioner@600 --kill decoder@1200 --out soak.json          # the 30-minute soak
 
 Requests mix text and images, streaming and not, greedy, each with its own `x-request-id`; a share of
@@ -320,8 +320,7 @@ async def run(args: argparse.Namespace, watch: ResourceWatch, scorer: AnswerScor
 
 
 def failed(result: dict[str, Any]) -> bool:
-    """Crossed or unexplained answers, id mismatches, unexplained failures, a busy decoder slot after
-    the load, or a replica whose memory grew."""
+    """Crossed or unexplained answers, id mismatches or failures, a busy slot after, or memory grown."""
     checks = result["checks"]
     return bool(
         checks["crossed"] + checks["unexplained"] + checks["id_mismatches"] + result["unexplained_failures"]

@@ -82,7 +82,8 @@ def ready_line(url: str, health: dict[str, Any]) -> str:
 def vision_state(health: dict[str, Any]) -> str:
     """The captioner's status in /health's body on one line: ``off``, ``ok``, or ``loading`` /
     ``degraded`` with the captioner's own state, model, attempt, next attempt and cause (cut to
-    `CAUSE_CHARS`): the ready line's, the watch's and scripts/status.sh's words."""
+    `CAUSE_CHARS`): the ready line's, the watch's and scripts/status.sh's words.
+    """
     captioner = health["components"].get("captioner")
     if captioner is None:
         return "off"
@@ -102,7 +103,8 @@ def vision_state(health: dict[str, Any]) -> str:
 
 def watch_vision(url: str, pid: int | None) -> None:
     """Once the captioner has left `loading`, its state on one line; nothing while it still loads
-    after VISION_WAIT_S (/health goes on telling)."""
+    after VISION_WAIT_S (/health goes on telling).
+    """
     deadline = time.monotonic() + VISION_WAIT_S
     while time.monotonic() < deadline and (pid is None or alive(pid)):
         time.sleep(2)
@@ -115,7 +117,8 @@ def watch_vision(url: str, pid: int | None) -> None:
 
 def dashboard_line(url: str = DASHBOARD) -> str:
     """Where the Ray dashboard answers (its Serve page), and how to get the token it asks for when
-    Ray's token auth is on (Ray 2.60 turns it on for the cluster `serve run` starts)."""
+    Ray's token auth is on (Ray 2.60 turns it on for the cluster `serve run` starts).
+    """
     status, mode = get_json(f"{url}/api/authentication_mode")  # one of the paths it serves without a token
     if status != 200 or not isinstance(mode, dict):
         return f"mmserve dashboard: none at {url} (Serve's view without it: scripts/status.sh)"

@@ -2,7 +2,8 @@
 in time linear in the bytes, each over the cap (`server.max_body_bytes`, as for an HTTP request) a
 `LongLine` never held whole, each parsed into its custom_id and body or the `BatchError` of that line
 alone. The runner reads them a few at a time in a thread (`read_ahead`), so that its event loop never
-waits on a file."""
+waits on a file.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from deployments.config import ServerConfig
-from deployments.ingress.apis.batches.protocol import BatchError, output_line
+from deployments.protocol.openai.batches import BatchError, output_line
 from deployments.state.storage import Storage
 
 
@@ -35,7 +36,8 @@ def lines(storage: Storage, path: str, max_line_bytes: int | None = None) -> Ite
     linear in the bytes (each chunk searched once, a line's pieces joined once). Blank lines are
     skipped (their numbers still count). With `max_line_bytes`, a longer line is a `LongLine` (its
     number, its size): its bytes are skipped to its end, so at most a chunk and the cap are held;
-    without it, a chunk and the longest line."""
+    without it, a chunk and the longest line.
+    """
     cap = sys.maxsize if max_line_bytes is None else max_line_bytes
     pieces: list[bytes] = []  # the line read so far, from earlier chunks (none once it is over the cap)
     held = 0  # its size
@@ -66,6 +68,7 @@ def lines(storage: Storage, path: str, max_line_bytes: int | None = None) -> Ite
 
 
 def too_large(line: LongLine) -> BatchError:
+    """The error of a line longer than the cap (read as `LongLine`, never held whole)."""
     return BatchError(
         code="line_too_large",
         message=f"This line is {line.size} bytes; a line may be at most {line.limit} bytes "
@@ -127,7 +130,8 @@ Read = tuple[str, dict[str, Any]] | BatchError
 
 def read_ahead(reader: Iterator[tuple[int, bytes | LongLine]]) -> list[tuple[int, Read]]:
     """The next numbered lines of an input file, read and parsed (run in a thread): up to
-    `READ_AHEAD_LINES`, fewer once `READ_AHEAD_BYTES` are read; none at the file's end."""
+    `READ_AHEAD_LINES`, fewer once `READ_AHEAD_BYTES` are read; none at the file's end.
+    """
     ahead: list[tuple[int, Read]] = []
     size = 0
     for number, raw in reader:

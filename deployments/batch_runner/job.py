@@ -12,7 +12,8 @@ validated by an older version, a cap lowered since) gets a line in the error fil
 number and code, and the others run. A job that cannot go on (an exception no line explains: the
 storage root failing) raises; the runner tries it again a few times, then ends the batch (`end`):
 `failed` with the reason, or `cancelled` when a cancel was asked. The input file is read in a thread,
-a few lines ahead, so that the event loop (other batches, cancels) never waits on it."""
+a few lines ahead, so that the event loop (other batches, cancels) never waits on it.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from deployments.batch_runner.progress import Progress, resume
 from deployments.batch_runner.validation import ServedNames, validate
 from deployments.config import BatchesConfig
 from deployments.errors import UnavailableError, to_openai_error
-from deployments.ingress.apis.batches.protocol import (
+from deployments.monitoring.metrics import Recorder
+from deployments.protocol.openai.batches import (
     EXPIRED_LINE,
     Batch,
     BatchError,
@@ -37,7 +39,6 @@ from deployments.ingress.apis.batches.protocol import (
     RequestCounts,
     output_line,
 )
-from deployments.monitoring.metrics import Recorder
 from deployments.state.batches import TERMINAL, BatchStore, cancel_marker
 from deployments.state.files import data_path, new_file_id
 
@@ -234,7 +235,8 @@ class BatchJob:
 
     def _written(self, line: dict[str, Any], ok: bool, path: str, progress: Progress) -> None:
         """A finished line appended to its file and counted: on the loop, no await between, so that a
-        line appended is a line counted, even when cancelled."""
+        line appended is a line counted, even when cancelled.
+        """
         self._storage.append(path, (json.dumps(line) + "\n").encode())
         progress.count(line, ok)
         self.lines_written += 1
@@ -262,7 +264,8 @@ class BatchJob:
 
     async def _sent(self, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """The line's answer; a failure to reach the ingress is retried, then the line's error (a 503,
-        as `UnavailableError` maps)."""
+        as `UnavailableError` maps).
+        """
         failure: Exception | None = None
         for attempt in range(TRANSPORT_TRIES):
             if attempt:
@@ -282,7 +285,8 @@ class BatchJob:
 
     def _expire_the_rest(self, batch: Batch, progress: Progress) -> None:
         """OpenAI's expiry: each line that did not run gets a line in the error file, `batch_expired`
-        (and counts as failed); written a megabyte at a time, the input read streamed."""
+        (and counts as failed); written a megabyte at a time, the input read streamed.
+        """
         source, error = data_path(batch.input_file_id), data_path(self._record["files"]["error"])
         if self._storage.size(source) is None:
             return
@@ -345,7 +349,8 @@ class BatchJob:
         """End the batch without running another line, where its job cannot: `cancelled` when a cancel
         was asked (its job failing or stuck), else `failed` with `reason` in its errors (the runner gave
         up on its job). The lines finished so far stay in its output and error files, which it names.
-        Without a cancel or a reason, the batch is left as it is."""
+        Without a cancel or a reason, the batch is left as it is.
+        """
         record = await asyncio.to_thread(self._batches.records.load, self.batch_id)
         if record is None:
             raise LookupError(self.batch_id)

@@ -4,7 +4,8 @@ the service redeployed) the files are read back, a torn last line (a crash mid-a
 every custom_id found there is skipped: no finished line runs again and none is lost. A line that
 could not be read (not JSON, over the line cap) has no custom_id: its error line names its `line`
 number instead, and that number is skipped. The counts and usage totals are recomputed from the same
-lines."""
+lines.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.batch_runner.input_lines import lines
-from deployments.ingress.apis.batches.protocol import EXPIRED_LINE, Batch, BatchUsage, RequestCounts
+from deployments.protocol.openai.batches import EXPIRED_LINE, Batch, BatchUsage, RequestCounts
 from deployments.state.storage import Storage
 
 

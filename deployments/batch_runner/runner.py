@@ -14,7 +14,8 @@ is tried again after `RETRY_BASE_S`, then four times that; at its `JOB_TRIES`-th
 no line finished in between, the runner gives up: the batch ends `failed`, its `errors` naming the
 exception's type (the traceback in the log). A cancel always ends the batch `cancelled`: at once for
 one whose job is failing (its next try not awaited), and for a job still running `CANCEL_GRACE_S`
-after the cancel (stuck: reading a huge file, its storage hanging), by cancelling that job."""
+after the cancel (stuck: reading a huge file, its storage hanging), by cancelling that job.
+"""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
-from deployments.batch_runner.job import MAX_LINE_BYTES, BatchJob, Send
+from deployments.batch_runner.input_lines import MAX_LINE_BYTES
+from deployments.batch_runner.job import BatchJob, Send
 from deployments.batch_runner.validation import ServedNames
 from deployments.config import BatchesConfig
-from deployments.ingress.apis.batches.protocol import Batch, BatchError
 from deployments.monitoring.metrics import BATCH_METRICS, Recorder
+from deployments.protocol.openai.batches import Batch, BatchError
 from deployments.state.batches import TERMINAL, BatchStore, cancel_marker
 from deployments.state.storage import open_storage
 
@@ -89,7 +91,8 @@ class BatchRuntime:
     def scan(self) -> None:
         """Start a job for each batch not final and not running; tell running ones of a cancel. A
         batch seen final is not read again; one whose job failed waits before its next try, unless
-        cancelled. A batch cancelled, or given up on, is ended (`BatchJob.end`) instead of run."""
+        cancelled. A batch cancelled, or given up on, is ended (`BatchJob.end`) instead of run.
+        """
         now = time.monotonic()
         for name in self.batches.storage.names(self.batches.records.folder):
             batch_id = name.removesuffix(".json")

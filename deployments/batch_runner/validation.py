@@ -8,7 +8,8 @@ a line that is not JSON (nested too deeply to parse, a number too long) is `inva
 longer than the request-body cap (`server.max_body_bytes`, read as `LongLine`, never held whole)
 `line_too_large`, and any other exception while checking a line `invalid_request`. The runner reads
 lines with the same `input_lines.read_line` and the same cap, so a line that fails only while running (a file
-validated by an older version, a cap lowered since) fails alone, in the error file."""
+validated by an older version, a cap lowered since) fails alone, in the error file.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ from pydantic import ValidationError
 from deployments.batch_runner.input_lines import LongLine, body_of, custom_id_of, parse_line
 from deployments.config.lora import named_adapter
 from deployments.errors import validation_message
-from deployments.ingress.apis.batches.protocol import BatchError
-from deployments.ingress.batches.endpoints import ENDPOINTS
+from deployments.protocol.openai.batches import BATCH_ENDPOINTS, BatchError
 
 logger = logging.getLogger("ray.serve")
 
@@ -41,7 +41,8 @@ class Validated:
 class ServedNames:
     """The models a batch line may name: chat models (chat, completions, responses), with their LoRA
     adapters named as a request names them (`adapters`: each chat model's listed ones; `dynamic`: those
-    with a `dynamic_path`), and embedding models."""
+    with a `dynamic_path`), and embedding models.
+    """
 
     chat: frozenset[str]
     embedding: frozenset[str]
@@ -49,12 +50,12 @@ class ServedNames:
     dynamic: frozenset[str] = frozenset()
 
     def for_endpoint(self, endpoint: str) -> frozenset[str]:
-        return self.embedding if ENDPOINTS[endpoint].embedding else self.chat
+        return self.embedding if BATCH_ENDPOINTS[endpoint].embedding else self.chat
 
     def serves(self, endpoint: str, model: object) -> bool:
         if not isinstance(model, str):
             return False
-        if ENDPOINTS[endpoint].embedding:
+        if BATCH_ENDPOINTS[endpoint].embedding:
             return model in self.embedding
         taken = self.chat | self.embedding
         return model in self.chat or named_adapter(model, self.adapters, self.dynamic, taken) is not None
@@ -82,7 +83,7 @@ def check_line(raw: bytes | LongLine, endpoint: str, served: ServedNames) -> tup
     if body.get("stream"):
         return BatchError(code="invalid_request", message="stream is not supported in a batch.", param="body.stream")
     try:
-        ENDPOINTS[endpoint].request.model_validate(body)
+        BATCH_ENDPOINTS[endpoint].request.model_validate(body)
     except ValidationError as exc:
         message, param = validation_message([dict(e) for e in exc.errors()])
         return BatchError(code="invalid_request", message=message, param=f"body.{param}" if param else "body")

@@ -13,7 +13,8 @@ local_path; int4-cpu with a bfloat16 dtype; prompt_template fields; a captioner 
 file on disk, the builder args or other entries (paths exist, the primary named by `model`,
 `captioning:` only on a captioner's entry) is checked in `loading`; a decoder's
 `max_ongoing_requests` against its `max_num_seqs`, and `deployment.autoscaling` once the role's
-defaults fill it, in `deployments/options/`."""
+defaults fill it, in `deployments/options/`.
+"""
 
 from deployments.config.batches import BatchesConfig
 from deployments.config.chat import TOOL_CALL_FORMATS, ToolCallFormat

@@ -9,7 +9,8 @@ from deployments.config.strict import StrictModel
 
 class BatchesConfig(StrictModel):
     """The caps of /v1/files and /v1/batches (kept in `server.state.storage_root`), and how fast the batch
-    runner sends their lines (``server.batches:``)."""
+    runner sends their lines (``server.batches:``).
+    """
 
     max_file_bytes: int = Field(100 * 1024 * 1024, gt=0, description="Largest file uploaded to /v1/files; 413 beyond.")
     max_files_per_key: int = Field(

@@ -23,7 +23,8 @@ TOOL_CALL_FORMATS: tuple[ToolCallFormat, ...] = ("hermes", "llama3_json", "mistr
 
 def read_chat_template(path: Path) -> str:
     """The text of a chat template file; `ValueError` (the config error's message) when the file is
-    missing, not text, or not a Jinja template as transformers compiles them."""
+    missing, not text, or not a Jinja template as transformers compiles them.
+    """
     if not path.is_file():
         raise ValueError(f"{path} is not a file")
     try:

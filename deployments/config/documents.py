@@ -1,7 +1,8 @@
 """Document input (the file-level ``documents:`` section): what PDF and text documents a request may
 carry (chat's `file` parts, Responses' `input_file`, Messages' `document` blocks) and the bounds of
 reading them. A document is read in a worker process of the ingress's own (`ingress/documents/`),
-under a memory limit and a deadline, so that a hostile PDF costs one 400 and never the ingress."""
+under a memory limit and a deadline, so that a hostile PDF costs one 400 and never the ingress.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ entry an embedding model served at /v1/embeddings by its own deployment (not a c
 Unset, `pooling` and `normalize` come from the model's own files (a sentence-transformers layout:
 ``modules.json``, ``1_Pooling/config.json``, a ``Normalize`` module; a GGUF file's pooling type), and
 `max_input_tokens` from ``sentence_bert_config.json``'s ``max_seq_length`` or the model's positions.
-Builder arg ``embedder`` overrides any field, validated together with the file's."""
+Builder arg ``embedder`` overrides any field, validated together with the file's.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ the LoRA checks (`lora.py`: an adapter's type, rank and tensor shapes against it
 llama.cpp engine (`engines/llamacpp/gguf_meta.py`: the model's shape before it loads).
 
 The `gguf` package's `GGUFReader` reads the same, but builds an array per vocabulary entry (1.7 s
-for SmolLM2's 49k tokens on 2 cores); this reader skips arrays and stops at the tensors' data."""
+for SmolLM2's 49k tokens on 2 cores); this reader skips arrays and stops at the tensors' data.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _value(f: BinaryIO, kind: int) -> Any:
 def read_gguf(path: Path, tensors: bool = True) -> tuple[dict[str, Any], dict[str, list[int]]]:
     """The header's key-value pairs (an array's value is its length) and, with `tensors`, each
     tensor's shape in ggml order (``[in, out]`` for a weight; without `tensors`, none). `ValueError`
-    when the file is not a GGUF file of version 2 or later, `OSError` when it cannot be read."""
+    when the file is not a GGUF file of version 2 or later, `OSError` when it cannot be read.
+    """
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError("bad magic")

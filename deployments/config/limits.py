@@ -5,7 +5,8 @@ The keys themselves are never in the file: each named key is the value of an env
 of the ingress replica's process (`key_env`, as `MMSERVE_API_KEYS` is) or the SHA-256 digest of the
 key (`key_sha256`, hex). A limit left out is unlimited. Read by the builder (a bad file fails the
 deploy with the file and field named) and again by each ingress replica whenever the file changes
-(`ingress/limits/table.py`: a bad edit is refused and the old limits stay)."""
+(`ingress/limits/table.py`: a bad edit is refused and the old limits stay).
+"""
 
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ class KeyLimits(StrictModel):
 
 
 class NamedKey(KeyLimits):
+    """A key of its own: the name its metrics and logs use, where the key is (an environment variable or its
+    digest) and its limits.
+    """
+
     name: str = Field(description="What metrics, logs and errors say; never the key.")
     key_env: str | None = Field(None, description="The environment variable that holds the key.")
     key_sha256: str | None = Field(None, description="The key's SHA-256 digest, 64 hex digits.")
@@ -79,6 +84,8 @@ class NamedKey(KeyLimits):
 
 
 class LimitsFile(StrictModel):
+    """The limits file as a whole: the default limits of every accepted key, and the named keys."""
+
     default: KeyLimits = Field(
         default_factory=KeyLimits, description="The limits of every accepted key without an entry of its own."
     )
@@ -94,7 +101,8 @@ class LimitsFile(StrictModel):
 
     def digests(self, environ: Mapping[str, str] = os.environ) -> dict[bytes, NamedKey]:
         """Each named key's SHA-256 digest; a `key_env` that is unset or empty is a `ConfigError`
-        (a key that nobody could present is a mistake, not a key)."""
+        (a key that nobody could present is a mistake, not a key).
+        """
         found: dict[bytes, NamedKey] = {}
         for key in self.keys:
             if key.key_sha256 is not None:
@@ -123,6 +131,7 @@ def parse_limits(text: str, where: str) -> LimitsFile:
 
 
 def load_limits_file(path: str | Path) -> LimitsFile:
+    """The limits file at `path`, validated; `ConfigError` when it cannot be read or is invalid."""
     path = Path(path).resolve()
     try:
         text = path.read_text()

@@ -42,7 +42,8 @@ from deployments.errors import ConfigError, validation_param
 
 class ServicePlan(BaseModel):
     """The resolved configuration the deployments are built from: the primaries served behind the
-    endpoint (the first is the default model) and the distinct captioners their proxy vision names."""
+    endpoint (the first is the default model) and the distinct captioners their proxy vision names.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -99,6 +100,10 @@ def load_models_file(path: str | Path) -> ModelsFile:
 
 
 def parse_models(raw: Any, path: Path) -> ModelsFile:
+    """models.yaml's content (`raw`, read from `path`) checked as a whole: relative paths resolved against its
+    folder, local files found, adapters and chat templates read; `ConfigError` naming the entry and field
+    otherwise.
+    """
     try:
         parsed = ModelsFile.model_validate(raw)
     except ValidationError as exc:
@@ -160,7 +165,8 @@ def _local_path(path: Path, i: int, local_path: str, field: str = "local_path") 
 
 def _with_adapters(path: Path, i: int, model: ModelConfig, lora: LoraConfig) -> ModelConfig:
     """`params.lora` with its local paths resolved (relative to models.yaml, or ``package:``), each
-    listed adapter checked (`lora.check_adapter`): a ConfigError names the adapter, its path and why."""
+    listed adapter checked (`lora.check_adapter`): a ConfigError names the adapter, its path and why.
+    """
     where = f"{path}: models[{i}].params.lora"
 
     def resolved(value: str, field: str) -> str:
@@ -210,7 +216,8 @@ def _with_image_limit(model: ModelConfig, images: ImageInputConfig) -> ModelConf
 
 def _unused_captioning(path: Path, i: int, model: ModelConfig, parsed: ModelsFile) -> str:
     """Why a `captioning:` section on an entry that no entry names as its captioner is refused:
-    nothing would read it (settings a primary's entry cannot hold)."""
+    nothing would read it (settings a primary's entry cannot hold).
+    """
     message = (
         f"{path}: models[{i}].captioning: no entry names {model.name!r} in capabilities.captioner, so this "
         "section would be ignored; captioning belongs on the captioner's own entry, the one named by "
@@ -250,7 +257,8 @@ def _with_vision_mode(primary: ModelConfig, app_args: AppArgs, where: str) -> Mo
 
 def parse_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
     """The builders' arguments, validated; `ConfigError` (``builder args: decoder.max_tokens: ...``)
-    when they are not valid."""
+    when they are not valid.
+    """
     if isinstance(args, AppArgs):
         return args
     try:
@@ -261,7 +269,8 @@ def parse_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
 
 def resolve_plan(args: dict[str, Any] | AppArgs) -> ServicePlan:
     """Validate builder args, load models.yaml, pick the primaries (builder arg `model`, else the
-    file's `primaries`, else its first entry) and their captioners, and apply the overrides."""
+    file's `primaries`, else its first entry) and their captioners, and apply the overrides.
+    """
     app_args = parse_args(args)
     models = load_models_file(app_args.models_file)
     where = str(Path(app_args.models_file).resolve())

@@ -2,7 +2,8 @@
 checks made on an adapter's folder (when the service is built for a listed one, when a replica
 loads any). A storage URI (``s3://``, ``gs://``, ``hdfs://``, ``file://``) is read through `pyarrow.fs`
 (the ``lora-storage`` extra: pyarrow is 55 MB, and local folders do without it); a remote adapter is
-copied to a local folder before it is loaded."""
+copied to a local folder before it is loaded.
+"""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class AdapterMissing(AdapterError):
 
 
 def is_uri(path: str) -> bool:
+    """Whether an adapter's path is a storage URI (``s3://``, ``gs://``, ...) rather than a local folder."""
     return "://" in path
 
 
@@ -84,7 +86,8 @@ def _filesystem(uri: str) -> tuple[Any, str]:
 
 def read_adapter_config(path: str) -> dict[str, Any]:
     """The adapter's adapter_config.json (a local folder, or a URI through `pyarrow.fs`);
-    `AdapterMissing` when there is none."""
+    `AdapterMissing` when there is none.
+    """
     if is_uri(path):
         from pyarrow import fs
 
@@ -112,7 +115,8 @@ def check_adapter(path: str, lora: LoraConfig, base: str, base_gguf: str | None 
     """The adapter's config, checked: a LoRA adapter, rank within `lora.max_rank`, made for `base`
     (when `lora.check_base` and the adapter names its base). A ``.gguf`` file is llama.cpp's adapter
     (`check_gguf_adapter`, against the model's GGUF file `base_gguf` when given). `AdapterError`
-    says which and why."""
+    says which and why.
+    """
     if path.lower().endswith(".gguf"):
         return check_gguf_adapter(path, lora, base_gguf)
     config = read_adapter_config(path)
@@ -133,7 +137,8 @@ def check_adapter(path: str, lora: LoraConfig, base: str, base_gguf: str | None 
 def check_gguf_adapter(path: str, lora: LoraConfig, base_gguf: str | None) -> dict[str, Any]:
     """A GGUF LoRA adapter (``general.type: adapter``, ``adapter.type: lora``), its rank within
     `lora.max_rank`, and, with the base model's GGUF file, each ``<tensor>.lora_a`` / ``.lora_b``
-    pair shaped for the base's ``<tensor>`` (another base's adapter fails here, not in llama.cpp)."""
+    pair shaped for the base's ``<tensor>`` (another base's adapter fails here, not in llama.cpp).
+    """
     if is_uri(path):
         raise AdapterError(f"{path}: a GGUF adapter is read from a local file (copy it to the replicas' machines)")
     if not Path(path).is_file():
@@ -171,7 +176,8 @@ def _last_part(name: str) -> str:
 
 def local_copy(path: str) -> Path:
     """A local folder with the adapter's files: `path` itself when local, else a copy of the URI's
-    folder in a new temporary folder."""
+    folder in a new temporary folder.
+    """
     if not is_uri(path):
         return Path(path)
     filesystem, root = _filesystem(path)
@@ -197,7 +203,8 @@ def named_adapter(
     """`(model, adapter)` that a request's `model` names, or None: ``<model>:<adapter>`` (a listed
     adapter, or any under the model's `dynamic_path`), or a listed adapter's own name when only one
     model lists it and no model (`taken`: every served name) is called that. `listed`: each model's
-    listed adapters; `dynamic`: the models with a `dynamic_path`."""
+    listed adapters; `dynamic`: the models with a `dynamic_path`.
+    """
     owners = [model for model, adapters in listed.items() if name in adapters]
     if len(owners) == 1 and name not in taken:
         return owners[0], name

@@ -1,5 +1,6 @@
 """models.yaml itself: an entry (`ModelConfig`, with `engine: fake`'s settings), the file-level
-lifecycle settings and the whole file (`ModelsFile`)."""
+lifecycle settings and the whole file (`ModelsFile`).
+"""
 
 from __future__ import annotations
 
@@ -129,6 +130,10 @@ class Lifecycle(StrictModel):
 
 
 class ModelsFile(Lifecycle):
+    """models.yaml: the model entries, which of them are served, and the service-wide input, server and vision
+    settings.
+    """
+
     models: list[ModelConfig] = Field(
         min_length=1, description="The model entries; primaries and captioners refer to them by name."
     )

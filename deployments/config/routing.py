@@ -13,7 +13,8 @@ RouterName = Literal["prefix", "power_of_two", "ray_prefix_cache"]
 
 class RoutingConfig(StrictModel):
     """The decoder's request router (docs/routing.md). Only a decoder with more than one replica has a
-    choice to make; with one, every router sends everything to it."""
+    choice to make; with one, every router sends everything to it.
+    """
 
     router: RouterName = Field(
         "prefix",

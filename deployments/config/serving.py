@@ -1,5 +1,6 @@
 """How the models are served: the file-level `server:` section, a model's `deployment:` (with its
-`autoscaling:`), and the application builder's arguments."""
+`autoscaling:`), and the application builder's arguments.
+"""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class AutoscalingConfig(StrictModel):
     over `look_back_period_s`), between `min_replicas` and `max_replicas`. The builder maps it into
     Serve's ``autoscaling_config`` (deployments/options/), filling the fields left unset with the
     default of the model's role, and checks the result there (min <= initial <= max once filled, a
-    CPU decoder's replicas within the cores, the decoder never at zero)."""
+    CPU decoder's replicas within the cores, the decoder never at zero).
+    """
 
     min_replicas: int = Field(
         1,
@@ -140,7 +142,8 @@ class AutoscalingConfig(StrictModel):
 class DeploymentConfig(StrictModel):
     """Serve options of a model's deployment (the ``deployment:`` section of its entry). Unset ones
     take the builder's default for the model's role (deployments/options/); serve_config.yaml may
-    still override any of them."""
+    still override any of them.
+    """
 
     max_ongoing_requests: int | None = Field(
         None,

@@ -1,5 +1,6 @@
 """Where the service keeps what outlives a request, and its bounds: the ``server.state:`` section of
-models.yaml (files, batches, stored responses and conversations, `deployments/state/`)."""
+models.yaml (files, batches, stored responses and conversations, `deployments/state/`).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ DAY_S = 24 * 3600
 
 class StateConfig(StrictModel):
     """The storage root that every ingress replica and the batch runner share, and the bounds of stored
-    responses and conversations (files' and batches' are ``server.batches``)."""
+    responses and conversations (files' and batches' are ``server.batches``).
+    """
 
     storage_root: str = Field(
         "$XDG_STATE_HOME/mmserve/storage",

@@ -1,5 +1,6 @@
 """Vision settings: a model's `capabilities`, a captioner's own `captioning:` section, the
-file-level `proxy_vision:` (how the ingress uses captioners) and `images:` (what image input it takes)."""
+file-level `proxy_vision:` (how the ingress uses captioners) and `images:` (what image input it takes).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ VisionMode = Annotated[Literal["disabled", "proxy", "native"], BeforeValidator(_
 
 class Capabilities(StrictModel):
     """What a model can do as a primary (the ``capabilities:`` section of its entry): how it takes images
-    and how it writes tool calls."""
+    and how it writes tool calls.
+    """
 
     vision_mode: VisionMode = Field("disabled", description="disabled | proxy | native.")
     captioner: str | None = Field(
@@ -67,7 +69,8 @@ class Capabilities(StrictModel):
 
 class CaptioningConfig(StrictModel):
     """A captioner's own settings (the ``captioning:`` section of its models.yaml entry): how its
-    replica batches images and how it is prompted."""
+    replica batches images and how it is prompted.
+    """
 
     prompt_template: str = Field(
         "Describe this image in one or two sentences.",
@@ -99,7 +102,8 @@ class ProxyVisionConfig(StrictModel):
     A degraded answer always says so to programs (the `vision` field, `system_fingerprint`, the
     `X-Vision-Degraded` header) and tells the decoder (`media.unseen.unseen_marker`); `degraded_notice`
     is for people behind clients that show only the text, and for decoders too small to follow
-    the prompt's instruction."""
+    the prompt's instruction.
+    """
 
     timeout_s: float = Field(60.0, gt=0, description="Deadline of one captioning call.")
     on_failure: Literal["degrade", "reject"] = Field(

@@ -6,7 +6,8 @@ here: a request's defaults and room (`defaults`), the context fitting (`context`
 batcher (`batcher`) and image decoding (`images`). Replicas only see the ABCs.
 
 A new engine: a folder beside `transformers/` and `llamacpp/` with its classes on the ABCs, and one
-`EngineSpec` in `registry.ENGINES` (its name, constructors, the settings it reads, its placement)."""
+`EngineSpec` in `registry.ENGINES` (its name, constructors, the settings it reads, its placement).
+"""
 
 from deployments.engines.base import CaptionEngine, EmbedEngine, Engine, EngineOutput, TextEngine
 from deployments.engines.factory import create_caption_engine, create_embed_engine, create_text_engine

@@ -76,7 +76,8 @@ class Budget:
     `headroom` units are held back from named tenants (not "") that already hold some and have no
     cap of their own, for a tenant holding none (the module's "Fair share by default"): such a
     tenant's waiter passes any waiter that does not fit. At most `size - 1`: a tenant alone always
-    gets a unit."""
+    gets a unit.
+    """
 
     def __init__(self, size: int, headroom: int = 0) -> None:
         self.size = size
@@ -97,7 +98,8 @@ class Budget:
         self, need: int, priority: int = 0, tenant: str = "", share: float | None = None
     ) -> AsyncIterator[Callable[[], None]]:
         """`need` units held for the block; `priority`: lower is granted first; `tenant`: whose
-        request it is, for fair queueing; `share`: the most of the budget the tenant may hold."""
+        request it is, for fair queueing; `share`: the most of the budget the tenant may hold.
+        """
         need = min(need, self.size)
         cap = None if share is None else max(need, int(share * self.size))
         start = max(self._virtual, self._finish.get(tenant, 0.0))
@@ -139,7 +141,8 @@ class Budget:
 
     def _room_for(self, waiter: _Waiter) -> int:
         """The units that may be reserved once `waiter` is granted: all but the headroom for a named
-        tenant that already holds some (and has no cap of its own), the whole budget otherwise."""
+        tenant that already holds some (and has no cap of its own), the whole budget otherwise.
+        """
         if waiter.tenant and waiter.cap is None and self._held.get(waiter.tenant):
             return self.size - self.headroom
         return self.size
@@ -165,7 +168,8 @@ class Budget:
         (a capped tenant, background work on a busy replica); the first admitted one that does not
         fit stops the grants, so that a large request is not starved by small ones behind it, except
         for a newcomer's (`_newcomer`), which passes it while it fits: their number is bounded by
-        the tenants', since each holds units once granted. A tenant passed over keeps its order."""
+        the tenants', since each holds units once granted. A tenant passed over keeps its order.
+        """
         passed: set[str] = set()  # tenants with a waiter that did not fit: their later ones wait too
         i = 0
         while i < len(self._queue):
@@ -196,7 +200,8 @@ class Sequences(Budget):
     later priorities after earlier ones; once the replica has been quiet for `quiet_s` they may all
     start. Background sequences already running when a foreground request arrives finish as they
     are (nothing is preempted). One sequence is the headroom kept for a tenant with none running
-    (`Budget`); a tenant's background sequences count as running."""
+    (`Budget`); a tenant's background sequences count as running.
+    """
 
     def __init__(self, size: int, quiet_s: float = 1.0, busy_share: int = 0, headroom: int = 1) -> None:
         super().__init__(size, headroom)
@@ -226,7 +231,8 @@ class Sequences(Budget):
 
     def _when_quiet(self) -> None:
         """Grant the background waiters once the replica has been quiet for `quiet_s` (a timer's
-        callback may run a little early: then again, later)."""
+        callback may run a little early: then again, later).
+        """
         if self.foreground:
             return  # the last foreground request to leave sets the next timer
         left = self._quiet_since + self.quiet_s - asyncio.get_running_loop().time()

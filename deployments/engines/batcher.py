@@ -23,6 +23,8 @@ R = TypeVar("R")
 
 
 class Batcher(Generic[T, R]):
+    """Runs the items submitted to one model in batches, one batch at a time (see the module's docstring)."""
+
     def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]], max_batch_size: int, wait_s: float) -> None:
         self._run = run
         self.max_batch_size = max_batch_size

@@ -34,7 +34,8 @@ class _Failed:
 
 class Sink(Protocol[T_contra]):
     """The producer's side of a stream: what a worker thread that a `ThreadStream` does not start
-    (a batch's thread) is handed."""
+    (a batch's thread) is handed.
+    """
 
     def send(self, item: T_contra) -> None: ...
 
@@ -45,7 +46,8 @@ class Sink(Protocol[T_contra]):
 
 class ThreadStream(Generic[T]):
     """Made on the event loop that consumes it; `error` maps the producer's exception to the one the
-    consumer raises (by default, the exception itself)."""
+    consumer raises (by default, the exception itself).
+    """
 
     def __init__(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -70,7 +72,8 @@ class ThreadStream(Generic[T]):
 
     def run(self, produce: Callable[[], None]) -> None:
         """`produce()` as a worker thread's body: its exception is sent, then the end, so that the
-        consumer never waits on a dead thread."""
+        consumer never waits on a dead thread.
+        """
         try:
             produce()
         except BaseException as exc:  # surfaces in the request, not in a dead thread

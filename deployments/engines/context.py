@@ -45,7 +45,8 @@ _KEPT_ROLES = frozenset({"system", "developer"})
 
 class Message(Protocol):
     """What `fit_context` reads of a message: its role (``system``, ``developer``, ``user``,
-    ``assistant``, ``tool``)."""
+    ``assistant``, ``tool``).
+    """
 
     @property
     def role(self) -> str: ...
@@ -58,7 +59,8 @@ R = TypeVar("R")  # an engine's rendering of a chat
 @dataclass(frozen=True)
 class Fitted(Generic[M]):
     """A chat fitted to the context: the messages kept (in their order), their prompt tokens, the
-    completion limit, and what truncation dropped (0 and 0 when nothing was)."""
+    completion limit, and what truncation dropped (0 and 0 when nothing was).
+    """
 
     messages: list[M]
     prompt_tokens: int
@@ -71,7 +73,8 @@ class Fitted(Generic[M]):
 class Limits:
     """A request's room: the model's context (`max_model_len`), the request's `max_tokens` (None:
     unset) and the model's default (`params.max_tokens`); `ceiling`: the request's `max_tokens` is a
-    ceiling, cut to the context's room (Anthropic's Messages), not a 400."""
+    ceiling, cut to the context's room (Anthropic's Messages), not a 400.
+    """
 
     max_model_len: int
     max_tokens: int | None
@@ -86,7 +89,8 @@ class Limits:
     def completion(self, prompt_tokens: int, field: str = "messages", note: str = "") -> int:
         """The completion limit of a prompt that is not cut: the request's `max_tokens`, or the default
         cut to the context left. `ContextLengthError` (400) with the numbers when they cannot fit;
-        `field`: the request's (``messages`` or ``prompt``); `note`: said after the prompt's size."""
+        `field`: the request's (``messages`` or ``prompt``); `note`: said after the prompt's size.
+        """
         room = self.max_model_len - prompt_tokens
         wanted = self.max_tokens or min(self.default_max_tokens, room)
         if self.ceiling:
@@ -103,7 +107,8 @@ class Limits:
 
 def turns(messages: Sequence[Message]) -> list[list[int]]:
     """The indices of the droppable messages, grouped by turn, oldest first: each user message
-    starts a turn; system and developer messages belong to none."""
+    starts a turn; system and developer messages belong to none.
+    """
     grouped: list[list[int]] = []
     for i, message in enumerate(messages):
         if message.role in _KEPT_ROLES:
@@ -125,7 +130,8 @@ def fit_context(
     `count(messages)`: the prompt tokens of those messages as the engine renders them (what it
     raises, e.g. a 400 for tools the template cannot render, propagates). Raises
     `ContextLengthError` (400) with the numbers; `note(messages)` is said after the prompt's size
-    (e.g. how many of its tokens are image tokens)."""
+    (e.g. how many of its tokens are image tokens).
+    """
     total = count(messages)
     if overflow == "error" or total + limits.reserve <= limits.max_model_len:
         return Fitted(messages, total, limits.completion(total, note=note(messages)))
@@ -166,7 +172,8 @@ def fit_rendered(
 ) -> tuple[R, Fitted[M]]:
     """`fit_context` for an engine that renders a chat to count it (`render`, whose result has
     `size(...)` prompt tokens and is said in `note`): each candidate chat is rendered once, and the
-    kept chat's rendering is returned with the fit."""
+    kept chat's rendering is returned with the fit.
+    """
     rendered: dict[tuple[int, ...], R] = {}  # the chats counted, by their messages
 
     def of(chat: list[M]) -> R:

@@ -1,6 +1,7 @@
 """A request's settings as every engine runs it, resolved in this one place: each sampling field is
 the request's value, else the model's default from ``params:`` (`setting`), and its room in the
-context is the request's `max_tokens`, else the model's default cut to the context left (`limits`)."""
+context is the request's `max_tokens`, else the model's default cut to the context left (`limits`).
+"""
 
 from __future__ import annotations
 
@@ -24,5 +25,6 @@ def setting(request: GenerateRequest, params: EngineParams, name: str) -> Any:
 
 def limits(max_model_len: int, request: GenerateRequest, params: EngineParams) -> Limits:
     """The request's room in a context of `max_model_len` tokens (`context.Limits`): its `max_tokens`,
-    or the model's default."""
+    or the model's default.
+    """
     return Limits(max_model_len, request.max_tokens, params.max_tokens, ceiling=request.max_tokens_ceiling)

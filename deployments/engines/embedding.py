@@ -1,7 +1,8 @@
 """What every embedding engine's replica does alike around `EmbedEngine.embed`: an input's token ids
 checked against the model (ids in its vocabulary, its length within `max_input_tokens`: cut or a 400
 context_length_exceeded with the numbers), and a vector cut to the `dimensions` a request asks for
-(Matryoshka truncation, normalised again). Pure functions, tested without a model."""
+(Matryoshka truncation, normalised again). Pure functions, tested without a model.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from deployments.errors import ContextLengthError, InvalidRequestError
 
 def fit_input(ids: list[int], index: int, *, limit: int, vocab_size: int, overflow: str) -> list[int]:
     """`ids` (input `index` of the request) ready for `embed`: out-of-vocabulary ids and, under
-    `overflow: error`, more than `limit` tokens are 400s; under `truncate` the first `limit` are kept."""
+    `overflow: error`, more than `limit` tokens are 400s; under `truncate` the first `limit` are kept.
+    """
     if not ids:
         raise InvalidRequestError(f"input[{index}] is empty: an embedding needs at least one token.", param="input")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)

@@ -1,6 +1,7 @@
 """vLLM's request extensions that an engine may not honour: each set to something other than its
 default is named here, so that an engine refuses what it cannot do with a 400 naming the field,
-never silently ignoring it (docs/api.md lists which engine honours which)."""
+never silently ignoring it (docs/api.md lists which engine honours which).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def refuse_unsupported(
     request: GenerateRequest, fields: Iterable[str], engine: str, why: Mapping[str, str] | None = None
 ) -> None:
     """A 400 naming the first of `fields` that the request sets (away from its default), and why the
-    engine cannot honour it where `why` says."""
+    engine cannot honour it where `why` says.
+    """
     for name in fields:
         if _ASKED[name](request):
             reason = f": {why[name]}" if why and name in why else ""
@@ -60,8 +62,9 @@ _RENDER_ARGUMENTS = frozenset(
 
 
 def template_variables(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """vLLM's `chat_template_kwargs` as the template's variables; one that names an argument of the
-    rendering itself is a 400 (add_generation_prompt and continue_final_message are fields of their own)."""
+    """The template's variables from vLLM's `chat_template_kwargs`; one that names an argument of the
+    rendering itself is a 400 (add_generation_prompt and continue_final_message are fields of their own).
+    """
     if not kwargs:
         return {}
     if taken := sorted(_RENDER_ARGUMENTS & kwargs.keys()):

@@ -6,7 +6,8 @@ captioner; imported only when chosen), ``fake`` (deterministic, shipped for test
 
 ``auto`` is resolved by the builder from the replica's placement (`deployments/options/`), so a
 replica always gets a named engine. An engine built here directly (tests, scripts) from an entry
-still on ``auto`` is resolved as on CPU (`registry.resolved`)."""
+still on ``auto`` is resolved as on CPU (`registry.resolved`).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ logger = logging.getLogger("ray.serve")
 
 def _spec(model: ModelConfig) -> tuple[ModelConfig, EngineSpec]:
     """The entry resolved as on CPU, and its engine's spec; a setting it does not read is refused
-    (`registry.check_settings`, which the builder asks first)."""
+    (`registry.check_settings`, which the builder asks first).
+    """
     entry, model = model, resolved(model, on_cpu=True)
     try:
         check_settings(entry, model.engine)
@@ -34,7 +36,8 @@ def _spec(model: ModelConfig) -> tuple[ModelConfig, EngineSpec]:
 def create_text_engine(model: ModelConfig) -> TextEngine:
     """The decoder engine named by `model.engine` (`EngineSpec.text_engine`): e.g. under `vision_mode:
     native` the engine's VLM engine; for transformers otherwise `params.batching`'s engine (`auto`:
-    the static-slot decoder on one CUDA GPU, continuous batching elsewhere)."""
+    the static-slot decoder on one CUDA GPU, continuous batching elsewhere).
+    """
     model, spec = _spec(model)
     return spec.text_engine(model)
 
@@ -47,7 +50,8 @@ def create_caption_engine(model: ModelConfig) -> CaptionEngine:
 
 def create_embed_engine(model: ModelConfig) -> EmbedEngine:
     """The embedding engine named by `model.engine` (`EngineSpec.embed_engine`) for an entry with an
-    `embedding:` section; `ConfigError` for an engine that embeds nothing."""
+    `embedding:` section; `ConfigError` for an engine that embeds nothing.
+    """
     model, spec = _spec(model)
     if spec.embed_engine is None:
         raise ConfigError(f"model {model.name!r}: engine {spec.name!r} serves no embedding models")

@@ -87,7 +87,8 @@ def minimal_instance(schema: Any, depth: int = 0) -> Any:
     `examples` entry where it has one; else by type: an object of its required properties, an array
     of `minItems` items (at most 8), "", 0 (or `minimum`), false or null; `anyOf`/`oneOf`: the first
     choice. It ignores patterns, lengths and references, so it fits simple schemas only; a schema it
-    cannot read gives ``{}``."""
+    cannot read gives ``{}``.
+    """
     if not isinstance(schema, dict) or depth > 16:
         return {}
     for key in ("const", "example"):
@@ -152,6 +153,8 @@ def _logprob(piece: str, i: int, k: int) -> TokenLogprob:
 
 
 class FakeTextEngine(TextEngine):
+    """A decoder that answers with the prompt it was given, one word per token (see the module's docstring)."""
+
     def __init__(self, model: ModelConfig) -> None:
         self.params = model.params
         self.settings = model.fake
@@ -195,7 +198,8 @@ class FakeTextEngine(TextEngine):
 
     def _fit(self, request: GenerateRequest) -> tuple[GenerateRequest, int, int]:
         """The request as it fits `max_model_len` (when set), its completion limit and the prompt
-        tokens truncation dropped."""
+        tokens truncation dropped.
+        """
         if self.params.max_model_len is None:
             return request, request.max_tokens or self.params.max_tokens, 0
         limits = request_limits(self.params.max_model_len, request, self.params)
@@ -232,6 +236,8 @@ class FakeTextEngine(TextEngine):
 
 
 class FakeCaptionEngine(CaptionEngine):
+    """A captioner whose caption names the image's corner colour and the prompt."""
+
     def __init__(self, model: ModelConfig) -> None:
         self.calls = 0
 

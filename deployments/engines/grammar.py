@@ -3,7 +3,8 @@ forced tool call), shared by every engine library: as a JSON schema (`json_objec
 `json_schema` the client's own schema, a 400 when it is missing or not JSON) with the JSON whitespace
 allowed between tokens; or, for `structured_outputs`' `regex`, `choice` and `grammar`, as a Lark
 grammar in llguidance's dialect (which both engines compile with llguidance: a GBNF grammar,
-``root ::= ...``, is translated to it)."""
+``root ::= ...``, is translated to it).
+"""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def grammar_schema(spec: GrammarSpec) -> Any:
 
 def lark_grammar(spec: GrammarSpec) -> str:
     """The Lark grammar (llguidance's dialect) of a `regex`, `choice` or `grammar` spec; a grammar
-    that llguidance cannot read is a 400."""
+    that llguidance cannot read is a 400.
+    """
     import llguidance
     from llguidance.gbnf_to_lark import any_to_lark
 

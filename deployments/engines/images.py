@@ -1,5 +1,6 @@
 """Image bytes the ingress checked, decoded where a model needs pixels (captioner and native VLM),
-and a native VLM's chat read for its template (`image_slots`: each engine library renders it)."""
+and a native VLM's chat read for its template (`image_slots`: each engine library renders it).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def image_slots(
 ) -> tuple[list[list[dict[str, Any]] | None], list[tuple[int, int]]]:
     """A chat whose image slots index `images`, as a chat template takes its parts: each message's
     parts (None for a message of text alone), an image slot as `image_part`, and the slots in prompt
-    order as ``(message index, image index)``. A slot with no image is a 400."""
+    order as ``(message index, image index)``. A slot with no image is a 400.
+    """
     contents: list[list[dict[str, Any]] | None] = []
     slots: list[tuple[int, int]] = []
     for i, message in enumerate(messages):

@@ -1,5 +1,7 @@
 """Load-progress lines in the replica log, shared by every engine library (torch-free): one INFO line
-per step of a model's load, with its time and bytes, all starting ``loading <role> '<name>':``::
+per step of a model's load, with its time and bytes, all starting ``loading <role> '<name>':``.
+
+For example::
 
     loading decoder 'smollm2': source local GGUF /m/SmolLM2-135M-Instruct.Q4_1.gguf (98.4 MB)
     loading decoder 'smollm2': step=download 0.0 s (local, 98.4 MB on disk)
@@ -27,6 +29,7 @@ logger = logging.getLogger("ray.serve")
 
 
 def size_text(n: int | None) -> str:
+    """A byte count as the load lines write it (decimal: kB, MB, GB)."""
     if n is None:
         return "size unknown"
     if n >= 10**9:
@@ -37,6 +40,7 @@ def size_text(n: int | None) -> str:
 
 
 def file_size(path: Path) -> int | None:
+    """A file's bytes, its symlinks followed; None when it cannot be read."""
     try:
         return path.stat().st_size  # follows the hub cache's snapshot symlinks to their blobs
     except OSError:
@@ -116,7 +120,8 @@ class LoadLog:
 
     def failed(self, what: str, started: float, exc: BaseException) -> None:
         """Where a load stopped, at INFO: the failure itself, with its cause and next attempt, is the
-        replica's one line (`replicas.lifecycle.EngineSlot`)."""
+        replica's one line (`replicas.lifecycle.EngineSlot`).
+        """
         self.log(f"{what} failed after {time.monotonic() - started:.1f} s ({type(exc).__name__})")
 
     def finished(self, memory: str = "") -> None:

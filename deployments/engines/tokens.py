@@ -1,6 +1,7 @@
 """Token ids that a request names (a legacy prompt's, /detokenize's), checked against the model's
 vocabulary before any tokenizer sees them: an id outside it is the request's 400, never a crash
-(llama.cpp indexes its vocabulary with the id unchecked)."""
+(llama.cpp indexes its vocabulary with the id unchecked).
+"""
 
 from __future__ import annotations
 

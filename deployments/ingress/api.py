@@ -1,8 +1,9 @@
 """The ingress's FastAPI app, built per replica by `build_api` from the served models
 (`served_models.ServedModels`) and the guard's settings: each API's routes (a folder per API under
-`apis/`: its `routes.py`, `protocol.py` and `service.py`) mounted by one line each; no setting is
+`apis/`: its `routes.py` and `service.py`; its wire in `protocol/`) mounted by one line each; no setting is
 looked up through Serve. Errors leave in OpenAI's shape, through the one mapper in `errors`, or on
-Anthropic's routes (/v1/messages) in Anthropic's rendering of it."""
+Anthropic's routes (/v1/messages) in Anthropic's rendering of it.
+"""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def build_api(
     `store`: the store of /v1/responses (None: no response is kept); `batch_service`: the files and
     batches of /v1/files and /v1/batches (None: not served), `wake_runner` tells their runner to look;
     `limiter`: the API keys' limits (None: no limits file); `conversations`: the Conversations API's
-    store (None: not served)."""
+    store (None: not served).
+    """
     api = FastAPI(title="mmserve", summary="OpenAI-compatible multimodal chat on Ray Serve")
     _openapi_without_422(api)
     _error_handlers(api)

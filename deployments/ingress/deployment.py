@@ -5,7 +5,8 @@ Its constructor builds each served model's answer core from its config and its d
 captioner: models that name the same captioner share its client and caption cache; every model
 shares the replica's `DocumentStage`: its PDF workers and document cache) and its
 `HealthService`; Serve then asks it for its ASGI app (`__serve_build_asgi_app__`), which `api.build_api`
-makes for this replica's settings."""
+makes for this replica's settings.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from deployments.ingress.served_models import AdapterView, ServedEmbedder, Serve
 from deployments.ingress.vision.client import CaptionerClient
 from deployments.ingress.vision.pipeline import VisionPipeline
 from deployments.monitoring.metrics import INGRESS_METRICS, Recorder
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
 from deployments.roles import Role
 from deployments.state.batches import BatchStore, KeyName
 from deployments.state.conversations import ConversationStore
@@ -74,7 +75,8 @@ class ServedModelConfig(BaseModel):
 
 class ServedEmbedderConfig(BaseModel):
     """An embedding model behind /v1/embeddings: its name, its per-request input limit and the
-    vocabulary its token-id inputs are read in."""
+    vocabulary its token-id inputs are read in.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,6 +86,10 @@ class ServedEmbedderConfig(BaseModel):
 
 
 class IngressConfig(BaseModel):
+    """What the builder hands the ingress: the served models and embedders, how to reach the captioners, the
+    input and server settings, and the limits file.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     models: list[ServedModelConfig]  # the first is the default model
@@ -101,7 +107,8 @@ def adapter_view(
     model: ServedModelConfig, decoder: DeploymentHandle, vision: VisionPipeline, server: ServerConfig
 ) -> AdapterView | None:
     """How `model`'s LoRA adapters are served: an answer core per adapter over the decoder's handle
-    with the adapter as Serve's multiplexed model id (Serve routes it to a replica that holds it)."""
+    with the adapter as Serve's multiplexed model id (Serve routes it to a replica that holds it).
+    """
     if not model.adapters and not model.dynamic_adapters:
         return None
 
@@ -120,6 +127,8 @@ def adapter_view(
 @serve.deployment  # its options are the builder's (deployments/options/)
 @serve.ingress()
 class Ingress:
+    """The ingress deployment: the HTTP API of every served model, over the model deployments' handles."""
+
     def __init__(
         self,
         config: IngressConfig,
@@ -129,7 +138,8 @@ class Ingress:
     ) -> None:
         """`decoders`: each served model's decoder handle, by model name; `embedders`: each embedding
         model's handle, by model name; `batch_runner`: the runner of /v1/batches (None: no Files and
-        Batch APIs)."""
+        Batch APIs).
+        """
         self._metrics = Recorder(INGRESS_METRICS, config.models[0].name)
         server = config.server
         clients: dict[str, CaptionerClient] = {}
@@ -241,7 +251,8 @@ class Ingress:
     async def batch_line(self, batch_id: str, endpoint: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         """One line of a batch, for the batch runner's handle: the endpoint's answer through the same
         service code as its HTTP route, as `{"status_code", "body"}` (`ingress/batches/lines.py`); with
-        limits, against the budget of the key that made the batch."""
+        limits, against the budget of the key that made the batch.
+        """
         limits = None
         if self._limiter is not None and self._batches is not None:
             key = self._batch_keys.get(batch_id) or await asyncio.to_thread(self._batches.key, batch_id)
@@ -253,7 +264,8 @@ class Ingress:
 
 def _say_if_local_on_a_cluster(storage: Storage) -> None:
     """A local storage root on a cluster of several nodes: each node's replicas keep their own state
-    unless every node mounts that path (a warning, once per replica)."""
+    unless every node mounts that path (a warning, once per replica).
+    """
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     if isinstance(storage, LocalStorage) and nodes > 1:
         logger.warning(

@@ -63,7 +63,8 @@ class KeyRing:
 
     def match(self, authorization: str | None, more: Sequence[bytes] = ()) -> bytes | None:
         """The digest of the accepted key (or of one of the digests `more`) that `Authorization:
-        Bearer <key>` presents; None for none. Every key is compared, match or not."""
+        Bearer <key>` presents; None for none. Every key is compared, match or not.
+        """
         scheme, _, token = (authorization or "").partition(" ")
         presented = _digest(token.strip())
         matched = False
@@ -74,7 +75,8 @@ class KeyRing:
 
 class ExtraKeys(Protocol):
     """More keys the guard accepts, by their SHA-256 digests, read for each request (they may change:
-    the limits file's named keys, `limits.table.KeyTable`)."""
+    the limits file's named keys, `limits.table.KeyTable`).
+    """
 
     @property
     def digests(self) -> Sequence[bytes]: ...
@@ -86,6 +88,8 @@ MULTIPART_MARGIN = 1024 * 1024  # a multipart form's headers and boundaries arou
 
 @dataclass(frozen=True)
 class GuardSettings:
+    """What the guard checks: the accepted keys and the body caps."""
+
     keys: KeyRing
     max_body_bytes: int
     max_upload_bytes: int = 0  # an upload to /v1/files: the file's cap and the form around it
@@ -111,7 +115,8 @@ class GuardSettings:
         cls, server: ServerConfig, environ: Mapping[str, str] = os.environ, extra_keys: ExtraKeys | None = None
     ) -> GuardSettings:
         """Keys from the config plus those in the `api_keys_env` variable (comma-separated), and
-        `extra_keys` (the limits file's named keys)."""
+        `extra_keys` (the limits file's named keys).
+        """
         keys = list(server.api_keys)
         if server.api_keys_env:
             keys += [k.strip() for k in environ.get(server.api_keys_env, "").split(",") if k.strip()]
@@ -184,7 +189,8 @@ def anthropic_route(scope: Scope) -> bool:
 
 def body_of(scope: Scope) -> bytes | None:
     """The body the guard read of a request (a POST, PUT or PATCH but an upload to /v1/files); None
-    for any other request."""
+    for any other request.
+    """
     body = scope.get("state", {}).get(BODY_KEY)
     return body if isinstance(body, bytes) else None
 

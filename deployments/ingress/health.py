@@ -1,6 +1,7 @@
 """The /health endpoint's logic: each component's own status, and Serve's view where a component
 cannot answer. 200 while the decoder serves (``ok``, or ``degraded`` without the captioner), 503
-(``unavailable``) when it does not."""
+(``unavailable``) when it does not.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ DECODER_STATUS_TIMEOUT_S = 5.0
 
 
 class HealthService:
+    """The /health report of one served model: its decoder's and its captioner's state."""
+
     def __init__(self, decoder: DecoderHandle, captioner: Captioner | None, *, model_name: str) -> None:
         """`decoder`: a handle to the decoder deployment; `captioner`: None without proxy vision."""
         self._decoder = decoder

@@ -1,7 +1,8 @@
 """What the routes of every API share (each API's `routes.py` attaches its routes with them): the
 errors it declares in the OpenAPI schema (`ERRORS`, `streamed`), the request's id (Serve's), its
 access-log record with the model it names (`recorded`), who makes it (`caller`, the owner of what
-it stores), and how a batch line calls an API that a batch may name (`BatchLine`)."""
+it stores), and how a batch line calls an API that a batch may name (`BatchLine`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel
 from ray.serve.context import _get_serve_request_context
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
@@ -55,7 +55,8 @@ def streamed(description: str, errors: Responses = ERRORS) -> Responses:
 
 def request_id(scope: Scope) -> str:
     """Serve's request id: in every Serve log line of the request and in the x-request-id header.
-    Serve keeps it in its request context (private API: the one place this package reads it)."""
+    Serve keeps it in its request context (private API: the one place this package reads it).
+    """
     rid = _get_serve_request_context().request_id or Headers(scope=scope).get("x-request-id", "")
     return rid or "unknown"
 
@@ -76,12 +77,10 @@ def caller(connection: HTTPConnection, rid: str | None = None) -> Caller:
 @dataclass(frozen=True)
 class BatchLine:
     """How a batch line calls an API, declared by the API's `routes.py` as `BATCH_LINE` beside the
-    route it stands for (`ingress/batches/endpoints.py` lists the APIs a batch may name): the route's
-    `path`, the `request` model that checks a line's body, whether the body names an `embedding`
-    model (else a chat model), and `answer`: the body of the line's 200, through the same service as
-    the route (no HTTP hop)."""
+    route it stands for (`ingress/batches/endpoints.py` gathers them): the route's `path`, and
+    `answer`: the body of the line's 200 for its request (checked by the endpoint's request model in
+    `protocol/openai/batches.py`), through the same service as the route (no HTTP hop).
+    """
 
     path: str
-    request: type[BaseModel]
     answer: Callable[[ServedModels, Any, RequestRecord], Awaitable[Any]]
-    embedding: bool = False

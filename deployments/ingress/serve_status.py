@@ -1,5 +1,6 @@
 """Serve's own view of a deployment (the controller's state), for when asking the deployment
-itself cannot help: its replica died, is being replaced, or is too busy to answer a status call."""
+itself cannot help: its replica died, is being replaced, or is too busy to answer a status call.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def _value(status: object) -> str:
 
 def brief(message: str) -> str:
     """Serve's message on one line, a replica's traceback in it cut to the exception at its end (a
-    replica that failed its start or its health check: Serve's message ends with the exception)."""
+    replica that failed its start or its health check: Serve's message ends with the exception).
+    """
     lines = ANSI.sub("", message).splitlines()
     frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
     if frames:
@@ -72,6 +74,7 @@ class DeploymentView:
 
 
 def deployment_view(app: str, deployment: str) -> DeploymentView:
+    """Serve's view of `deployment` in application `app`; UNKNOWN, with the reason, when Serve cannot say."""
     try:
         application = serve.status().applications[app]
         detail = application.deployments[deployment]

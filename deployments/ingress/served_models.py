@@ -6,7 +6,8 @@ A primary's LoRA adapters (`AdapterView`) are named as Ray Serve LLM names them,
 ``<model>:<adapter>``, or by the adapter's own name as vLLM does (when no other model has an adapter
 of that name); /v1/models lists each listed adapter as ``<model>:<adapter>`` with `parent` the model.
 An adapter the ingress does not list is tried only as ``<model>:<adapter>`` of a model with a
-`lora.dynamic_path`: the replica that loads it answers 404 when it is not there."""
+`lora.dynamic_path`: the replica that loads it answers 404 when it is not there.
+"""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from deployments.errors import InvalidRequestError, ModelNotFoundError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.health import HealthService
-from deployments.protocol.openai.common import ModelCard, ModelList
+from deployments.protocol.openai.models import ModelCard, ModelList
 
 
 @dataclass(frozen=True)
 class AdapterView:
     """A model's LoRA adapters as the ingress serves them: `core` makes an adapter's answer core
-    (the decoder's handle with the adapter as Serve's multiplexed model id)."""
+    (the decoder's handle with the adapter as Serve's multiplexed model id).
+    """
 
     listed: tuple[str, ...]
     dynamic: bool
@@ -45,6 +47,8 @@ class AdapterView:
 
 @dataclass(frozen=True)
 class ServedModel:
+    """A served chat model: its card, its answer core, its health and its LoRA adapters (None: none)."""
+
     card: ModelCard
     core: AnswerCore
     health: HealthService
@@ -59,6 +63,8 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class ServedEmbedder:
+    """A served embedding model: its card and its core."""
+
     card: ModelCard
     core: EmbeddingCore
 
@@ -130,7 +136,8 @@ class ServedModels:
         (as with one), each model's body under `models`, `ok` when all are, `unavailable` (503) when
         no decoder serves, else `degraded`: the endpoint still answers some models.
         Each embedding model's replica status is under `components.embedders`; one that is not ready
-        makes an `ok` endpoint `degraded` (chat still answers)."""
+        makes an `ok` endpoint `degraded` (chat still answers).
+        """
         reports, embedders = await asyncio.gather(
             asyncio.gather(*(model.health.report() for model in self._models.values())),
             asyncio.gather(*(embedder.core.status() for embedder in self._embedders.values())),

@@ -115,7 +115,8 @@ def record_of(state: Any) -> RequestRecord:
 
 def turn_log_of(state: Any) -> Callable[[RequestRecord], None]:
     """What logs a WebSocket turn's record (its line and metrics, as a request's); a no-op outside
-    `AccessLog`."""
+    `AccessLog`.
+    """
     log = getattr(state, TURN_LOG_KEY, None)
     return log if callable(log) else (lambda record: None)
 
@@ -134,6 +135,8 @@ def _error_of(body: bytes) -> str | None:
 
 
 class AccessLog:
+    """The middleware that writes each request's access-log line and metrics (see the module's docstring)."""
+
     def __init__(
         self,
         app: ASGIApp,
@@ -146,7 +149,8 @@ class AccessLog:
         """`request_id(scope)`: the id Serve logs the request under; `routes`: the app's, for the
         `route` label of requests that never reached one (a 401 from the guard); `models`: the served
         models, the `model` label of a request that names one (others keep the recorder's default,
-        so that clients cannot make up label values)."""
+        so that clients cannot make up label values).
+        """
         self.app = app
         self._metrics = metrics
         self._request_id = request_id
@@ -225,7 +229,8 @@ SESSION_HEADER = b"x-session-id"  # Ray Serve's own name for it (RAY_SERVE_SESSI
 
 def session_header(scope: Scope) -> str | None:
     """The request's `x-session-id` (at most 256 characters), a hint the decoders' router keeps a session
-    on one replica with (`routing.choice`)."""
+    on one replica with (`routing.choice`).
+    """
     for key, value in scope.get("headers") or ():
         if key.lower() == SESSION_HEADER:
             return value.decode("latin-1")[:256] or None

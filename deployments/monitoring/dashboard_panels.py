@@ -2,7 +2,8 @@
 own (`ray/dashboard/modules/metrics/dashboards/serve_llm_dashboard_panels.py`): Ray's `Panel`,
 `Target` and `Row`, each query's metric name taken from a `MetricSpec` (`panel_parts`), so that a
 renamed or removed metric fails here or in tests/unit/test_dashboard.py instead of leaving an empty
-panel. `dashboard.py` renders them."""
+panel. `dashboard.py` renders them.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The parts the dashboard's panels are built of (`dashboard_panels`): each query's metric taken from its
 `MetricSpec` (metrics.py), so that a renamed or removed metric fails at import, and the panel shapes
-that several rows share (a rate, a gauge per replica, quantiles, a cache's hits and size)."""
+that several rows share (a rate, a gauge per replica, quantiles, a cache's hits and size).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _QUANTILES = (0.5, 0.95, 0.99)
 
 
 def spec(name: str, kind: str | None = None) -> MetricSpec:
+    """The declared metric `name`, checked to be a `kind` when one is given."""
     if name not in _SPECS:
         raise KeyError(f"the dashboard reads {name!r}, which metrics.SPECS does not declare")
     spec = _SPECS[name]
@@ -34,11 +36,13 @@ def series(spec: MetricSpec, suffix: str = "", matchers: str = "") -> str:
 
 
 def rate(name: str, by: str = "") -> str:
+    """Counter `name`'s per-second rate, summed (by `by` when given)."""
     per_second = f"rate({series(spec(name, 'counter'))}[$interval])"
     return f"sum by ({by}) ({per_second})" if by else f"sum({per_second})"
 
 
 def gauge(name: str, by: str, agg: str = "sum") -> str:
+    """Gauge `name` aggregated (`agg`) by `by`."""
     return f"{agg} by ({by}) ({series(spec(name, 'gauge'))})"
 
 
@@ -78,8 +82,10 @@ def size_panels(entries_id: int, bytes_id: int, title: str, cache: str) -> list[
 
 
 def per_replica(name: str) -> Target:
+    """Gauge `name`, one line per replica."""
     return Target(expr=gauge(name, "replica"), legend="{{replica}}")
 
 
 def latency_panel(panel_id: int, title: str, name: str, by: str = "model") -> Panel:
+    """A panel of histogram `name`'s p50, p95 and p99, one line per `by` value."""
     return panel(panel_id, title, name, "s", quantile_targets(name, by), fill=0, stack=False, linewidth=2)

@@ -1,6 +1,7 @@
 """Placement: where each model's replicas run (GPU shares, or CPU replicas sharing the cores and
 their threads, by the engine's spec), with their engine resolved from it, and the decoder's and the
-captioner's whole options (placement and queue)."""
+captioner's whole options (placement and queue).
+"""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def cpu_decoders(model: ModelConfig) -> int:
     """CPU replicas of a decoder under `decoder_cpu_replicas: auto` (before the cores cap them), by its
     resolved engine's spec (`EngineSpec.cpu_replicas`): one for llama.cpp, which batches its slots in
     one process over all the cores it is given; `CPU_DECODERS` for the torch engines, whose Python
-    step loop no OpenMP barrier spans (1.4x one replica with both cores, docs/benchmarks.md)."""
+    step loop no OpenMP barrier spans (1.4x one replica with both cores, docs/benchmarks.md).
+    """
     return engine_spec(model.engine).cpu_replicas
 
 
@@ -124,7 +126,8 @@ def decoder_options(
     """All of the decoder's options (`decoder_layout` on `cores` and `cpus`, its queue and its request
     router, `routing.decoder_routing`), and its placed model config.
     `ConfigError` when a replica would take fewer requests than one batch holds, or when its
-    autoscaling cannot work (see `scaling`, `decoder_layout`)."""
+    autoscaling cannot work (see `scaling`, `decoder_layout`).
+    """
     seqs = model.params.max_num_seqs
     # With keys' limits, requests wait in the replica, where the keys share the queue fairly
     # (`engines.admission`), not in Serve's queue in front of it, first come first served.
@@ -142,7 +145,8 @@ def decoder_options(
 
 def placed_captioner(app_args: AppArgs, model: ModelConfig) -> ModelConfig:
     """The captioner's model config with its `engine: auto` resolved from its GPU share (as
-    `decoder_layout` does for a decoder): llama.cpp for a GGUF captioner without one."""
+    `decoder_layout` does for a decoder): llama.cpp for a GGUF captioner without one.
+    """
     return resolved(app_args, model, on_cpu=not model_gpus(model, app_args.captioner_gpus))
 
 
@@ -150,7 +154,8 @@ def captioner_options(app_args: AppArgs, model: ModelConfig | None) -> dict[str,
     """The captioner's options; without a captioner configured, one replica that only says so,
     behind the same bounded queue. With a GPU share it autoscales (1 to 2 replicas on 4 ongoing
     calls by default); on CPU it is one replica unless its `deployment.autoscaling` is given
-    (then 1 replica at most by default: `{min_replicas: 0}` scales it to zero when idle)."""
+    (then 1 replica at most by default: `{min_replicas: 0}` scales it to zero when idle).
+    """
     if model is None:
         return {
             **queue_bounds(DeploymentConfig(), CAPTIONER_ONGOING),
@@ -175,7 +180,8 @@ def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, A
     With a GPU share it autoscales (1 to `GPU_EMBEDDERS` replicas, each kept near two full batches
     ongoing); on CPU it is one replica that reserves no Ray CPU (like the ingress: it shares the cores
     with the decoder instead of keeping a core from it; its threads are `params.cpu_threads`) unless
-    its `deployment.autoscaling` says otherwise. A replica takes up to `EMBEDDER_ONGOING` requests."""
+    its `deployment.autoscaling` says otherwise. A replica takes up to `EMBEDDER_ONGOING` requests.
+    """
     share = model_gpus(model, app_args.embedder_gpus)
     model = resolved(app_args, model, on_cpu=not share)
     count: dict[str, Any] = {"num_replicas": 1}
@@ -194,7 +200,8 @@ def embedder_options(app_args: AppArgs, model: ModelConfig) -> tuple[dict[str, A
 
 def resolved(app_args: AppArgs, model: ModelConfig, *, on_cpu: bool) -> ModelConfig:
     """The entry with `engine: auto` resolved from its placement (`on_cpu`: no GPU share), refused
-    when it sets a setting that its engine does not read (`registry.check_settings`)."""
+    when it sets a setting that its engine does not read (`registry.check_settings`).
+    """
     placed = registry.resolved(model, on_cpu=on_cpu)
     try:
         check_settings(model, placed.engine)

@@ -11,7 +11,8 @@ from deployments.roles import Role
 def deployment_name(role: Role, model: ModelConfig | None, several: bool) -> str:
     """The role's deployment name alone when the application has one deployment of that role, else
     with the model's name (characters outside ``[A-Za-z0-9._-]`` become ``-``: the name is in
-    replica actor and log file names, and Serve reserves ``#``)."""
+    replica actor and log file names, and Serve reserves ``#``).
+    """
     if not several or model is None:
         return role.deployment
     return f"{role.deployment}-{re.sub(r'[^A-Za-z0-9._-]', '-', model.name)}"

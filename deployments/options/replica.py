@@ -1,7 +1,8 @@
 """Replica processes: the environment variables they need (`REPLICA_ENV`), merged under the
 application's runtime_env, and a graceful shutdown as long as a call's deadline, so that a redeploy
 or a downscale lets requests in flight finish. Every deployment's options pass through
-`for_replicas` last."""
+`for_replicas` last.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ DRAIN_MARGIN_S = 5.0  # beyond a request's own deadline: its error event, the ca
 def application_runtime_env() -> dict[str, Any]:
     """The runtime_env this builder runs under: the application's (serve_config.yaml's `runtime_env`,
     which Serve gives the build task), or `serve run`'s job's; empty before Ray is initialized (`serve
-    run module:app` calls the builder first)."""
+    run module:app` calls the builder first).
+    """
     if not ray.is_initialized():
         return {}
     return dict(ray.get_runtime_context().runtime_env or {})
@@ -38,7 +40,9 @@ def application_runtime_env() -> dict[str, Any]:
 def for_replicas(
     deployment: str, options: dict[str, Any], *, drain_s: float, inherited: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """`options` with what the deployment's replica processes need:
+    """`options` with what the deployment's replica processes need.
+
+    That is:
 
     - `REPLICA_ENV[deployment]` in `ray_actor_options.runtime_env.env_vars`, under the application's
       runtime_env (`inherited`; by default `application_runtime_env()`). Serve gives a deployment that

@@ -15,7 +15,8 @@ RAY_IMBALANCE = 10  # Ray's PrefixCacheAffinityRouter: its documented example's 
 
 def default_imbalance(model: ModelConfig) -> int:
     """A quarter of the replica's sequences, at least 2: a warm replica up to that much busier than the
-    least busy still gets the request (its prefix read again elsewhere costs more than the wait)."""
+    least busy still gets the request (its prefix read again elsewhere costs more than the wait).
+    """
     return max(2, model.params.max_num_seqs // 4)
 
 

@@ -1,5 +1,6 @@
 """Queues and autoscaling: every deployment's queue bounds (a model's `deployment:` section, else
-its role's defaults) and Serve's `autoscaling_config` from a model's `deployment.autoscaling`."""
+its role's defaults) and Serve's `autoscaling_config` from a model's `deployment.autoscaling`.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def refuse(app_args: AppArgs, model: ModelConfig, problem: str) -> ConfigError:
 def scaling(app_args: AppArgs, model: ModelConfig, *, max_replicas: int, target: float, role: str) -> dict[str, Any]:
     """Serve's `autoscaling_config` from the model's `deployment.autoscaling` (the defaults when it
     has none), its unset fields filled with the role's `max_replicas` and `target`; `ConfigError`
-    when the filled-in bounds contradict each other."""
+    when the filled-in bounds contradict each other.
+    """
     config = model.deployment.autoscaling or AutoscalingConfig()
     result: dict[str, Any] = {
         "min_replicas": config.min_replicas,

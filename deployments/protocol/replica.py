@@ -1,5 +1,6 @@
 """What the deployments send each other through handles: the ingress's request to a decoder and the
-chunks it streams back, the captioner's request, and a replica's status on /health."""
+chunks it streams back, the captioner's request, and a replica's status on /health.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ MessagePart = Annotated[MessageText | MessageImage, Field(discriminator="type")]
 
 class ImageBytes(BaseModel):
     """Native vision: an image the ingress checked, its encoded bytes and their SHA-256 (hex), hashed
-    once there (the key of the decoder's processor cache)."""
+    once there (the key of the decoder's processor cache).
+    """
 
     data: bytes
     sha256: str
@@ -40,7 +42,8 @@ class TextMessage(BaseModel):
     may carry the tool calls it made; a `tool` message answers the call `tool_call_id`.
 
     Native vision: a user message with images also has `parts`, its text runs and image slots in
-    order (what a VLM's chat template renders); `content` is then its text alone."""
+    order (what a VLM's chat template renders); `content` is then its text alone.
+    """
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
@@ -55,7 +58,8 @@ class GrammarSpec(BaseModel):
     tool call, which the server reads: no room for a weak model to spend its budget on layout).
     vLLM's `structured_outputs` adds `regex` (the whole output matches `pattern`), `choice` (exactly
     one of `choices`) and `grammar` (`pattern` is a Lark or GBNF grammar). `param`: the request's
-    field it came from, which a 400 about it names."""
+    field it came from, which a 400 about it names.
+    """
 
     kind: Literal["json_object", "json_schema", "regex", "choice", "grammar"]
     json_schema: str | None = None
@@ -76,7 +80,8 @@ class GenerateRequest(BaseModel):
     A chat is `messages` (rendered by the model's chat template, with `tools` when given); a legacy
     completion is `prompt`, text or token ids used as they are, with no template. Native vision: the
     checked, encoded bytes of the chat's images with their hashes, sent once, which the messages' image
-    slots name."""
+    slots name.
+    """
 
     messages: list[TextMessage] = Field(default_factory=list)
     images: list[ImageBytes] = Field(default_factory=list)
@@ -135,7 +140,8 @@ class GenerateChunk(BaseModel):
     `finish_reason` set; the token counts are the sequence's totals so far, on every chunk (the
     ingress may end an answer before its sequence ends: a repeated tool call); `logprobs` covers the
     tokens whose text this chunk carries; `tool_format` (`capabilities.tool_call_format` as the
-    engine resolved it) tells the ingress how to read calls."""
+    engine resolved it) tells the ingress how to read calls.
+    """
 
     index: int = 0
     text: str = ""
@@ -153,7 +159,8 @@ class GenerateChunk(BaseModel):
 class TokenizeInput(BaseModel):
     """Ingress -> PrimaryDecoder: a prompt to tokenize as the engine would prompt with it (/tokenize,
     /v1/messages/count_tokens). A chat is `messages` (with native vision's `images`) and `tools`,
-    rendered by the model's chat template; a completion is `prompt`, text used as it is."""
+    rendered by the model's chat template; a completion is `prompt`, text used as it is.
+    """
 
     messages: list[TextMessage] = Field(default_factory=list)
     images: list[ImageBytes] = Field(default_factory=list)
@@ -180,7 +187,8 @@ class TokenizedPrompt(BaseModel):
     """PrimaryDecoder -> Ingress: a prompt's tokens. `count` is what the prompt takes of the context,
     `image_tokens` of them the images' (native vision): a transformers VLM lists them in `tokens`
     (its placeholder's expansion); a llama.cpp VLM's images have no token ids (mtmd's embeddings), so
-    there `tokens` lists the text's alone and `count` is ``len(tokens) + image_tokens``."""
+    there `tokens` lists the text's alone and `count` is ``len(tokens) + image_tokens``.
+    """
 
     tokens: list[int]
     count: int
@@ -199,7 +207,8 @@ class CaptionRequest(BaseModel):
 class CaptionResult(BaseModel):
     """VisionCaptioner -> ingress: one caption per image, or why it cannot caption now (its model
     is not loaded: the expected offline case). That is an answer, not an error: raised, Serve would
-    log a traceback per degraded image request. Any other failure raises."""
+    log a traceback per degraded image request. Any other failure raises.
+    """
 
     captions: list[str] = Field(default_factory=list)
     unavailable: str | None = None
@@ -216,7 +225,8 @@ class ComponentStatus(BaseModel):
 
 class EmbedRequest(BaseModel):
     """The ingress's request to an embedder: the inputs (all texts, or all token-id lists, as the
-    client sent them) and the vector size asked for (None: the model's own)."""
+    client sent them) and the vector size asked for (None: the model's own).
+    """
 
     inputs: list[str] | list[list[int]]
     dimensions: int | None = None
@@ -224,7 +234,8 @@ class EmbedRequest(BaseModel):
 
 class EmbedResult(BaseModel):
     """One vector per input, each as little-endian float32 bytes (4 bytes a value: small through the
-    handle, and base64 of it is OpenAI's `encoding_format: base64`), and the tokens embedded."""
+    handle, and base64 of it is OpenAI's `encoding_format: base64`), and the tokens embedded.
+    """
 
     vectors: list[bytes]
     prompt_tokens: int
@@ -233,7 +244,8 @@ class EmbedResult(BaseModel):
 class Tenant(BaseModel):
     """Whose request it is, as the ingress's limits know it (`ingress.limits`): the key's `name` (what
     metrics and logs say), its `queue` (the decoders' fair-queueing tenant: one per key), the
-    earliest `priority` its requests get, and the `share` of a decoder replica's sequences it may hold."""
+    earliest `priority` its requests get, and the `share` of a decoder replica's sequences it may hold.
+    """
 
     model_config = {"frozen": True}
 

@@ -9,7 +9,8 @@ replica's adapters in an LRU of that size and tells the router which ones each r
 When Serve evicts an adapter it calls the evicted lease's ``__del__``: the adapter is dropped from
 the engine at once, or, while requests still run on it, when the last of them ends (an eviction
 never changes a running answer). An adapter that cannot be found is a 404 (`ModelNotFoundError`),
-one that cannot be loaded a 400 naming it (`InvalidRequestError`); neither changes what is held."""
+one that cannot be loaded a 400 naming it (`InvalidRequestError`); neither changes what is held.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ logger = logging.getLogger("ray.serve")
 
 class _Lease:
     """What Serve's multiplexing keeps for a loaded adapter; its ``__del__`` (Serve calls it on
-    eviction, in a worker thread) retires the adapter, once."""
+    eviction, in a worker thread) retires the adapter, once.
+    """
 
     def __init__(self, owner: ReplicaAdapters, name: str) -> None:
         self._owner, self.name, self._done = owner, name, False
@@ -123,7 +125,8 @@ class ReplicaAdapters:
 
     async def _checked(self, name: str) -> str:
         """Where adapter `name` is, found and checked (config, rank, base); else the 404 or the 400,
-        counted and logged."""
+        counted and logged.
+        """
         path = None
         try:
             path = adapter_path(self._lora, name)
@@ -142,7 +145,8 @@ class ReplicaAdapters:
 
     def _failed(self, name: str, exc: Exception, *places: object) -> InvalidRequestError:
         """The 400 for an adapter that cannot be loaded: the log line has the whole cause, the client's
-        answer never the adapter's location (`places`: its path or storage URI, its local copy)."""
+        answer never the adapter's location (`places`: its path or storage URI, its local copy).
+        """
         self._metrics.inc("lora_adapter_loads", tags={"outcome": "failed"})
         logger.warning("model %s: LoRA adapter %s cannot be loaded: %s", self._model.name, name, exc)
         if isinstance(exc, InvalidRequestError):

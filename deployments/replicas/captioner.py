@@ -63,7 +63,8 @@ def weights_unreachable(model: ModelConfig) -> Callable[[Exception], bool]:
     case), not that they are broken: a local directory that is missing or holds no file at all, or
     a hub model whose config is not in the hub cache failing with an OSError (transformers' "couldn't
     connect to 'https://huggingface.co' ... couldn't find them in the cached files"). A corrupt file,
-    an unknown architecture or an out-of-memory error is not expected."""
+    an unknown architecture or an out-of-memory error is not expected.
+    """
 
     def expected(exc: Exception) -> bool:
         if model.local_path:
@@ -76,10 +77,13 @@ def weights_unreachable(model: ModelConfig) -> Callable[[Exception], bool]:
 
 @serve.deployment  # its options are the builder's (deployments/options/)
 class VisionCaptioner:
+    """The captioner deployment: one captioning model's replica, captioning images in batches."""
+
     def __init__(self, model: ModelConfig | None, lifecycle: Lifecycle, *others: DeploymentHandle) -> None:
         """`others`: the handles of the application's other captioners (`app.build_captioner_app`),
         unused: bound here only so that Serve deploys them with this one. Returns once the model has
-        loaded (see the module's docstring)."""
+        loaded (see the module's docstring).
+        """
         self._slot: EngineSlot[CaptionEngine] | None = None
         # The replica's recorder; a test or a benchmark may swap it for its own.
         self.metrics = Recorder(
@@ -144,7 +148,8 @@ class VisionCaptioner:
 
     async def check_health(self) -> None:
         """Raises `CaptionerUnavailable` with the loader's error once a model that had loaded has
-        failed to load again (after an idle unload): Serve then replaces the replica."""
+        failed to load again (after an idle unload): Serve then replaces the replica.
+        """
         if self._slot is not None and self._slot.state == "failed":
             raise CaptionerUnavailable(f"captioner {self._slot.name!r} cannot load: {self._slot.error}")
 

@@ -2,7 +2,8 @@
 strings (`stopping`) and `stream_interval_ms` are applied here, engines know nothing of them; the
 first chunk of a request with tools says the engine's tool-call format. A
 request whose chat the engine truncated to fit the context (`context_overflow: truncate`) gets one
-log line here."""
+log line here.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ logger = logging.getLogger("ray.serve")
 
 @serve.deployment  # its options are the builder's (deployments/options/)
 class PrimaryDecoder:
+    """The decoder deployment: one served model's replica, streaming its generations to the ingress."""
+
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._model = model.name
         # The replica's recorder; a test or a benchmark may swap it for its own.
@@ -67,7 +70,8 @@ class PrimaryDecoder:
         """The request's sequences, `n` of them, each chunk tagged with its sequence's `index`.
         With a seed, sequence i samples with seed + i, so that the choices differ. A call with a
         multiplexed model id (the ingress's, for a LoRA adapter) generates with that adapter, loaded
-        first if this replica does not hold it (`adapters.ReplicaAdapters`)."""
+        first if this replica does not hold it (`adapters.ReplicaAdapters`).
+        """
         adapter = serve.get_multiplexed_model_id() or None
         if self._held is not None:  # as the router keys it: under the adapter, tokens guessed from characters
             blocks = prefix_blocks(request, adapter)
@@ -144,7 +148,8 @@ class PrimaryDecoder:
         """One sequence: stop strings cut its text (not before `min_tokens` tokens; the stop string kept
         with `include_stop_str_in_output`), and text (with its tokens' logprobs) is held back
         until `stream_interval_ms` has passed since the last chunk. Logprobs include the token that
-        completed a stop string."""
+        completed a stop string.
+        """
         async with self._slot.use() as engine, aclosing(engine.generate(request)) as pieces:
             tool_format = engine.tool_format if request.tools else None  # told once, on the first chunk
             stop = StopMatcher(request.stop, include=request.include_stop_str_in_output)
@@ -189,7 +194,8 @@ class PrimaryDecoder:
 
     async def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
         """The prompt's tokens as the engine would prompt with them (/tokenize, count_tokens). It takes
-        none of the `max_num_seqs` slots: the engine's tokenizer, in a worker thread, beside them."""
+        none of the `max_num_seqs` slots: the engine's tokenizer, in a worker thread, beside them.
+        """
         async with self._slot.use() as engine:
             return await asyncio.to_thread(engine.tokenize, request)
 
@@ -223,7 +229,8 @@ class PrimaryDecoder:
     def status(self) -> ComponentStatus:
         """The engine slot's status. Its `waiting` also counts the requests waiting in this replica
         for one of the `max_num_seqs` slots (as the num_requests_waiting gauge does): the engine
-        only sees the sequences let in, so a full batch with more behind it would show none waiting."""
+        only sees the sequences let in, so a full batch with more behind it would show none waiting.
+        """
         status = self._slot.status()
         if self._adapters is not None:
             status.details["lora_adapters_held"] = len(self._adapters.held)  # names are callers': not on an open page
@@ -233,7 +240,8 @@ class PrimaryDecoder:
 
     def record_routing_stats(self) -> dict:
         """Serve asks every `deployment.routing.stats_period_s`; the routers (`routing.PrefixRouter`)
-        read it: the prefix blocks this replica's engine still holds (`HeldPrefixes.report`)."""
+        read it: the prefix blocks this replica's engine still holds (`HeldPrefixes.report`).
+        """
         return {} if self._held is None else self._held.report()
 
     def check_health(self) -> None:

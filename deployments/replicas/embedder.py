@@ -8,7 +8,8 @@ run in worker threads, so the event loop keeps queueing the next batch while one
 as float32 bytes, cut to the request's `dimensions` where the entry allows it.
 
 Like the decoder, a replica whose model cannot load fails its start loudly (an embedding model named
-in models.yaml is part of the service)."""
+in models.yaml is part of the service).
+"""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from deployments.roles import Role
 
 @serve.deployment  # its options are the builder's (deployments/options/)
 class TextEmbedder:
+    """The embedder deployment: one embedding model's replica, embedding inputs in batches."""
+
     def __init__(self, model: ModelConfig, lifecycle: Lifecycle) -> None:
         self._config = model.embedding or EmbeddingConfig()
         # The replica's recorder; a test or a benchmark may swap it for its own.

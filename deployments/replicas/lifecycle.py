@@ -36,6 +36,8 @@ RETRY_MAX_S = 300.0
 
 
 class EngineSlot(Generic[E]):
+    """One engine's life in a replica: load, failure, retry and idle unload (see the module's docstring)."""
+
     def __init__(
         self,
         role: str,
@@ -48,7 +50,8 @@ class EngineSlot(Generic[E]):
         expected: Callable[[Exception], bool] = lambda exc: False,
     ) -> None:
         """`sample`: called on every tick of the background thread (the replica's gauges); `expected`:
-        whether a load error is an expected condition (logged without its traceback)."""
+        whether a load error is an expected condition (logged without its traceback).
+        """
         self.role, self.name = role, name
         self._sample = sample
         self._expected = expected
@@ -111,7 +114,8 @@ class EngineSlot(Generic[E]):
 
     def wait_loaded(self, waiting: Callable[[], None], tick_s: float) -> bool:
         """Load now and, while that fails, again at each retry time, blocking: `waiting` is called after
-        each failed attempt and every `tick_s` until the next. False if `stop` ended the wait first."""
+        each failed attempt and every `tick_s` until the next. False if `stop` ended the wait first.
+        """
         while not self.load():
             while not self._stop.is_set():
                 waiting()

@@ -3,7 +3,8 @@
 
 The batch runner (`runner.py`) is the one writer of a batch's record once created: a cancel is a
 marker beside the record (`batches/<id>.cancel`), which the runner sees within
-`server.batches.poll_interval_s` (at once when woken); until it acts, the batch reads `cancelling`."""
+`server.batches.poll_interval_s` (at once when woken); until it acts, the batch reads `cancelling`.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ KeyName = tuple[str, str]  # a key as the limits name it: its entry's name, its 
 
 
 def cancel_marker(batch_id: str) -> str:
+    """The storage path whose presence asks the runner to cancel batch `batch_id`."""
     return f"batches/{batch_id}.cancel"
 
 
@@ -36,7 +38,8 @@ class BatchStore:
     def open(cls, config: BatchesConfig, storage: Storage, owners: Owners | None = None) -> BatchStore:
         """The files and batches of the storage root (the ingress's and the runner's alike), with
         `config`'s caps and the root's `owners` (read from the root when not given); a root written
-        before the owners' index is indexed once."""
+        before the owners' index is indexed once.
+        """
         store = cls(FileStore(storage, owners or stored_owners(storage), config))
         store.files.records.index_existing()
         store.records.index_existing()
@@ -50,7 +53,8 @@ class BatchStore:
     def create(self, batch: dict[str, Any], caller: Caller, key: KeyName | None = None) -> dict[str, Any]:
         """Keep a new batch of `caller`'s (OpenAI's batch object, `validating`, made by the route) on its
         input file, which must be the caller's and of purpose `batch`; `key`: its key as the limits name
-        it (its lines count against it)."""
+        it (its lines count against it).
+        """
         source = self.files.retrieve(batch["input_file_id"], caller)  # 404 unless the caller's
         if source["purpose"] != "batch":
             raise InvalidRequestError(

@@ -24,7 +24,8 @@ frees both. A replica counts a key's usage from the storage root at most every `
 adds its own writes meanwhile: another replica's are seen at the next count.
 
 Its calls block on the storage: the routes and a Responses turn run them in a worker thread, never
-on the replica's event loop."""
+on the replica's event loop.
+"""
 
 from __future__ import annotations
 
@@ -52,17 +53,20 @@ _DEFAULTS = StateConfig.model_fields
 
 
 def items_path(conversation_id: str) -> str:
+    """The storage path of a conversation's items (one JSON line each)."""
     return f"{ITEMS}/{conversation_id}.jsonl"
 
 
 def new_conversation_id() -> str:
+    """A new conversation id (``conv_`` and 32 hex digits)."""
     return f"conv_{uuid.uuid4().hex}"
 
 
 @dataclass
 class _Usage:
     """A key's conversations and their logs' bytes, as counted at `counted_at` (the store's clock)
-    plus this replica's writes since."""
+    plus this replica's writes since.
+    """
 
     conversations: int
     bytes: int
@@ -72,7 +76,8 @@ class _Usage:
 class ConversationStore:
     """The conversations of one storage root: each at most `max_bytes` of items, each key at most
     `max_per_key` conversations and `max_bytes_per_key` bytes of them. Its calls block on the storage:
-    the routes run them in a worker thread."""
+    the routes run them in a worker thread.
+    """
 
     def __init__(
         self,
@@ -97,7 +102,8 @@ class ConversationStore:
     def create(self, items: list[dict[str, Any]], metadata: dict[str, str] | None, caller: Caller) -> dict[str, Any]:
         """A new conversation of `caller`'s with `items` (ids given where missing); its object. The
         items are written before the conversation's record: a crash between them leaves nothing seen.
-        A 400 past the caller's quotas (`max_per_key`, `max_bytes_per_key`)."""
+        A 400 past the caller's quotas (`max_per_key`, `max_bytes_per_key`).
+        """
         conversation_id = new_conversation_id()
         owner = self.records.owners.tag(caller)
         shown = {"id": conversation_id, "object": "conversation", "created_at": int(time.time())}
@@ -129,7 +135,8 @@ class ConversationStore:
 
     def delete(self, conversation_id: str, caller: Caller) -> dict[str, Any]:
         """Forget the conversation: its record, then its items (a crash between them leaves a log no
-        one reaches); its place and bytes are the key's again."""
+        one reaches); its place and bytes are the key's again.
+        """
         self._owned(conversation_id, caller)
         with self._writing:  # not between another write's check and its append (within this replica)
             record = self.records.load(conversation_id)
@@ -154,14 +161,16 @@ class ConversationStore:
         """Add `items` at the conversation's end, each with an id (given where missing) and a
         message's `status`; the items as stored. Refused (a 400) when the conversation would pass
         `max_bytes`, or its key `max_bytes_per_key`, unless `force` (a Responses turn whose answer is
-        already given)."""
+        already given).
+        """
         record = self._owned(conversation_id, caller)
         with self._writing:
             return self._add(conversation_id, record.get("owner"), items, force)
 
     def check_room(self, conversation_id: str, caller: Caller) -> None:
         """A 400 when the conversation is already at `max_bytes`, or its key at `max_bytes_per_key`:
-        a Responses turn asks before it generates, since its items are then added whatever their size."""
+        a Responses turn asks before it generates, since its items are then added whatever their size.
+        """
         record = self._owned(conversation_id, caller)
         size = self.storage.size(items_path(conversation_id)) or 0
         if size >= self.max_bytes:
@@ -179,7 +188,8 @@ class ConversationStore:
         self, conversation_id: str, caller: Caller, limit: int, after: str | None, order: str = "desc"
     ) -> dict[str, Any]:
         """OpenAI's list object of the conversation's items, newest first unless `order` is `asc`: the
-        log's add records parsed from that end only as far as the page reaches."""
+        log's add records parsed from that end only as far as the page reaches.
+        """
         self._owned(conversation_id, caller)
         log = self._log(conversation_id)
         shown = _past(log.live(order == "desc"), after, limit)
@@ -205,7 +215,8 @@ class ConversationStore:
 
     def _owned(self, conversation_id: str, caller: Caller) -> dict[str, Any]:
         """The caller's conversation's record; the same 404 for an unknown id and another key's (logged).
-        An id that passes is one of ours (`RECORD_ID`): never a path."""
+        An id that passes is one of ours (`RECORD_ID`): never a path.
+        """
         record = self.records.load(conversation_id)
         if record is not None and not self.records.owners.owns(record.get("owner"), caller):
             refused("conversation", conversation_id, caller)
@@ -216,7 +227,8 @@ class ConversationStore:
 
     def _used(self, owner: str | None) -> _Usage:
         """The key's usage (`owner`: its tag), counted again from its index when older than
-        `USAGE_RECOUNT_S`; the caller holds `_writing`."""
+        `USAGE_RECOUNT_S`; the caller holds `_writing`.
+        """
         usage = self._usage.get(owner)
         now = self._clock()
         if usage is None or now - usage.counted_at >= USAGE_RECOUNT_S:
@@ -238,7 +250,8 @@ class ConversationStore:
     ) -> list[dict[str, Any]]:
         """Add `items` as one record of the log (ids given where missing): a 400 for an id the
         conversation (or the items themselves) already holds, unless `force` (a Responses turn: a
-        fresh id instead); the items as stored. The caller holds `_writing`."""
+        fresh id instead); the items as stored. The caller holds `_writing`.
+        """
         if not new and self.records.load(conversation_id) is None:  # deleted since it was found
             raise _no_conversation(conversation_id)
         held = set() if new else {item.get("id") for item in self._replay(conversation_id)}
@@ -257,7 +270,8 @@ class ConversationStore:
 
     def _append(self, conversation_id: str, owner: str | None, change: dict[str, Any], force: bool) -> None:
         """Append one record of the log, in one call (refused past `max_bytes` or the key's
-        `max_bytes_per_key` unless `force`), counted to its key (`owner`); the caller holds `_writing`."""
+        `max_bytes_per_key` unless `force`), counted to its key (`owner`); the caller holds `_writing`.
+        """
         if not RECORD_ID.fullmatch(conversation_id):  # checked by `_owned`, or made here: never a path
             raise ValueError(f"not a conversation id: {conversation_id!r}")
         data = b"\n" + json.dumps(change, separators=(",", ":")).encode()
@@ -281,7 +295,8 @@ class ConversationStore:
 
     def _log(self, conversation_id: str) -> _Log:
         """The conversation's log, read in one pass: its deletions parsed, its add records kept to be
-        parsed when walked (a record that cannot be read is skipped: the one a crash tore)."""
+        parsed when walked (a record that cannot be read is skipped: the one a crash tore).
+        """
         data = self.storage.read(items_path(conversation_id)) or b""
         log = _Log(conversation_id, [], {})
         for number, line in enumerate(data.split(b"\n")):
@@ -307,7 +322,8 @@ class _Log:
     """A conversation's log as read: its add records (record number, line), each parsed when
     walked, and each deleted id's last deletion record. An item is live unless a later record
     deletes its id, so a deletion costs a lookup, never a pass over the items (a log written before
-    ids were unique may repeat one: a deletion removes every copy before it)."""
+    ids were unique may repeat one: a deletion removes every copy before it).
+    """
 
     conversation_id: str
     adds: list[tuple[int, bytes]]
@@ -331,7 +347,8 @@ class _Log:
 
 def _past(items: Iterator[dict[str, Any]], after: str | None, limit: int) -> list[dict[str, Any]] | None:
     """Up to `limit + 1` of `items` after the one whose id is `after` (None: from the first); None
-    when `after` is none of them."""
+    when `after` is none of them.
+    """
     taken: list[dict[str, Any]] = []
     found = after is None
     for item in items:
@@ -350,7 +367,8 @@ def _torn(conversation_id: str, number: int) -> None:
 
 def _stored(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The items as the log keeps them (`kept_item`: an id where one is missing, a message's text
-    `content` as one part), a message's `status` `completed` where it has none."""
+    `content` as one part), a message's `status` `completed` where it has none.
+    """
     stored = [kept_item(item) for item in items]
     for item in stored:
         if item["type"] == "message" and not item.get("status"):

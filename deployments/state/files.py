@@ -7,7 +7,8 @@ files (its index: `Records.mine`), batch output included; an upload over one is 
 400 (its storage quota's answer). A file may expire (`expires_after`: OpenAI's, a batch file after 30
 days by default): once past its `expires_at` it is not found (the 404 of an unknown id) and its bytes
 and record are removed, when next reached, or by the sweep that `keep` runs at most once a minute
-(an expiry marker `index/expiry/<expires_at>_<id>` per file, so the sweep reads names, not records)."""
+(an expiry marker `index/expiry/<expires_at>_<id>` per file, so the sweep reads names, not records).
+"""
 
 from __future__ import annotations
 
@@ -16,12 +17,11 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import BaseModel
+from typing import Any
 
 from deployments.config import BatchesConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
+from deployments.protocol.openai.files import FileObject
 from deployments.state.owners import Caller, Owners
 from deployments.state.records import INDEX, RECORD_ID, Records, page
 from deployments.state.storage import Storage, as_chunks
@@ -36,10 +36,12 @@ EXPIRY = f"{INDEX}/expiry"
 
 
 def data_path(file_id: str) -> str:
+    """The storage path of an uploaded file's bytes."""
     return f"file-data/{file_id}"
 
 
 def new_file_id() -> str:
+    """A new file id (``file-`` and 32 hex digits)."""
     return f"file-{uuid.uuid4().hex}"
 
 
@@ -53,7 +55,8 @@ class ExpiresAfter:
     @classmethod
     def parse(cls, anchor: str | None, seconds: str | int | None) -> ExpiresAfter | None:
         """From the form's `expires_after[anchor]` and `expires_after[seconds]` (None: neither given; the
-        anchor may be left out, `created_at` being the only one)."""
+        anchor may be left out, `created_at` being the only one).
+        """
         if anchor is None and seconds is None:
             return None
         if anchor is None:
@@ -75,20 +78,6 @@ class ExpiresAfter:
         return cls(anchor, value)
 
 
-class FileObject(BaseModel):
-    """OpenAI's file object: what a file's record keeps and /v1/files answers."""
-
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str
-    status: Literal["uploaded", "processed", "error"] = "processed"
-    expires_at: int | None = None
-    status_details: str | None = None
-
-
 class FileStore:
     """The files of one storage root."""
 
@@ -107,14 +96,16 @@ class FileStore:
         expires_after: ExpiresAfter | None = None,
     ) -> dict[str, Any]:
         """Keep an uploaded file (its bytes, or chunks of them: streamed to the storage root, the caps
-        and the caller's quotas checked as they come); its object."""
+        and the caller's quotas checked as they come); its object.
+        """
         checked_purpose(purpose)
         return self.accept(self.receive(data, caller, purpose), filename, purpose, caller, expires_after)
 
     def receive(self, data: bytes | Iterable[bytes], caller: Caller, purpose: str | None) -> Received:
         """Stream an upload's bytes to a new file's place, against the caps and the caller's quotas
         (nothing kept when one is passed); `purpose` None when the form names it after the file (a
-        batch file's line cap is then checked by `accept`). Not a file until `accept`ed."""
+        batch file's line cap is then checked by `accept`). Not a file until `accept`ed.
+        """
         mine = self._mine(caller)
         used = sum(int(r["object"]["bytes"]) for r in mine)
         self._check_quota(len(mine) + 1, used)
@@ -127,7 +118,8 @@ class FileStore:
         self, received: Received, filename: str, purpose: str | None, caller: Caller, expires_after: ExpiresAfter | None
     ) -> dict[str, Any]:
         """Record a received upload as the caller's file; its bytes removed when the form or a quota
-        refuses it (two uploads of one key at once: the second to finish sees the first)."""
+        refuses it (two uploads of one key at once: the second to finish sees the first).
+        """
         file_id = received.file_id
         try:
             purpose = checked_purpose(purpose)
@@ -217,7 +209,8 @@ class FileStore:
 
     def _discard(self, file_id: str, shown: dict[str, Any]) -> None:
         """Remove a file: its bytes, its record (with its index marker), then its expiry marker, so that
-        the sweep finds again what a crash between them left."""
+        the sweep finds again what a crash between them left.
+        """
         self.storage.delete(data_path(file_id))
         self.records.remove(file_id)
         if shown.get("expires_at") is not None:
@@ -225,7 +218,8 @@ class FileStore:
 
     def sweep(self, now: int | None = None) -> int:
         """Remove every file whose `expires_at` has passed (any key's): the expiry markers' names, in
-        order, up to the first not yet due; the number removed."""
+        order, up to the first not yet due; the number removed.
+        """
         now = int(time.time()) if now is None else now
         removed = 0
         for name in self.storage.names(EXPIRY):
@@ -271,6 +265,7 @@ class Received:
 
 
 def checked_purpose(purpose: str | None) -> str:
+    """An upload's `purpose`; a 400 unless it is one of `UPLOAD_PURPOSES`."""
     if purpose is None or purpose not in UPLOAD_PURPOSES:
         raise InvalidRequestError(
             f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}; got {purpose!r}.", param="purpose"
@@ -302,7 +297,8 @@ def _over_bytes(config: BatchesConfig) -> InvalidRequestError:
 
 class _Upload:
     """An upload's bytes as they pass: its size and lines, against the caps (the line cap where
-    `batch` says the file is a batch file) and the key's bytes left (`allowance`)."""
+    `batch` says the file is a batch file) and the key's bytes left (`allowance`).
+    """
 
     def __init__(self, config: BatchesConfig, batch: bool, allowance: int) -> None:
         self._config = config

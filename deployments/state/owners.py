@@ -12,7 +12,8 @@ with the request's id, never the owner.
 With no keys set every caller is the same anonymous one, and everything stored is everyone's (as
 before keys existed). Keys rotated: a thing stored under a removed key is unreachable, never
 reassigned; one stored with no keys set is not reached by a key, nor one stored by a key with
-no keys set."""
+no keys set.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Caller:
     """Who asks a store: the SHA-256 digest of the API key the request presented (None when no keys
-    are set), and the request's id, for the log line of a refusal."""
+    are set), and the request's id, for the log line of a refusal.
+    """
 
     key_digest: bytes | None = None
     request_id: str = "unknown"
@@ -46,7 +48,8 @@ def caller_of(state: Any, request_id: str) -> Caller:
 
 class Owners:
     """A store's owner tags, under its own secret (random: a new store starts empty, so the tags of a
-    store that was lost mean nothing)."""
+    store that was lost mean nothing).
+    """
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret or secrets.token_bytes(32)
@@ -68,7 +71,8 @@ class Owners:
 @dataclass(frozen=True)
 class Found(Generic[T]):
     """What a store found for a caller: the thing (None: not found for this caller), and whether a thing
-    was there but another owner's (`foreign`: for the log line, never for the answer)."""
+    was there but another owner's (`foreign`: for the log line, never for the answer).
+    """
 
     thing: T | None = None
     foreign: bool = False
@@ -76,7 +80,8 @@ class Found(Generic[T]):
 
 def refused(kind: str, thing_id: str, caller: Caller) -> None:
     """Log a refused access to another owner's `kind` (answered as not found): the request's id, the
-    thing's, never the owner."""
+    thing's, never the owner.
+    """
     logger.warning(
         "request %s: %s %r belongs to another API key; answered as not found", caller.request_id, kind, thing_id
     )

@@ -6,7 +6,8 @@ storage root too (`owners.secret`), so that what a key made stays its own after 
 Each record has a marker in its owner's index (`index/<folder>/<tag, or "anon">/<id>`, empty):
 written before the record and removed after it, so that a list (and a quota) reads only the
 caller's records. A root written before the index existed is indexed once, when a store opens on it
-(`Records.index_existing`)."""
+(`Records.index_existing`).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what this service 
 def stored_owners(storage: Storage) -> Owners:
     """The owner tags of this storage root, under the secret kept there: made by the first to need it,
     created only where there is none, then read back, so that replicas that start together (the
-    ingress and the batch runner) settle on one."""
+    ingress and the batch runner) settle on one.
+    """
     storage.create(SECRET, secrets.token_bytes(32))
     secret = storage.read(SECRET)
     if not secret:
@@ -39,7 +41,8 @@ def stored_owners(storage: Storage) -> Owners:
 
 class Records:
     """The records of one kind (`kind`: "file", "batch") under `folder`, as `<id>.json`:
-    `{"object": ..., "owner": tag, ...}` (more keys as the kind keeps them)."""
+    `{"object": ..., "owner": tag, ...}` (more keys as the kind keeps them).
+    """
 
     def __init__(self, storage: Storage, folder: str, owners: Owners, kind: str) -> None:
         self.storage = storage
@@ -99,7 +102,8 @@ class Records:
 
     def index_existing(self) -> None:
         """Index the records of a root written before the index existed: once per root (a marker
-        `index/<folder>.indexed` says it was done; replicas that start together may both do it)."""
+        `index/<folder>.indexed` says it was done; replicas that start together may both do it).
+        """
         done = f"{INDEX}/{self.folder}.indexed"
         if self.storage.size(done) is not None:
             return

@@ -15,7 +15,8 @@ sweep; deletions are idempotent, so replicas sweeping at once only repeat each o
 the store may pass its bound by what the replicas wrote meanwhile; a response past its age is never
 found, swept or not.
 
-Each call's disk work runs on a worker thread, never on the replica's event loop."""
+Each call's disk work runs on a worker thread, never on the replica's event loop.
+"""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def _shelved(name: str) -> tuple[float, int, str] | None:
 
 class StoredResponses:
     """The responses of one storage root, bounded in bytes (`max_bytes`; 0 keeps none) and age
-    (`max_age_s`), each its owner's (`owners`: the root's, shared with its files and batches)."""
+    (`max_age_s`), each its owner's (`owners`: the root's, shared with its files and batches).
+    """
 
     def __init__(
         self,
@@ -105,7 +107,8 @@ class StoredResponses:
 
     def find(self, response_id: str, caller: Caller, delete: bool = False) -> Lookup:
         """The caller's stored response (removed when `delete`); not found when unknown, past its age
-        (removed then), or another owner's (`foreign`)."""
+        (removed then), or another owner's (`foreign`).
+        """
         if not RECORD_ID.fullmatch(response_id):
             return Lookup()  # never a path: no id of ours has a slash, a dot or a null byte
         data = self.storage.read(self._path(response_id))
@@ -124,7 +127,8 @@ class StoredResponses:
     def size_of(self, response_id: str, caller: Caller) -> int | None:
         """The bytes of the caller's stored response (its record: the response, its input and the
         conversation it continued); None where `find` finds nothing. Only reads: one past its age is
-        left for `find` or the sweep to remove."""
+        left for `find` or the sweep to remove.
+        """
         if not RECORD_ID.fullmatch(response_id):
             return None
         data = self.storage.read(self._path(response_id))
@@ -155,7 +159,8 @@ class StoredResponses:
 
     def sweep(self) -> int:
         """Remove the responses past their age, then the oldest until the rest fit in `max_bytes`
-        (any owner's): the number removed."""
+        (any owner's): the number removed.
+        """
         self._written, self._swept_at = 0, self._clock()
         shelf = [(name, _shelved(name)) for name in self.storage.names(SHELF)]
         total = sum(found[1] for _, found in shelf if found is not None)

@@ -16,7 +16,8 @@ leaves it: `..`, an absolute path and a symbolic link anywhere under the root ar
 (`UnsafePathError`), each component opened without following one. An object store's access is its own.
 
 pyarrow is imported only for a root that is a URI, or where `backend="arrow"` asks for it: Ray Serve
-alone does not install it, and a local directory needs nothing but the standard library."""
+alone does not install it, and a local directory needs nothing but the standard library.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ class Storage(Protocol):
 
     def write(self, path: str, data: bytes | Iterable[bytes]) -> None:
         """Replace the object at once (atomic where the filesystem moves atomically); `data` its bytes,
-        or chunks of them (an upload streamed: an exception while they are read leaves nothing)."""
+        or chunks of them (an upload streamed: an exception while they are read leaves nothing).
+        """
         ...
 
     def append(self, path: str, data: bytes) -> None: ...
@@ -64,7 +66,8 @@ class Storage(Protocol):
 
     def create(self, path: str, data: bytes) -> bool:
         """Write the object only if there is none (True), else leave it (False): atomic on a local
-        directory; on an object store, checked then written (two writers at the same instant may both win)."""
+        directory; on an object store, checked then written (two writers at the same instant may both win).
+        """
         ...
 
     def delete(self, path: str) -> None:
@@ -87,7 +90,8 @@ class UnsafePathError(OSError):
 
 def local_root(root: str) -> Path:
     """A plain path's directory, absolute: a leading `$XDG_STATE_HOME` is that variable, or
-    `~/.local/state` where it is unset or not absolute (as the XDG spec says); `~` is the user's home."""
+    `~/.local/state` where it is unset or not absolute (as the XDG spec says); `~` is the user's home.
+    """
     head, sep, rest = root.partition("/")
     if head in ("$XDG_STATE_HOME", "${XDG_STATE_HOME}"):
         state = os.environ.get("XDG_STATE_HOME", "")
@@ -113,7 +117,8 @@ def _make_folders(path: Path) -> None:
 class LocalStorage:
     """A local (or mounted, shared) directory, through the standard library, private to the service's
     user (the rules in the module's docstring). Each call opens the root and each folder under it
-    without following a symbolic link, and works relative to the folder it opened."""
+    without following a symbolic link, and works relative to the folder it opened.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = local_root(root)
@@ -160,7 +165,8 @@ class LocalStorage:
 
     def _open_folder(self, folder: int | None, name: str, path: str, create: bool) -> int:
         """The folder `name` in `folder` (the root, for None), opened without following a link; made 0700
-        where missing when `create`."""
+        where missing when `create`.
+        """
         try:
             return os.open(name, _FOLDER_FLAGS, dir_fd=folder)
         except FileNotFoundError:
@@ -381,7 +387,8 @@ class ArrowStorage:
 def open_storage(root: str, backend: Literal["auto", "local", "arrow"] = "auto") -> Storage:
     """The storage at `root`: a URI through pyarrow.fs, a plain path through the standard library
     (`auto`: `LocalStorage`, whose rules keep it private to the service's user; `backend="arrow"` on a
-    plain path has none of them), or as `backend` says."""
+    plain path has none of them), or as `backend` says.
+    """
     if backend == "arrow" or (backend == "auto" and "://" in root and not root.startswith("file://")):
         return ArrowStorage(root)
     return LocalStorage(root.removeprefix("file://"))

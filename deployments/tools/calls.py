@@ -58,7 +58,8 @@ class _Call:
 
 class ToolCallText:
     """One choice's text: `use` names the model's format (before the first `feed`); `feed` returns
-    the pieces that can be sent now; `finish` what is left at the end of the text."""
+    the pieces that can be sent now; `finish` what is left at the end of the text.
+    """
 
     def __init__(self, plan: ToolPlan, id_prefix: str = "call_") -> None:
         self.plan = plan
@@ -131,7 +132,8 @@ class ToolCallText:
 
     def _scan(self, text: str, out: list[Piece]) -> str:
         """Content mode: send what cannot open a call; on a marker or lead, open a region and return
-        its text (else "")."""
+        its text (else "").
+        """
         held = self._held + text
         if self.plan.mode != "auto":
             self._content(held, out)

@@ -33,6 +33,8 @@ TOOL_MARKERS: dict[ToolCallFormat, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ToolFormat:
+    """A tool-call format: where its calls may start in an answer, and the region that reads them."""
+
     name: ToolCallFormat
     markers: tuple[str, ...]  # open calls anywhere
     leads: tuple[str, ...]  # open calls at the start of the answer only
@@ -41,7 +43,8 @@ class ToolFormat:
 
 def generic_region(names: frozenset[str], opening: str = "") -> Region:
     """The generic format's answer, and the JSON list that `required` and a named function are
-    constrained to (every format)."""
+    constrained to (every format).
+    """
     return JsonRegion(names, opening, fenced=True)
 
 

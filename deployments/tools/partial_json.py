@@ -35,7 +35,8 @@ _State = Literal["key_or_close", "key", "colon", "value", "value_or_close", "com
 class JsonNode:
     """A value in the text: `start` and `end` (exclusive; None while it is open) are offsets in the
     reader's text. An array's values are `items`; an object's are `values`, its keys `keys` (one
-    more key than values while a key waits for its value)."""
+    more key than values while a key waits for its value).
+    """
 
     kind: Kind
     start: int
@@ -52,7 +53,8 @@ class JsonNode:
 
 class PartialJson:
     """One JSON value, fed as it streams. `root` is its tree so far, `done` once it has closed (the
-    text after it is not read), `failed` the offset where the text stopped being JSON."""
+    text after it is not read), `failed` the offset where the text stopped being JSON.
+    """
 
     def __init__(self) -> None:
         self.text = ""

@@ -53,7 +53,8 @@ def plan_tools(
     """The plan of a request's function tools, whatever API family they came in: `choice` (None:
     ``auto`` with tools), or `function`, the one a request names; `parallel`: `parallel_tool_calls`;
     `constrained_by`: the request's field that already constrains the output (``response_format``),
-    a 400 with ``required`` or a named function."""
+    a 400 with ``required`` or a named function.
+    """
     choice = "auto" if choice is None and function is None else choice
     if not functions or choice == "none":
         return ToolPlan()
@@ -87,7 +88,8 @@ def plan_tools(
 def closed(schema: Any) -> Any:
     """A tool's parameters with every object that lists its properties and says nothing of others
     closed to them (`additionalProperties: false`), as llama.cpp's grammars read a schema: in a
-    constrained call, undeclared arguments would only be room for a weak model to ramble in."""
+    constrained call, undeclared arguments would only be room for a weak model to ramble in.
+    """
     if isinstance(schema, list):
         return [closed(item) for item in schema]
     if not isinstance(schema, dict):

@@ -2,8 +2,10 @@
 (`resolve_tool_format`, from its template), and the generic format (`capabilities.tool_call_format:
 generic`) for a chat template that does not render tools. As llama.cpp's server does, the tool
 definitions and the call format go into the system message (a system message is added when the
-chat has none; where the template has no system role, they open the first user message), and the
-chat's earlier calls and tool results are written as plain text that any template renders:
+chat has none; where the template has no system role, they open the first user message).
+
+The tools, and the chat's earlier calls and tool results, are written as plain text that any
+template renders:
 
 - the tools: one JSON line per function (name, description, parameters), then the instruction: to
   call tools, answer with only a JSON list ``[{"name": ..., "arguments": {...}}]``, else in plain text;
@@ -37,7 +39,8 @@ RESULTS = "Tool results:"
 def template_message(message: TextMessage) -> dict[str, Any]:
     """A message in transformers' chat-template convention: an assistant's `tool_calls` as
     `{"type": "function", "function": {"name", "arguments": <dict>}}` (templates render the
-    arguments with `tojson` or iterate them), a tool answer with its `tool_call_id`."""
+    arguments with `tojson` or iterate them), a tool answer with its `tool_call_id`.
+    """
     rendered: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         rendered["tool_calls"] = [
@@ -105,7 +108,8 @@ def generic_chat(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, system_role: bool = True
 ) -> list[dict[str, Any]]:
     """`messages` with tool calls and results as text and, when `tools` are given, the tool prompt
-    in the system message (`system_role`: the template renders one), ready for any template."""
+    in the system message (`system_role`: the template renders one), ready for any template.
+    """
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call id -> function name, for the results
     for message in messages:
@@ -141,7 +145,8 @@ def _text(content: Any) -> str:
 
 def _with_prompt(messages: list[dict[str, Any]], prompt: str, system_role: bool) -> list[dict[str, Any]]:
     """The prompt before the system message's text (one is added when there is none), or, for a
-    template without a system role, before the first user message's text."""
+    template without a system role, before the first user message's text.
+    """
     role = "system" if system_role else "user"
     at = next((i for i, m in enumerate(messages) if m.get("role") == role), None)
     if at is None or (role == "system" and at != 0):
@@ -172,7 +177,8 @@ def resolve_tool_format(configured: str, renders: bool, template: str, model: st
     """The format a model's tools take, from `capabilities.tool_call_format` and its chat template
     (`renders`: the template renders a tool list; `template`: its text): under `auto`, the family
     whose call syntax the template contains, else generic. A named family whose template does not
-    render tools is a `ConfigError`."""
+    render tools is a `ConfigError`.
+    """
     if configured == "auto":
         found = detect_tool_format(template) if renders else None
         if renders and found is None:

@@ -1,5 +1,6 @@
 """The pythonic tool-call format's reader (Llama 3.2 and 4 pythonic templates, ToolACE): the whole
-answer is a Python list of calls with keyword arguments, as vLLM's pythonic parser reads it."""
+answer is a Python list of calls with keyword arguments, as vLLM's pythonic parser reads it.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ _SPACE = re.compile(r"\s*")
 class PythonicRegion(Region):
     """``[get_weather(city="Paris"), add(a=1, b=2)]``, the whole answer (optionally between Llama 4's
     ``<|python_start|>`` and ``<|python_end|>``): keyword arguments that are Python literals (and
-    JSON's true, false and null), sent as a JSON object one argument at a time."""
+    JSON's true, false and null), sent as a JSON object one argument at a time.
+    """
 
     def __init__(self, names: frozenset[str], opening: str) -> None:
         super().__init__(names, opening)
@@ -109,7 +111,8 @@ class PythonicRegion(Region):
 
 def _literal_end(text: str, start: int) -> int | None:
     """Where the Python literal at `start` ends (at a ``,`` or ``)`` outside brackets and strings);
-    None when the text ends first."""
+    None when the text ends first.
+    """
     depth, quote, pos = 0, "", start
     while pos < len(text):
         char = text[pos]

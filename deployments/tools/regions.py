@@ -33,7 +33,8 @@ Status = Literal["open", "done", "failed"]
 @dataclass
 class CallView:
     """One call as far as it is written: `start` (its offset in the region), `name` (complete, one of
-    the request's tools), `arguments` (JSON text so far), `ready` (it may be sent), `complete`."""
+    the request's tools), `arguments` (JSON text so far), `ready` (it may be sent), `complete`.
+    """
 
     start: int
     name: str | None = None
@@ -69,7 +70,8 @@ class Region(ABC):
     def _settle(self, calls: list[CallView], bad: int | None) -> bool:
         """`calls` so far; `bad`: where the text stopped being calls, if it did. A call that was not
         ready when the text broke inside it is no call: the region fails where it started. True when
-        the region failed."""
+        the region failed.
+        """
         if bad is not None and calls and not calls[-1].ready and not calls[-1].complete:
             bad = min(bad, calls.pop().start)
         self.calls = calls
@@ -92,7 +94,8 @@ class Region(ABC):
 def json_call(doc: PartialJson, node: JsonNode, names: frozenset[str], at: int) -> CallView | None:
     """`{"name": ..., "arguments" (or "parameters"): {...}}` as a call (`at`: the document's offset in
     the region); None when it is no call of `names`. Arguments written as JSON text (a string) count
-    once the string is complete; no arguments are ``{}``."""
+    once the string is complete; no arguments are ``{}``.
+    """
     if node.kind != "object":
         return None
     view = CallView(at + node.start)
@@ -134,7 +137,8 @@ def json_call(doc: PartialJson, node: JsonNode, names: frozenset[str], at: int) 
 
 def json_calls(doc: PartialJson, names: frozenset[str], at: int) -> tuple[list[CallView], int | None]:
     """The calls of a whole JSON document: a list of calls, one call, or ``{"tool_call": ...}`` /
-    ``{"tool_calls": [...]}`` (llama.cpp's generic format); and where it stopped being calls."""
+    ``{"tool_calls": [...]}`` (llama.cpp's generic format); and where it stopped being calls.
+    """
     root = doc.root
     if root is None:
         return [], None
@@ -164,7 +168,8 @@ class JsonRegion(Region):
     """JSON after the opening (a marker, or nothing for a lead): one document, or several separated
     by `separator` (llama3_json's ``;``); each is one call object (`one_call`) or any of the
     whole-answer forms (`json_calls`); then an optional `closing` (Hermes' ``</tool_call>``). With
-    `fenced` (the generic format), a code fence around it is read too."""
+    `fenced` (the generic format), a code fence around it is read too.
+    """
 
     def __init__(
         self,
@@ -224,7 +229,8 @@ class JsonRegion(Region):
 
     def _body_start(self, final: bool) -> int | None:
         """Where the first document starts: after the opening, and a fence line (generic); None
-        while that is not known yet."""
+        while that is not known yet.
+        """
         at = len(self.opening)
         if not self._fenced or not self.text.startswith("`"):
             return at
@@ -242,7 +248,8 @@ class JsonRegion(Region):
 
 class MistralRegion(Region):
     """After ``[TOOL_CALLS]``: a JSON list (or object) of calls, or ``name[ARGS]{json}`` (newer
-    tokenizers, with an optional ``[CALL_ID]id`` before ``[ARGS]``)."""
+    tokenizers, with an optional ``[CALL_ID]id`` before ``[ARGS]``).
+    """
 
     def __init__(self, names: frozenset[str], opening: str) -> None:
         super().__init__(names, opening)

@@ -1,6 +1,7 @@
 """``python -m scripts.bench SUBCOMMAND [FLAGS]``: runs the subcommand's `main` with the flags after
 it. A subcommand's module is imported only when it runs, so that one benchmark never loads
-another's libraries (torch, Ray)."""
+another's libraries (torch, Ray).
+"""
 
 from __future__ import annotations
 

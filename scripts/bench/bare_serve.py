@@ -2,7 +2,8 @@
 an HTTP ingress deployment that answers the same four requests as the service (`GET /v1/models` by
 itself; `POST /tokenize` with one call to a second deployment through its handle; a chat, whole or
 streamed, as one streamed call to it), with the replica settings the service uses
-(`deployments.options.replica.SAME_LOOP`). What it costs is Ray Serve's own path on this machine."""
+(`deployments.options.replica.SAME_LOOP`). What it costs is Ray Serve's own path on this machine.
+"""
 
 from __future__ import annotations
 

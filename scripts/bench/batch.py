@@ -1,4 +1,6 @@
-"""Batch jobs beside interactive requests, through the service as shipped (its primary, no vision):
+"""Batch jobs beside interactive requests, through the service as shipped (its primary, no vision).
+
+Three measurements:
 
 1. throughput: `--lines` chat lines (one short user turn each, greedy, EOS biased away so every answer
    runs to `--max-tokens`) sent by an OpenAI client at `--concurrency`, then other lines of the same

@@ -6,7 +6,8 @@ with its status and code, or a 500). Start the service first (`./scripts/run.sh`
     .venv/bin/python -m scripts.bench burst --requests 8 --words 600
 
 Prints one JSON line: the count per status and each request's status, tokens, time and error code.
-The time to each first token is in the service's access log (`ttft_s`)."""
+The time to each first token is in the service's access log (`ttft_s`).
+"""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ over `--idle-s` seconds of the settled, idle service, then over a streaming run 
     .venv/bin/python -m scripts.bench census --params '{"cpu_threads": 1, "cpu_threads_batch": "all"}'
     .venv/bin/python -m scripts.bench census --bare      # idle only: hops' bare Serve application
 
-Prints one JSON line per phase: the cores in all and per process (those above 0.3% of a core)."""
+Prints one JSON line per phase: the cores in all and per process (those above 0.3% of a core).
+"""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ RAY = ("ray::", "gcs_server", "raylet", "dashboard", "log_monitor", "ray.serve.s
 
 def service_processes() -> dict[int, tuple[str, psutil.Process]]:
     """Ray's processes (named by their title, `ray::ServeReplica:default:Ingress`, or their program)
-    and this one (the benchmark's client)."""
+    and this one (the benchmark's client).
+    """
     found = {}
     for process in psutil.process_iter(["pid", "cmdline"]):
         argv = process.info["cmdline"] or [""]

@@ -1,6 +1,7 @@
 """What the benchmarks share (and scripts/loadtest.py with them): a subcommand's argument parser and
 its JSON lines, a server run in its own process group (ours through `serve run`, or the peer), the
-models.yaml it serves, the prompts and the closed loop, distinct test images and percentiles."""
+models.yaml it serves, the prompts and the closed loop, distinct test images and percentiles.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def arguments(subcommand: str, doc: str | None) -> argparse.ArgumentParser:
 @dataclass(frozen=True)
 class Streamed:
     """One streamed chat's clock (`time.perf_counter`): sent, first content chunk, end; and its
-    completion tokens (the usage's, else the content chunks)."""
+    completion tokens (the usage's, else the content chunks).
+    """
 
     start: float
     first: float | None
@@ -147,7 +149,8 @@ def start_ours(
     """`serve run` with the repository's serve_config.yaml, in run.sh's environment (`ray_env`).
     `decoder_replicas` > 0: that many decoder replicas on a CPU-only machine, sharing its cores
     (`decoder_cpu_replicas`; 0: as shipped).
-    `vision`: ready only once a captioner is (False: `models_file` serves no vision); `args`: more builder args."""
+    `vision`: ready only once a captioner is (False: `models_file` serves no vision); `args`: more builder args.
+    """
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     for app in config["applications"]:
@@ -168,7 +171,8 @@ def serve_run(
     name: str, config: dict[str, Any], path: Path, ready_path: str, ready: Callable[[httpx.Response], bool]
 ) -> Server:
     """`serve run` of a Serve config (written to `path`) in run.sh's environment (`ray_env`), once
-    `ready_path` answers as `ready` wants."""
+    `ready_path` answers as `ready` wants.
+    """
     path.write_text(yaml.safe_dump(config))
     server = Server(
         name,
@@ -206,7 +210,8 @@ def start_llama_server(
 ) -> Server:
     """A `llama-server` built by the user, laid out as the llama.cpp engine runs the same file: `slots`
     parallel sequences over `cells` KV cells (one pool when `unified`), `threads` threads for one-token
-    steps and `threads_batch` for batched ones, and, as the engine, no host-memory prompt cache."""
+    steps and `threads_batch` for batched ones, and, as the engine, no host-memory prompt cache.
+    """
     server = Server(
         "llama-server",
         [
@@ -239,7 +244,8 @@ def write_models(
 ) -> Path:
     """The repository's models.yaml with its primary (on `engine` when given, its params updated with
     `params`), and `captioner` in place of the shipped one (with the shipped one's params and
-    captioning, but `max_batch_size` and 32-token captions)."""
+    captioning, but `max_batch_size` and 32-token captions).
+    """
     models = yaml.safe_load((ROOT / "models.yaml").read_text())
     primary = models["models"][0]
     if engine:
@@ -272,7 +278,8 @@ Timing = tuple[float, float, int]  # (TTFT s, end-to-end s, output tokens) of on
 
 def engine_chat(engine: Any, max_tokens: int) -> Callable[[str], Awaitable[Timing]]:
     """One greedy chat of one user message to a text engine in this process, timed as a client times
-    the service: the first token is the first piece with text."""
+    the service: the first token is the first piece with text.
+    """
     from deployments.protocol.replica import GenerateRequest, TextMessage
 
     async def one(prompt: str) -> Timing:
@@ -293,7 +300,8 @@ async def closed_loop(
     one: Callable[[str], Awaitable[Timing]], concurrency: int, rounds: int
 ) -> tuple[list[Timing], float]:
     """`max(4, concurrency * rounds)` requests over `PROMPTS`, `concurrency` at a time, each worker
-    sending its next as soon as the last is answered: every request's timing, and the wall time."""
+    sending its next as soon as the last is answered: every request's timing, and the wall time.
+    """
     queue = list(range(max(4, concurrency * rounds)))
     results: list[Timing] = []
 

@@ -108,7 +108,8 @@ async def _timed(stage: DocumentStage, messages: list[ChatMessage]) -> float:
 
 async def hostile(repeats: int, slow: int, slow_pages: int) -> list[dict[str, Any]]:
     """A one-page PDF read alone, then right after a request of `slow` slow PDFs and a binary
-    "text" document is refused (the 400 comes while the slow PDFs are being read)."""
+    "text" document is refused (the 400 comes while the slow PDFs are being read).
+    """
     stage = DocumentStage(DocumentInputConfig(), ImageInputConfig())
     small = chat(text_pdf(1, 40))
     slow_pdfs = [file_part(text_pdf(slow_pages, 60 + k)) for k in range(slow)]

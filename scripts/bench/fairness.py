@@ -39,7 +39,8 @@ KEY_A, KEY_B = "sk-bench-key-a-0123456789", "sk-bench-key-b-0123456789"
 def limits_file(directory: Path, share: float | None) -> Path:
     """Both keys named, with limits far above what the run asks: every request goes through the board
     (its cost is measured), none is refused (what is measured is the decoders' fair share); `share`:
-    each key's `max_slot_share`."""
+    each key's `max_slot_share`.
+    """
     limits: dict[str, Any] = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000}
     if share is not None:
         limits["max_slot_share"] = share
@@ -107,7 +108,8 @@ async def one_token_p50(base_url: str, model: str, rounds: int) -> float:
 
 def admission_seconds() -> dict[str, float]:
     """The ingress's admission histogram from Ray's metrics export (its port in the newest Ray
-    session's files, once the export has caught up): count, mean, and the share at or under 2 ms."""
+    session's files, once the export has caught up): count, mean, and the share at or under 2 ms.
+    """
     time.sleep(15)
     port = next(Path("/tmp/ray/session_latest").glob("metrics_export_port_*")).read_text().strip()
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text

@@ -1,6 +1,8 @@
 """The transformers engines on a GPU, side by side in one run with plain `model.generate` and the
 card's memory-bandwidth roofline, on a random-weight model of a real shape (no hub: SmolLM2-1.7B's
-by default, bfloat16). Greedy, `--max-tokens` new tokens per request, at each concurrency:
+by default, bfloat16).
+
+Greedy, `--max-tokens` new tokens per request, at each concurrency:
 
 - `static`: the static-slot decoder (`batching: static`), every decode bucket captured in a CUDA
   graph at start (`static-compiled`: torch.compile'd first, compile_level 1);

@@ -133,7 +133,8 @@ async def drift(
     """Each greedy prompt answered alone, then in `rounds` rounds beside every sampled prompt
     (temperature 1, between `sampled_tokens` new tokens), all started at once, the greedy one at a
     random place among them: the checks whose greedy answer differs from the lone one (the round,
-    the prompt, the first character that differs; None: one answer is the other's beginning)."""
+    the prompt, the first character that differs; None: one answer is the other's beginning).
+    """
     alone = [(await answer(engine, p, greedy_tokens, 0.0))[0] for p in greedy_prompts]
     drifted: list[dict[str, Any]] = []
     rng = random.Random(0)

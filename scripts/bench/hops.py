@@ -14,7 +14,8 @@ application's are what our code adds; the bare application's are Serve's floor o
     .venv/bin/python -m scripts.bench hops --bare --runs 3   # beside a bare Serve application
     RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 .venv/bin/python -m scripts.bench hops
 
-Prints one JSON line per run and application."""
+Prints one JSON line per run and application.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Reading a batch input file's lines (`input_lines.lines`, the runner's and the validator's reader) against
 the reader it replaced (kept here as the baseline: `pending += chunk`, then split the whole pending
-bytes, on every chunk: quadratic in a line's length), on the same files in one run:
+bytes, on every chunk: quadratic in a line's length), on the same files in one run.
+
+The files:
 
 1. one long line (`--line-mb`, 32 by default: `server.max_body_bytes`, the cap of a batch line);
 2. many short lines (`--short-lines` lines of about 160 bytes, as many bytes in all).

@@ -1,6 +1,7 @@
 """Random LoRA adapters for small models, nothing downloaded: PEFT ones for the tiny Llama the tests build
 (`build_tiny_llm`), GGUF ones for a GGUF model (the offline default). Non-zero lora_B, so that an adapter
-changes the answer. The tests' fixtures and the `lora` benchmark's adapters."""
+changes the answer. The tests' fixtures and the `lora` benchmark's adapters.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def build_gguf_lora(
 ) -> Path:
     """A random GGUF LoRA adapter (llama.cpp's layout, as convert_lora_to_gguf.py writes it) for the
     attention query and value projections of every block of the GGUF model `base_gguf` (`widen` > 1:
-    for a wider model, another base)."""
+    for a wider model, another base).
+    """
     import gguf
     import numpy as np
 

@@ -40,7 +40,8 @@ Timed = tuple[float, float, int]  # TTFT, decode tok/s, completion tokens
 
 def prompt_text(tokens: int, nonce: int | str) -> str:
     """About `tokens` tokens of SmolLM2's vocabulary (a token a word here), after a nonce; the chat
-    template adds about 30."""
+    template adds about 30.
+    """
     words = itertools.islice(itertools.cycle(WORDS), tokens)
     return f"Request {nonce}. Summarize these words: " + " ".join(words)
 
@@ -60,7 +61,8 @@ async def over_http(base_url: str, model: str, prompt: str, max_tokens: int) -> 
 async def beside_a_long_prompt(base_url: str, model: str, prompt_tokens: int, nonce: itertools.count) -> dict:
     """A short-prompt stream decoding while a `prompt_tokens` prompt arrives: its longest gap between
     two chunks before the long prompt and while it is read (what a reader of that stream sees stall;
-    chunks, not tokens: this service coalesces tokens into chunks for `stream_interval_ms`)."""
+    chunks, not tokens: this service coalesces tokens into chunks for `stream_interval_ms`).
+    """
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=1200)
     arrivals: list[float] = []
     long_sent: list[float] = []

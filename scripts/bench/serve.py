@@ -69,7 +69,8 @@ async def text_run(
     server: Endpoint, model: str | list[str], concurrency: int, requests: int, max_tokens: int
 ) -> dict[str, Any]:
     """`requests` greedy chats, `concurrency` at a time; over several models, request i names
-    the i-th modulo their count."""
+    the i-th modulo their count.
+    """
     models = [model] if isinstance(model, str) else model
     # A new connection per request: llama-server closes a kept-alive connection after a few requests,
     # and a request sent on it as it closes fails. Both servers get the same client.
@@ -111,7 +112,8 @@ async def engine_run(
     concurrency: list[int], rounds: int, max_tokens: int, quantization: str | None, engine_name: str | None
 ) -> None:
     """The decoder engine alone, in this process (no Serve, no HTTP): what the service's own layers cost.
-    `engine_name`: models.yaml's when None (`auto`: llama.cpp for the shipped GGUF, as on a CPU replica)."""
+    `engine_name`: models.yaml's when None (`auto`: llama.cpp for the shipped GGUF, as on a CPU replica).
+    """
     from deployments.config import load_models_file
     from deployments.engines import create_text_engine
     from deployments.protocol.replica import GenerateRequest, TextMessage
@@ -146,7 +148,8 @@ async def engine_run(
 
 async def image_run(server: Server, model: str, seeds: list[int], concurrency: int, label: dict) -> dict[str, Any]:
     """Image requests (one image each, 1 output token: the caption is the work), `concurrency` at a time.
-    A first round of other images warms the captioner up (first passes at each batch shape are slow)."""
+    A first round of other images warms the captioner up (first passes at each batch shape are slow).
+    """
     if label["cache_state"] == "cold":
         await image_run(server, model, [-1 - s for s in seeds[:concurrency]], concurrency, {"cache_state": "warm-up"})
     async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:
@@ -227,7 +230,8 @@ def machine() -> dict[str, Any]:
 def llama_server_layout(models_file: Path) -> dict[str, Any]:
     """The llama.cpp engine's layout for the primary of `models_file` (slots, KV cells and whether
     they are one pool, the threads of one-token and of batched steps of one replica with every core),
-    for a peer that runs the same (its -t and -tb)."""
+    for a peer that runs the same (its -t and -tb).
+    """
     from deployments.config import load_models_file
     from deployments.engines.llamacpp.engine import DEFAULT_CONTEXT, gguf_path
     from deployments.engines.llamacpp.gguf_meta import describe_gguf

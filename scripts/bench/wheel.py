@@ -1,14 +1,15 @@
-"""The xllamacpp wheel against `llama-server` built on this machine, with nothing of this service
+r"""The xllamacpp wheel against `llama-server` built on this machine, with nothing of this service
 between: both are llama.cpp's own HTTP server (xllamacpp runs it in a Python process and listens on
 127.0.0.1), laid out as the engine runs models.yaml's first model (slots, KV cells, threads), asked
 the same streaming greedy chats by the same client, one server at a time, alternating `--runs` times.
 With `--local-wheel` a third: xllamacpp built on this machine (`scripts/build_llama.sh`, or `pip
 wheel --no-binary xllamacpp`), from that wheel file, without installing it.
 
-    .venv/bin/python -m scripts.bench wheel --llama-server PATH/llama-server \\
+    .venv/bin/python -m scripts.bench wheel --llama-server PATH/llama-server \
         --local-wheel /tmp/xllamacpp-*.whl
 
-Prints one JSON line per server, run and concurrency."""
+Prints one JSON line per server, run and concurrency.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from scripts.bench.serve import llama_server_layout, machine, text_run
 
 class XllamacppServer:
     """xllamacpp's server in a process of its own (this module's `--child`), from `path` on its
-    Python path when given (a local build), else the installed wheel."""
+    Python path when given (a local build), else the installed wheel.
+    """
 
     def __init__(self, name: str, layout: dict[str, Any], path: Path | None) -> None:
         self.name = name

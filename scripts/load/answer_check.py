@@ -32,7 +32,8 @@ DEFAULT_TOL = 1.0  # logits; measured drift stays under 0.2 (docs/reliability.md
 @dataclass(frozen=True)
 class Reference:
     """A calibrated prompt: its messages (text only, or None when it holds an image whose caption the
-    client does not know), its lone answer and its prompt token count."""
+    client does not know), its lone answer and its prompt token count.
+    """
 
     messages: list[dict[str, Any]] | None
     answer: str
@@ -66,7 +67,8 @@ class AnswerScorer:
 
     def discrimination(self, refs: dict[str, Reference], tol: float) -> dict[str, Any]:
         """How well the check tells prompts apart: each reference answer scored after every other
-        text prompt whose answer differs. A pair under `tol` is one whose crossing would pass as drift."""
+        text prompt whose answer differs. A pair under `tol` is one whose crossing would pass as drift.
+        """
         texts = [(r.messages, r.answer) for r in refs.values() if r.messages is not None]
         gaps = [self.max_gap(prompt, answer) for _, answer in texts for prompt, other in texts if other != answer]
         return {

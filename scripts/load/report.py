@@ -1,5 +1,6 @@
 """The load test's record of each request and its report: outcomes, isolation verdicts, drift
-against concurrency, failures by class and by fault, latency."""
+against concurrency, failures by class and by fault, latency.
+"""
 
 from __future__ import annotations
 

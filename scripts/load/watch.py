@@ -136,7 +136,8 @@ async def watch_resources(
 
 async def slots_free_after_s(client: httpx.AsyncClient, within_s: float = 30.0) -> float | None:
     """Seconds after the load until /health showed no running or waiting sequence five times in a row
-    (each answer comes from one decoder replica); None if it never did within `within_s`."""
+    (each answer comes from one decoder replica); None if it never did within `within_s`.
+    """
     start, streak = time.monotonic(), 0
     while (elapsed := time.monotonic() - start) < within_s:
         details = (await health(client)).get("components", {}).get("decoder", {}).get("details", {})

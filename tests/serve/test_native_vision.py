@@ -18,8 +18,8 @@ from transformers import AutoProcessor
 from deployments.engines.transformers.chat_template import resolve_tool_rendering
 from deployments.engines.transformers.native_prompt import NativePromptBuilder
 from deployments.engines.transformers.processor_cache import ProcessorCache
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.vision.native import native_messages
+from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.replica import ImageBytes
 from tests.conftest import data_url, png_bytes
 from tests.serve.conftest import BASE_URL, deploy, undeploy, write_models

@@ -44,7 +44,7 @@ def offline_status(tmp_path, monkeypatch):
     published: list[ComponentStatus] = []
     done = threading.Event()
 
-    class Board:
+    class FakeLoadBoard:
         def publish(self, status: ComponentStatus) -> None:
             if done.is_set():
                 raise StopWaiting
@@ -53,7 +53,7 @@ def offline_status(tmp_path, monkeypatch):
         def clear(self) -> None:
             pass
 
-    monkeypatch.setattr(load_board, "this_replica", Board)
+    monkeypatch.setattr(load_board, "this_replica", FakeLoadBoard)
     model = ModelConfig(name="cap", local_path=str(tmp_path))
 
     def construct() -> None:

@@ -1,11 +1,12 @@
 """The package tree shows where code runs: the ingress side (and the builder that runs beside it)
-never imports torch or transformers, and the ingress never imports the model replicas' code.
-Each of those checks runs in a fresh interpreter, so that modules other tests imported cannot fool
-it. Beside the package, imports between `tests/` and `scripts/` go one way: scripts never import
-the tests (read from the sources' import statements). Inside the package the import graph (read
-from the sources' import statements with `ast`, each import followed to the modules it loads) keeps
-the layers: no API folder reaches another, the limits reach no API, the guard reaches no limits,
-and the stored state reaches only the config, the errors and the wire types."""
+never imports torch or transformers, the ingress never imports the model replicas' code, and the
+batch runner never imports the ingress's. Each of those checks runs in a fresh interpreter, so that
+modules other tests imported cannot fool it. Beside the package, imports between `tests/` and
+`scripts/` go one way: scripts never import the tests (read from the sources' import statements).
+Inside the package the import graph (read from the sources' import statements with `ast`, each
+import followed to the modules it loads) keeps the layers: the wire types (`protocol`) reach nothing
+else of the package, the batch runner no ingress module, no API folder another, the limits no API,
+the guard no limits, and the stored state only the config, the errors and the wire types."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def imported_after(module: str) -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
+def imported_after_all(package: str) -> set[str]:
+    """The modules loaded, in a fresh interpreter, by importing `package` and every module in it."""
+    code = (
+        f"import importlib, json, pkgutil, sys, {package} as p\n"
+        "for info in pkgutil.walk_packages(p.__path__, p.__name__ + '.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
 @pytest.mark.parametrize("module", ["deployments.ingress.deployment", "deployments.app", "deployments.config"])
 def test_no_torch_or_transformers(module):
     modules = imported_after(module)
@@ -36,6 +49,14 @@ def test_no_torch_or_transformers(module):
 def test_the_ingress_does_not_import_the_replicas_or_the_engines():
     modules = imported_after("deployments.ingress.deployment")
     assert not {m for m in modules if m.startswith(("deployments.replicas", "deployments.engines"))}
+
+
+def test_the_batch_runner_loads_no_ingress_module():
+    """The runner is a replica of its own: it reaches the ingress through a deployment handle, and
+    shares with it only what lies below both (the stored state, the wire types)."""
+    modules = imported_after_all("deployments.batch_runner")
+    assert "deployments.batch_runner.runner" in modules
+    assert sorted(m for m in modules if m == "deployments.ingress" or m.startswith("deployments.ingress.")) == []
 
 
 def test_the_package_map_names_every_package_and_top_level_module_and_nothing_else():
@@ -55,10 +76,10 @@ def test_the_package_map_names_every_package_and_top_level_module_and_nothing_el
 
 
 def test_an_endpoint_is_a_service_over_one_core_and_imports_no_other_endpoint():
-    """A new API costs a folder under ingress/apis/ (routes, protocol, service) and one mount: each
-    service is built from one served model's core alone (a chat model's `AnswerCore`, an embedding
-    model's `EmbeddingCore`), and shares code with the others only through the cores (never by
-    importing another API)."""
+    """A new API costs its wire in `protocol/`, a folder under ingress/apis/ (routes, service) and
+    one mount: each service is built from one served model's core alone (a chat model's
+    `AnswerCore`, an embedding model's `EmbeddingCore`), and shares code with the others only
+    through the cores (never by importing another API)."""
     import importlib
     import inspect
     import pkgutil
@@ -144,11 +165,12 @@ def test_the_rooms_import_each_other_without_a_circle():
 
 def test_stored_state_sits_under_the_ingress_and_the_batch_runner():
     """`deployments/state/` (files, batches, stored responses, conversations) imports only what is
-    below both of its users, and the runner is a room of its own that the ingress never imports."""
+    below both of its users, and the runner and the ingress are rooms that never import each other."""
     rooms = _room_imports()
     assert rooms["state"] <= {"config", "errors", "protocol"}, rooms["state"]
     assert "batch_runner" not in rooms["ingress"] | rooms["state"]
-    assert {"state", "ingress"} <= rooms["batch_runner"]
+    assert "state" in rooms["batch_runner"]
+    assert "ingress" not in rooms["batch_runner"]
 
 
 PACKAGE = "deployments"
@@ -217,12 +239,9 @@ API_FOLDERS = sorted(
     for p in (Path(__file__).resolve().parents[2] / "deployments/ingress/apis").iterdir()
     if (p / "__init__.py").is_file()
 )
-# The batch object's wire types reach the batchable APIs through ingress/batches/endpoints.py until they
-# move to deployments/protocol/ (issue 69's first point); strict, so the mark goes when they have moved.
-_BATCH_TYPES = pytest.mark.xfail(strict=True, reason="issue 69: the batch wire types move to deployments/protocol/")
 
 
-@pytest.mark.parametrize("folder", [pytest.param(f, marks=_BATCH_TYPES) if f == "batches" else f for f in API_FOLDERS])
+@pytest.mark.parametrize("folder", API_FOLDERS)
 def test_no_api_folder_reaches_another(folder):
     """An API shares code with the others only through what lies below them all (the cores, the
     wire types of `deployments/protocol/`): importing one API's folder loads no other API's module."""
@@ -245,3 +264,21 @@ def test_stored_state_loads_only_the_config_the_errors_and_the_wire_types():
     loaded = reached(import_graph(), "deployments.state")
     allowed = ("deployments.state", "deployments.config", "deployments.errors", "deployments.protocol")
     assert loaded - under(loaded, *allowed) - {PACKAGE} == set()
+
+
+def test_the_wire_types_reach_nothing_else_of_the_package():
+    """`deployments/protocol/` (every API's wire, the handles' payloads) lies under every room that
+    speaks it: importing it loads, of the package, only itself."""
+    loaded = reached(import_graph(), "deployments.protocol")
+    assert loaded - under(loaded, "deployments.protocol") - {PACKAGE} == set()
+
+
+def test_the_batch_runner_reaches_no_ingress_module():
+    """The import graph's side of `test_the_batch_runner_loads_no_ingress_module`, `TYPE_CHECKING` imports too."""
+    assert under(reached(import_graph(), "deployments.batch_runner"), "deployments.ingress") == set()
+
+
+def test_no_api_folder_keeps_a_protocol_module():
+    """An API's wire models live in `deployments/protocol/` (a module per API), not in its folder."""
+    root = Path(__file__).resolve().parents[2] / "deployments/ingress/apis"
+    assert sorted(p.relative_to(root).as_posix() for p in root.glob("*/protocol.py")) == []

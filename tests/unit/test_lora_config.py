@@ -17,7 +17,7 @@ from deployments.engines.registry import ENGINES, check_settings
 from deployments.errors import ConfigError, ModelNotFoundError
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import AdapterView, ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 
 

@@ -43,10 +43,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from deployments.engines.images import decode_rgb
 from deployments.errors import InvalidImageError, to_openai_error
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.media.chat import count_images, rewrite
 from deployments.ingress.vision.check import load_image_url
-from deployments.protocol.openai.chat import ChatMessage
+from deployments.protocol.openai.chat import ChatCompletionRequest, ChatMessage
 from deployments.replicas.stopping import StopMatcher
 from tests.conftest import data_url
 

@@ -23,6 +23,8 @@ from deployments.roles import Role
 
 
 class LlamaCppCaptionEngine(CaptionEngine):
+    """The captioner of proxy vision on llama.cpp: a batch's captions decoded together, one per slot."""
+
     device = "cpu"
 
     def __init__(self, model: ModelConfig) -> None:

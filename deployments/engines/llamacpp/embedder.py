@@ -1,7 +1,8 @@
 """A GGUF embedding model (BERT, nomic-bert, a decoder with last-token pooling: whatever llama.cpp embeds)
 on llama.cpp's embedding mode, in the replica's process (xllamacpp) as an `EmbedEngine`: one slot per
 input of a batch, each input whole in one compute pass. Its tokenizer is llama.cpp's (the server's
-``/tokenize``, special tokens added), so token ids a client sends are the GGUF vocabulary's."""
+``/tokenize``, special tokens added), so token ids a client sends are the GGUF vocabulary's.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ NO_NORMALIZATION, EUCLIDEAN = -1, 2  # llama.cpp's embd_normalize
 
 
 class LlamaCppEmbedEngine(EmbedEngine):
+    """A GGUF embedding model on llama.cpp's embedding mode (see the module's docstring)."""
+
     device = "cpu"
 
     def __init__(self, model: ModelConfig) -> None:

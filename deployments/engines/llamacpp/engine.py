@@ -65,7 +65,8 @@ LLAMA_N_BATCH = 2048  # llama.cpp's default n_batch: the prefill budget when pre
 @dataclass(frozen=True)
 class Prepared:
     """A request ready for llama.cpp: its prompt's tokens (image tokens included), the completion
-    body, and the prompt tokens that truncation dropped."""
+    body, and the prompt tokens that truncation dropped.
+    """
 
     prompt_tokens: int
     body: dict[str, Any]
@@ -74,7 +75,8 @@ class Prepared:
 
 class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
     """A text decoder; `LlamaCppVisionEngine` (`vision.py`) extends it with images, through the hooks
-    `projector_file`, `_prepare`, `_stream` and `_read`."""
+    `projector_file`, `_prepare`, `_stream` and `_read`.
+    """
 
     device = "cpu"
     takes_images = False
@@ -212,7 +214,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
     def stats(self) -> dict[str, Any]:
         """Sequences in llama.cpp's slots and waiting for one, the KV cells they hold (cells of
         finished prompts that llama.cpp keeps for prefix reuse count as free: they are reused), and the
-        host prompt cache's bound."""
+        host prompt cache's bound.
+        """
         live = list(self._live.values())
         slots = self.params.max_num_seqs
         held = sum(prompt + completion for prompt, completion in live[:slots])
@@ -326,7 +329,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
     def with_adapter(self, body: dict[str, Any], adapter: str | None) -> dict[str, Any]:
         """The body with every adapter's scale (1 for the request's, 0 for the others: llama.cpp
         otherwise applies an adapter at its start scale); the prefix cache off, since a slot's
-        cached prompt may have been computed with another adapter."""
+        cached prompt may have been computed with another adapter.
+        """
         if not self.lora_ids:
             return body
         lora = [{"id": i, "scale": 1.0 if name == adapter else 0.0} for name, i in self.lora_ids.items()]
@@ -371,7 +375,8 @@ class LlamaCppTextEngine(LlamaCppPrompts, TextEngine):
 
 def _request_error(exc: BaseException) -> BaseException:
     """What a request raises for llama.cpp's error: a 400 for what it says is the request's fault
-    (xllamacpp raises ValueError for llama.cpp's invalid arguments), else the error itself."""
+    (xllamacpp raises ValueError for llama.cpp's invalid arguments), else the error itself.
+    """
     if isinstance(exc, LlamaCppError) and 400 <= exc.status < 500:
         return InvalidRequestError(f"llama.cpp: {exc}")
     if isinstance(exc, ValueError):

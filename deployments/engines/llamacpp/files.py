@@ -1,6 +1,7 @@
 """Where the llama.cpp engine's files are: the GGUF model (`weight_file`) and a vision model's
 projector (`mmproj_file`), each in `local_path` or fetched from the hub repo `hf_id`, the fetch
-logged as a step of the load."""
+logged as a step of the load.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from deployments.errors import ConfigError
 def gguf_path(model: ModelConfig, progress: LoadLog | None = None) -> Path:
     """The GGUF file: `weight_file` inside `local_path` (or `local_path` itself when it is the
     file), or `weight_file` of the hub repo `hf_id` (through the hub cache). With `progress`, the
-    load's download step is logged (0 s for a local file)."""
+    load's download step is logged (0 s for a local file).
+    """
     if model.local_path is not None:
         base = Path(model.local_path)
         return model_file(model, base / model.weight_file if model.weight_file else base, "download", progress)
@@ -27,7 +29,8 @@ def gguf_path(model: ModelConfig, progress: LoadLog | None = None) -> Path:
 def model_file(model: ModelConfig, file: Path | str, step: str, progress: LoadLog | None = None) -> Path:
     """A file of the model: a local `Path` as it is, or a file name of the hub repo `hf_id`, fetched
     through the hub cache; `ConfigError` when it is not a file. With `progress`, the fetch is the
-    load's `step` (0 s for a local file)."""
+    load's `step` (0 s for a local file).
+    """
     started = time.monotonic()
     if isinstance(file, Path):
         path, note = file, f"local, {size_text(file_size(file))} on disk"
@@ -49,7 +52,8 @@ def model_file(model: ModelConfig, file: Path | str, step: str, progress: LoadLo
 
 def mmproj_path(model: ModelConfig, progress: LoadLog | None = None) -> Path:
     """The projector file: `mmproj_file` beside the GGUF (inside `local_path`, or its directory when
-    `local_path` is the GGUF file), or in the hub repo `hf_id`."""
+    `local_path` is the GGUF file), or in the hub repo `hf_id`.
+    """
     if not model.mmproj_file:
         raise ConfigError(
             f"model {model.name!r}: engine llama.cpp runs a vision model from its projector file: set mmproj_file "

@@ -1,6 +1,7 @@
 """What the llama.cpp engine reads of a GGUF file before loading it: the header's key-value
 metadata (scalars; arrays only by length, through the one GGUF reader, `config.gguf`), enough to
-size the KV cache and cap the context."""
+size the KV cache and cap the context.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from deployments.errors import ConfigError
 
 def read_metadata(path: Path) -> dict[str, Any]:
     """The header's key-value pairs (an array's value is its length; `config.gguf` reads them).
-    `ConfigError` when the file is not a GGUF file (version 2 or later)."""
+    `ConfigError` when the file is not a GGUF file (version 2 or later).
+    """
     try:
         return read_gguf(path, tensors=False)[0]
     except (OSError, ValueError, struct.error) as exc:
@@ -34,7 +36,8 @@ class GGUFModel:
 
     def kv_bytes_per_token(self, cache_type: str = "f16") -> int | None:
         """KV-cache bytes of one token in a cache of `cache_type` cells: f16 (llama.cpp's default),
-        or q8_0 (blocks of 32 values in 34 bytes). None: unknown shape."""
+        or q8_0 (blocks of 32 values in 34 bytes). None: unknown shape.
+        """
         if self.layers is None or self.kv_width is None:
             return None
         f16 = 2 * self.layers * self.kv_width
@@ -42,6 +45,7 @@ class GGUFModel:
 
 
 def describe_gguf(path: Path) -> GGUFModel:
+    """The model's shape as the GGUF file's metadata gives it (architecture, context, layers, KV width, vocabulary)."""
     meta = read_metadata(path)
     arch = str(meta.get("general.architecture", "llama"))
 

@@ -25,7 +25,8 @@ from deployments.config import EngineParams
 
 def kv_cache_type(params: EngineParams) -> Literal["f16", "q8_0"]:
     """The KV cells' type: `kv_cache_dtype`; for auto, q8_0 with `batch_invariant`, else f16 (see the
-    module's docstring)."""
+    module's docstring).
+    """
     if params.kv_cache_dtype == "auto":
         return "q8_0" if params.batch_invariant else "f16"
     return params.kv_cache_dtype
@@ -33,7 +34,8 @@ def kv_cache_type(params: EngineParams) -> Literal["f16", "q8_0"]:
 
 def kv_layout(params: EngineParams, max_model_len: int, bytes_per_token: int | None) -> tuple[int, bool]:
     """`(cells, unified)`: a stream of `max_model_len` cells per slot, or one shared pool of `mem`
-    MB when that is smaller (see the module's docstring)."""
+    MB when that is smaller (see the module's docstring).
+    """
     per_slot = params.max_num_seqs * max_model_len
     if params.mem is None or bytes_per_token is None:
         return per_slot, False

@@ -36,7 +36,8 @@ PROBE_SIZE = (64, 48)  # the load-time probe image
 
 def llama_image(data: bytes) -> bytes:
     """Image bytes (checked by the ingress) as llama.cpp decodes them: PNG and RGB or grey JPEG as
-    they are, anything else re-encoded as PNG."""
+    they are, anything else re-encoded as PNG.
+    """
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format == "PNG" or (img.format == "JPEG" and img.mode in ("RGB", "L")):
@@ -54,6 +55,7 @@ def png(image: Image.Image) -> bytes:
 
 
 def probe_image() -> bytes:
+    """The load-time probe image (`PROBE_SIZE`, plain grey) as PNG bytes."""
     return png(Image.new("RGB", PROBE_SIZE, (128, 128, 128)))
 
 
@@ -71,7 +73,8 @@ def data_url(data: bytes) -> str:
 class PromptCount:
     """How mtmd counts a prompt with images: the tokens the model adds around every prompt
     (`specials`: a BOS, an EOS where it adds them), each text piece between the markers tokenized on
-    its own (`pieces`), and each image's tokens (`images`)."""
+    its own (`pieces`), and each image's tokens (`images`).
+    """
 
     specials: int
     pieces: int
@@ -85,7 +88,8 @@ class PromptCount:
 class ImageTokens:
     """The prompt tokens of one image. `measure(data)`: llama.cpp's count for these bytes (a call to
     the server); `fixed`: the projector gives every image the same count (`probe` is then measured
-    once, at construction, and used for all); `entries`: images remembered (by hash) otherwise."""
+    once, at construction, and used for all); `entries`: images remembered (by hash) otherwise.
+    """
 
     def __init__(self, measure: Callable[[bytes], int], fixed: bool, probe: bytes, entries: int = 4096) -> None:
         self._measure = measure
@@ -98,7 +102,8 @@ class ImageTokens:
 
     def count(self, sha256: str, data: Callable[[], bytes]) -> int:
         """The tokens of the image with this hash; `data()`: its bytes as llama.cpp takes them (only
-        read when it must be measured)."""
+        read when it must be measured).
+        """
         if self.fixed:
             return self.probe
         with self._lock:

@@ -56,7 +56,8 @@ UNSUPPORTED = {
 
 def sampling_fields(request: GenerateRequest, params: EngineParams, window: int) -> dict[str, Any]:
     """The request's sampling settings (the model's defaults where it left them unset); `window`:
-    the penalties' window, in tokens (the context: a whole sequence)."""
+    the penalties' window, in tokens (the context: a whole sequence).
+    """
     frequency = float(setting(request, params, "frequency_penalty"))
     presence = float(setting(request, params, "presence_penalty"))
     repetition = float(request.repetition_penalty or 1.0)
@@ -79,6 +80,7 @@ def sampling_fields(request: GenerateRequest, params: EngineParams, window: int)
 
 
 def logit_bias_field(bias: dict[int, float] | None, vocab_size: int) -> dict[str, Any]:
+    """The request's `logit_bias` in the body llama.cpp takes; a 400 for a token id outside the vocabulary."""
     if not bias:
         return {}
     bad = sorted(t for t in bias if not 0 <= t < vocab_size)
@@ -114,7 +116,8 @@ def json_schema_field(spec: GrammarSpec | None) -> dict[str, Any]:
 
 def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: int, context: int) -> dict[str, Any]:
     """Everything of llama.cpp's completion request but the prompt and `n_predict` (`context`: the
-    model's context length); raises `InvalidRequestError` for what cannot be honoured."""
+    model's context length); raises `InvalidRequestError` for what cannot be honoured.
+    """
     refuse_unsupported(request, UNSUPPORTED, "llama.cpp", UNSUPPORTED)
     check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
     body: dict[str, Any] = {
@@ -139,7 +142,8 @@ def completion_body(request: GenerateRequest, params: EngineParams, vocab_size: 
 class StopIds:
     """vLLM's `stop_token_ids` on llama.cpp's stream: a chunk's logprob entries name each token's
     `id`; `cut` gives the chunk's text up to the first stop token (with it, when `include`), how many
-    of its tokens count, and whether one was found."""
+    of its tokens count, and whether one was found.
+    """
 
     ids: frozenset[int]
     include: bool = False
@@ -157,7 +161,8 @@ class Piece:
     """One streamed chunk: its text, completion tokens so far (None: not said), the finish reason
     on the last one, its tokens' logprob entries (llama.cpp's OpenAI form), the prompt's tokens as
     llama.cpp counted them (None: not said), and the prompt tokens that came from the prefix cache
-    (each chunk's `timings`, which `timings_per_token` adds)."""
+    (each chunk's `timings`, which `timings_per_token` adds).
+    """
 
     text: str
     tokens: int | None
@@ -211,7 +216,8 @@ def read_native_chunk(chunk: dict[str, Any]) -> Piece:
     `content`, `tokens_predicted`, `tokens_evaluated` (the prompt, image tokens included), and on the
     last one `stop` with its `stop_type` (``limit``: the length; ``eos`` or ``word``: a stop); its
     `completion_probabilities` have the entries of the OpenAI form; `timings.cache_n`: prompt tokens
-    reused from the prefix cache. Raises the error it carries."""
+    reused from the prefix cache. Raises the error it carries.
+    """
     if "error" in chunk:
         raise error_of(chunk) or LlamaCppError(str(chunk["error"]), 500)
     finish: Literal["stop", "length"] | None = None

@@ -1,7 +1,8 @@
 """`LlamaCppPrompts`: the llama.cpp engine's prompts and tokens, through its server's routes: a chat
 rendered by the GGUF's own template (``/apply-template``), text tokenized as llama.cpp prompts with it
 (``/tokenize``), ids turned back into text (``/detokenize``), and /tokenize's and /detokenize's
-answers. `LlamaCppTextEngine` is built on it; its server's errors that are the request's fault are 400s."""
+answers. `LlamaCppTextEngine` is built on it; its server's errors that are the request's fault are 400s.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ class LlamaCppPrompts:
         the generation prompt; `contents`: each message's content as llama.cpp takes it (the vision
         engine's text and image parts), else its text. A final assistant message is left open
         (llama.cpp's prefill: the answer continues it). `template_kwargs`: vLLM's `chat_template_kwargs`,
-        the template's extra variables (llama.cpp's own field of that name)."""
+        the template's extra variables (llama.cpp's own field of that name).
+        """
         generic = self.tool_format == "generic"  # tools, calls and results as text any template renders
         rendered = [template_message(m) if generic else chat_message(m) for m in messages]
         for message, content in zip(rendered, contents or (), strict=False):
@@ -68,13 +70,15 @@ class LlamaCppPrompts:
 
     def text_ids(self, text: str) -> list[int]:
         """Text as llama.cpp tokenizes a prompt: with the tokens the model adds (a BOS where it
-        adds one), and special tokens written in the text parsed as such."""
+        adds one), and special tokens written in the text parsed as such.
+        """
         return self.text_tokens(text)[0]
 
     def text_tokens(self, text: str, add_special: bool = True, pieces: bool = False) -> tuple[list[int], list[str]]:
         """llama.cpp's ``/tokenize`` of `text` (special tokens written in it parsed as such): the ids,
         and with `pieces` each token's text (a piece that is not whole UTF-8 comes as bytes, here
-        decoded with replacement characters)."""
+        decoded with replacement characters).
+        """
         body = {"content": text, "add_special": add_special, "parse_special": True, "with_pieces": pieces}
         tokens = self._call("/tokenize", body, "prompt")["tokens"]
         if not pieces:
@@ -88,7 +92,8 @@ class LlamaCppPrompts:
         `generate` prompts with it (rendered, then tokenized with what the model adds: its prompts
         always carry that, so the chat form's `add_special_tokens` changes nothing here). llama.cpp
         continues a final assistant message whatever it is told, so a chat that ends with one needs
-        `continue_final_message`."""
+        `continue_final_message`.
+        """
         if request.prompt is not None:
             ids, strs = self.text_tokens(request.prompt, request.special_tokens, request.return_token_strs)
             return self._tokenized(ids, strs, request)
@@ -146,5 +151,6 @@ class LlamaCppPrompts:
 
 def piece_text(piece: str | list[int]) -> str:
     """A token's text as llama.cpp's /tokenize gives it: a string, or its bytes when they are not
-    whole UTF-8 (a piece of a multi-byte character)."""
+    whole UTF-8 (a piece of a multi-byte character).
+    """
     return piece if isinstance(piece, str) else bytes(piece).decode(errors="replace")

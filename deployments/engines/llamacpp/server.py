@@ -63,6 +63,8 @@ class ServerSettings:
 
 
 class LlamaServer:
+    """One llama.cpp server in this process, started from its `ServerSettings` (see the module's docstring)."""
+
     def __init__(self, settings: ServerSettings) -> None:
         import xllamacpp
 
@@ -119,7 +121,8 @@ class LlamaServer:
 
     def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         """An OpenAI embeddings request in llama.cpp's embedding mode (blocking): its answer, or
-        `LlamaCppError` with llama.cpp's message and status."""
+        `LlamaCppError` with llama.cpp's message and status.
+        """
         server = self._server
         if server is None:
             raise LlamaCppError("the llama.cpp server was closed", 503)
@@ -132,7 +135,8 @@ class LlamaServer:
     def stream_native(self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], bool]) -> None:
         """A streamed ``/completion`` request to its end (blocking); see the module's docstring. An
         error before the stream starts raises `LlamaCppError` with llama.cpp's status; one inside it
-        is a chunk ``{"error": {...}}``, as in `stream`."""
+        is a chunk ``{"error": {...}}``, as in `stream`.
+        """
         server = self._server  # held until the stream ends, as `stream` holds it
         if server is None:
             raise LlamaCppError("the llama.cpp server was closed", 503)
@@ -148,7 +152,8 @@ class LlamaServer:
 
     def call(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
         """One HTTP route of the server (GET without a body, else POST); `LlamaCppError` with its
-        message and status when it answers with an error."""
+        message and status when it answers with an error.
+        """
         try:
             with self._http.open(self._request(path, body), timeout=timeout_s) as response:
                 return json.loads(response.read())
@@ -165,7 +170,8 @@ class LlamaServer:
 
     def close(self) -> None:
         """Stops llama.cpp's loop and frees the model and the KV cache (once streams still running,
-        which hold the server, have ended)."""
+        which hold the server, have ended).
+        """
         self._server = None
 
 

@@ -1,5 +1,6 @@
 """What a models.yaml entry's settings become for llama.cpp when its engine starts: the threads of its
-one-token and batched steps, and its GGUF LoRA adapters' ids (refusing what llama.cpp cannot serve)."""
+one-token and batched steps, and its GGUF LoRA adapters' ids (refusing what llama.cpp cannot serve).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from deployments.errors import ConfigError
 def llama_threads(params: EngineParams) -> tuple[int, int]:
     """Threads of llama.cpp's one-token steps and of its batched steps (llama-server's -t and -tb):
     `cpu_threads` (all: the cores this process may run on), else OMP_NUM_THREADS (Ray sets it to the
-    replica's num_cpus), else the cores; batched steps `cpu_threads_batch`, else as one-token steps."""
+    replica's num_cpus), else the cores; batched steps `cpu_threads_batch`, else as one-token steps.
+    """
 
     def threads(setting: int | str | None) -> int:
         if setting == "all":
@@ -28,7 +30,8 @@ def llama_threads(params: EngineParams) -> tuple[int, int]:
 
 def lora_ids(model: ModelConfig) -> dict[str, int]:
     """The entry's GGUF LoRA adapters, by name, with their index in llama.cpp's list; refuses what
-    llama.cpp cannot serve (adapters loaded at start only: no dynamic_path; GGUF files only)."""
+    llama.cpp cannot serve (adapters loaded at start only: no dynamic_path; GGUF files only).
+    """
     lora = model.params.lora
     if lora is None:
         return {}

@@ -71,7 +71,8 @@ IMAGE_PART: dict[str, Any] = {"type": "image_url", "image_url": {"url": "data:im
 @dataclass(frozen=True)
 class MediaPrompt:
     """A chat with images as llama.cpp takes it: the rendered text with a marker per image, the
-    images in marker order (indices into the request's `images`), and its count."""
+    images in marker order (indices into the request's `images`), and its count.
+    """
 
     text: str
     images: list[int]
@@ -79,6 +80,8 @@ class MediaPrompt:
 
 
 class LlamaCppVisionEngine(LlamaCppTextEngine):
+    """A GGUF vision-language model on llama.cpp: the text engine with a projector that takes images."""
+
     takes_images = True
 
     def __init__(self, model: ModelConfig, role: Role = Role.DECODER) -> None:
@@ -190,7 +193,8 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
         add_generation_prompt: bool = True,
     ) -> MediaPrompt:
         """The prompt of a chat whose image slots index `images` (see the module's docstring);
-        `image(k)`: the k-th image's bytes as llama.cpp takes them (default: converted here)."""
+        `image(k)`: the k-th image's bytes as llama.cpp takes them (default: converted here).
+        """
         read = image or (lambda k: llama_image(images[k].data))
         parts, slots = image_slots(messages, images, IMAGE_PART)
         contents: list[Any] = [message.content if p is None else p for message, p in zip(messages, parts, strict=True)]
@@ -202,7 +206,8 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
     def media_tokens(self, request: TokenizeInput) -> TokenizedPrompt:
         """/tokenize of a chat with images: counted as a request is (`media_prompt`); `tokens` are the
         ids of the model's own tokens (a BOS) and of the text between the markers, in order; the
-        images' tokens are embeddings with no ids, counted in `image_tokens` alone."""
+        images' tokens are embeddings with no ids, counted in `image_tokens` alone.
+        """
         prompt = self.media_prompt(
             request.messages, request.images, request.tools, add_generation_prompt=request.add_generation_prompt
         )
@@ -214,7 +219,7 @@ class LlamaCppVisionEngine(LlamaCppTextEngine):
         return self._tokenized(ids, strs, request, image_tokens=prompt.count.images)
 
     def count(self, text: str, images: int, image_tokens: int = 0) -> PromptCount:
-        """mtmd's count of a rendered prompt with `images` markers (see the module's docstring)."""
+        """The count that mtmd makes of a rendered prompt with `images` markers (see the module's docstring)."""
         pieces = text.split(self.marker)
         if len(pieces) != images + 1:
             raise InvalidRequestError(

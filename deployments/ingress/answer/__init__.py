@@ -4,4 +4,5 @@ answer, written once), `stream` (the decoder's chunks before the deadline, an an
 as one), `events` (one answer as semantic events: began, logprobs, text, tool call, ended), `tally`
 (how each choice ended and the usage of them all), `reply` (the one loop that feeds an answer's
 chunks to an API's formatter, whole or streamed, the framing of a stream's errors and end, and what
-a route sends)."""
+a route sends).
+"""

@@ -5,7 +5,8 @@ the vision pipeline, and the opening of an answer, written once for every API (`
 the chat through the vision pipeline, the decoder request with the tool plan's tools, and the start
 of the generation, whose first chunk is awaited before anything is sent, so that errors before the
 first byte keep their status); and the decoder's tokenizer (`tokenize`, `detokenize`), which needs
-no generation."""
+no generation.
+"""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ class Deadline:
 
 def sampling_fields(body: SamplingFields, max_n: int) -> dict[str, Any]:
     """`GenerateRequest` fields of the request's sampling settings; `n` beyond `max_n` and
-    `logit_bias` keys that are not token ids are 400s."""
+    `logit_bias` keys that are not token ids are 400s.
+    """
     if body.n > max_n:
         raise InvalidRequestError(f"n is {body.n}; this server allows at most {max_n} (server.max_n).", param="n")
     return {
@@ -116,7 +118,8 @@ def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 @dataclass(frozen=True)
 class Opened:
     """An answer begun: its generation (the first chunk in hand) and what the vision pipeline could
-    not show the decoder (None: every image seen)."""
+    not show the decoder (None: every image seen).
+    """
 
     generation: Generation
     degraded: Degraded | None
@@ -134,7 +137,8 @@ class Opened:
 
 class AnswerCore:
     """A plain class over the decoder's handle (or a fake with the same calls), so that every
-    endpoint's service runs, and is tested, without Ray and without HTTP."""
+    endpoint's service runs, and is tested, without Ray and without HTTP.
+    """
 
     def __init__(
         self,
@@ -146,7 +150,8 @@ class AnswerCore:
         max_n: int = 8,
     ) -> None:
         """`vision`: how the model takes a request's images; `max_n`: the most choices a request may
-        ask for."""
+        ask for.
+        """
         self._decoder = decoder
         self.vision = vision
         self.model = model_name
@@ -170,7 +175,8 @@ class AnswerCore:
     async def open(self, messages: list[ChatMessage], plan: ToolPlan, record: RequestRecord, **settings: Any) -> Opened:
         """The opening of every API's answer to a chat: the chat through the vision pipeline, the
         decoder's request (the plan's tools and the request's generation `settings`, a grammar among
-        them), and its generation started, all before the request's deadline."""
+        them), and its generation started, all before the request's deadline.
+        """
         deadline, seen = await self.prepare(messages, record)
         request = GenerateRequest(messages=seen.messages, images=seen.images, tools=plan.tools, **settings)
         return Opened(await self.generate([request], deadline, record), seen.degraded)
@@ -180,7 +186,8 @@ class AnswerCore:
         time of the first chunk and the token counts of them all (every prompt, every sequence). A
         batch line's requests (`record.batch`) are background work: `BACKGROUND_PRIORITY`, or the
         later priority the line asked for; a keyed request (`record.tenant`) queues as its key's, at
-        no earlier a priority than the key's."""
+        no earlier a priority than the key's.
+        """
         if record.batch is not None:
             requests = [r.model_copy(update={"priority": max(r.priority, BACKGROUND_PRIORITY)}) for r in requests]
         if record.tenant is not None:  # the key's place in the decoders' queue: its priority at the earliest
@@ -211,7 +218,8 @@ class AnswerCore:
 
     def _streaming(self, record: RequestRecord) -> DecoderHandle:
         """The decoder's streaming handle; the client's session hint (`record.session`) reaches its
-        router (`routing.router`) as Serve's session id."""
+        router (`routing.router`) as Serve's session id.
+        """
         if record.session:
             return self._decoder.options(stream=True, session_id=record.session)
         return self._decoder.options(stream=True)

@@ -12,7 +12,8 @@ text as it comes, one `Text` a chunk.
 A choice ends at its sequence's final chunk (`stop` or `length`; `tool_calls` when it called tools
 and the last call is whole), or earlier when it repeats a tool call (`tool_calls`, `cut_short`: the
 rest of its sequence is not the answer's, and the generation is cancelled once every choice has
-ended). `tally` holds each ending's token counts and the usage of them all."""
+ended). `tally` holds each ending's token counts and the usage of them all.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from deployments.tools.plan import ToolPlan
 
 @dataclass(frozen=True)
 class Began:
+    """A choice's first chunk: the notice to put before its text, and the prompt's tokens."""
+
     index: int
     notice: str | None = None  # the degraded-vision notice, before the choice's text
     prompt_tokens: int = 0  # as the first chunk counted them
@@ -35,24 +38,32 @@ class Began:
 
 @dataclass(frozen=True)
 class Logprobs:
+    """The logprobs of a chunk's tokens in one choice."""
+
     index: int
     tokens: list[TokenLogprob]
 
 
 @dataclass(frozen=True)
 class Text:
+    """A run of a choice's answer text."""
+
     index: int
     text: str
 
 
 @dataclass(frozen=True)
 class Call:
+    """A tool call's start (its id and name) or a fragment of its arguments, in one choice."""
+
     index: int
     delta: ToolCallDelta  # `id` and the name at a call's start; an arguments fragment after
 
 
 @dataclass(frozen=True)
 class Ended:
+    """A choice's finish (`cut_short`: ended early, at a repeated tool call)."""
+
     index: int
     finish: ChoiceFinish
     stop_sequence: str | None = None  # the stop sequence that ended it, if one did
@@ -64,7 +75,8 @@ Event = Began | Logprobs | Text | Call | Ended
 
 class Answer:
     """The semantic events of an answer's `n` choices (`per_prompt` of them sharing each prompt: a
-    legacy completion's), with their tool `plan` (None: the text as it comes) and the `notice`."""
+    legacy completion's), with their tool `plan` (None: the text as it comes) and the `notice`.
+    """
 
     def __init__(
         self,

@@ -6,7 +6,8 @@ with a `Framing`; OpenAI's by default): an error after the first byte is the API
 a client that goes away cancels the generation at once, and the API's end marker (OpenAI's
 ``data: [DONE]``; none for APIs whose last event says it) always ends the stream. Once every choice
 has finished, a generation that some choice ended early (`tally.Tally.cut_short`) is cancelled.
-`sse` and `named_sse` are the two ways an API writes an event."""
+`sse` and `named_sse` are the two ways an API writes an event.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ DONE = "data: [DONE]\n\n"
 class Framing:
     """How an API frames a stream's end: `error` makes the event (or events) of an error after the
     first byte (it records the error on the access log's record), `end` is sent last whatever
-    happened."""
+    happened.
+    """
 
     error: Callable[[Exception, RequestRecord], str | list[str]]
     end: str | None = DONE
@@ -78,7 +80,8 @@ def streamed(
 ) -> AsyncIterator[str]:
     """The events `feed` makes of each chunk until each choice has finished, then the `usage` event
     of them all when given (`stream_options.include_usage`; an API's last event, which may be
-    awaited: the Responses API stores the response before it says it ended)."""
+    awaited: the Responses API stores the response before it says it ended).
+    """
 
     async def events() -> AsyncIterator[str]:
         chunk = generation.first
@@ -102,7 +105,8 @@ async def framed(
 ) -> AsyncIterator[str]:
     """A stream's events as `framing` (OpenAI's by default) frames them: an error after the first byte
     is one error event; a client that goes away `cancel`s the generation at once; the end marker, if
-    the API has one, always ends it."""
+    the API has one, always ends it.
+    """
     framing = framing or OPENAI
     done = False
     try:
@@ -124,7 +128,8 @@ async def framed(
 
 def recorded_error(exc: Exception, record: RequestRecord) -> tuple[int, dict]:
     """An error after the first byte as `(status, OpenAI body)`; the access log gets the error's own
-    code and status, and the service log a bug's traceback."""
+    code and status, and the service log a bug's traceback.
+    """
     status, body, _ = to_openai_error(exc, record.request_id)
     record.error, record.error_status = body["error"]["code"] or body["error"]["type"], status
     if status >= 500:

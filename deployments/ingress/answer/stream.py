@@ -2,7 +2,8 @@
 and an answer's decoder calls read as one (`Generation`: one call, or one per prompt of a legacy
 completion, their choices numbered across them, `i * n + j` for call i's j-th sequence), whose token
 counts add up in the request's record (`TokenCounts`: every prompt and every sequence, since the
-limits settle and the key's metrics count what the record says)."""
+limits settle and the key's metrics count what the record says).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class TokenCounts:
     """An answer's token counts so far, written to the request's `record` as they come: each decoder
     call's prompt once (a legacy completion's prompts are one call each), and each sequence's
     completion (every chunk carries its sequence's totals), also when the answer ends before its
-    sequences do."""
+    sequences do.
+    """
 
     def __init__(self, record: RequestRecord) -> None:
         self._record = record
@@ -58,7 +60,8 @@ class DecoderStream:
     """`next()` is the decoder's next chunk; past the deadline the generation is cancelled and
     `timed_out()` raised. Serve's errors (a full queue, a dead replica) become ours. The request's
     `record` gets the time of the first chunk, and `counts` (the answer's, shared by its calls; the
-    record's own by default) this call's token counts as `call`."""
+    record's own by default) this call's token counts as `call`.
+    """
 
     def __init__(
         self,
@@ -103,7 +106,8 @@ class DecoderStream:
 
 async def _choices(i: int, stream: DecoderStream, n: int) -> AsyncGenerator[GenerateChunk, None]:
     """Call i's chunks until its n sequences end, with choice indices made global (`i * n + j`);
-    closed early, its generation is cancelled."""
+    closed early, its generation is cancelled.
+    """
     finished = 0
     try:
         while finished < n:
@@ -118,7 +122,8 @@ async def _choices(i: int, stream: DecoderStream, n: int) -> AsyncGenerator[Gene
 
 class Generation:
     """An answer's chunks: `first`, awaited before anything is sent (so that errors before the first
-    byte keep their status), then `next()`; `cancel()` frees the decoder's slots at once."""
+    byte keep their status), then `next()`; `cancel()` frees the decoder's slots at once.
+    """
 
     def __init__(
         self, first: GenerateChunk, read: Callable[[], Awaitable[GenerateChunk]], cancel: Callable[[], None]

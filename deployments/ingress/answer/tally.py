@@ -4,7 +4,8 @@ endpoint's framing keeps beside its own (text, deltas, tool calls).
 A choice ends at its sequence's final chunk, or earlier (`cut_short`: a repeated tool call), with
 the token counts its sequence had at that chunk. The usage counts each prompt once, however many
 choices share it (a chat's `n` choices share one; a legacy completion's `i * n + j` is prompt i's
-j-th), and every choice's completion."""
+j-th), and every choice's completion.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ class Ending(Generic[F]):
 
 class Tally(Generic[F]):
     """The endings of an answer's `choices`, `per_prompt` of them sharing each prompt (all of them
-    by default)."""
+    by default).
+    """
 
     def __init__(self, choices: int, per_prompt: int | None = None) -> None:
         self._endings: list[Ending[F]] = [Ending() for _ in range(choices)]
@@ -59,12 +61,14 @@ class Tally(Generic[F]):
     @property
     def cut_short(self) -> bool:
         """Some choice ended before its sequence did: once every choice has finished, the generation
-        still running is cancelled."""
+        still running is cancelled.
+        """
         return any(ending.cut_short for ending in self._endings)
 
     def usage(self) -> Usage:
         """Each prompt once (the cached and truncated tokens of its first choice), every completion
-        added up; `truncated_prompt_tokens` only when a chat was truncated to fit the context."""
+        added up; `truncated_prompt_tokens` only when a chat was truncated to fit the context.
+        """
         firsts = self._endings[:: self._per_prompt]
         cached = [ending.cached_prompt_tokens for ending in firsts if ending.cached_prompt_tokens is not None]
         return Usage.counted(

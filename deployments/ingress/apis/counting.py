@@ -2,7 +2,8 @@
 plain table that imports no route; `limits.counting` says what each kind means), gathered in
 `ROUTES`, which the builder (`ingress/deployment.py`) hands to the `Limiter`: the limits import no
 API. An API with a route that reaches a model or writes state adds its table here;
-tests/unit/ingress/limits/test_counting.py fails for any such route of the app without one."""
+tests/unit/ingress/limits/test_counting.py fails for any such route of the app without one.
+"""
 
 from deployments.ingress.apis.batches.counting import COUNTING as BATCHES
 from deployments.ingress.apis.chat.counting import COUNTING as CHAT

@@ -1,3 +1,5 @@
-"""The ingress's side of a batch: the endpoints a line may call (`endpoints`) and one line run through
-its endpoint's own service code (`lines`). The batches themselves are kept in `deployments.state`
-and run by `deployments.batch_runner`."""
+"""The ingress's side of a batch: how a line calls each endpoint a batch may name (`endpoints`) and
+one line run through its endpoint's own service code (`lines`). The endpoints and the batch object
+are wire (`deployments.protocol.openai.batches`); the batches are kept in `deployments.state` and
+run by `deployments.batch_runner`.
+"""

@@ -1,6 +1,7 @@
-"""The APIs a batch line may call, by path: the one list, which the batch object's `endpoint`
-(`apis/batches/protocol.py`), the input file's check (`validation.py`) and a line's run (`lines.py`)
-read. Each API declares beside its routes how a line calls it (its `routes.BATCH_LINE`)."""
+"""How a batch line calls each API a batch may name (`BATCH_LINES`, by path): each API declares it
+beside its routes (its `routes.BATCH_LINE`). Which APIs those are, and the request model that checks
+a line's body, is the wire's (`protocol.openai.batches.BATCH_ENDPOINTS`, by the same paths).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +11,6 @@ from deployments.ingress.apis.embeddings import routes as embeddings
 from deployments.ingress.apis.responses import routes as responses
 from deployments.ingress.routing import BatchLine
 
-ENDPOINTS: dict[str, BatchLine] = {
+BATCH_LINES: dict[str, BatchLine] = {
     line.path: line for line in (chat.BATCH_LINE, completions.BATCH_LINE, embeddings.BATCH_LINE, responses.BATCH_LINE)
 }

@@ -1,7 +1,8 @@
 """One batch line run through the same service code as its endpoint's HTTP route (no HTTP hop): what
 `Ingress.batch_line` answers the batch runner through its handle. Images, tools, structured output and
 embeddings behave as over HTTP; a line's failure is its OpenAI error body and status, as the route
-would answer it."""
+would answer it.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +10,21 @@ import logging
 from typing import Any
 
 from deployments.errors import ServiceError, to_openai_error
-from deployments.ingress.batches.endpoints import ENDPOINTS
+from deployments.ingress.batches.endpoints import BATCH_LINES
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyIdentity
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, error_code, log_access
+from deployments.protocol.openai.batches import BATCH_ENDPOINTS
 
 logger = logging.getLogger("ray.serve")
 
 
 async def _answer(served: ServedModels, endpoint: str, body: dict[str, Any], record: RequestRecord) -> Any:
-    line = ENDPOINTS.get(endpoint)
-    if line is None:
+    wire, line = BATCH_ENDPOINTS.get(endpoint), BATCH_LINES.get(endpoint)
+    if wire is None or line is None:
         raise ValueError(f"not a batch endpoint: {endpoint}")
-    request = line.request.model_validate(body)
+    request = wire.request.model_validate(body)
     record.model = getattr(request, "model", None)
     return await line.answer(served, request, record)
 
@@ -38,7 +40,8 @@ async def run_line(
     """`{"status_code", "body"}` of one line: the endpoint's answer (200), or its error as the route
     would send it. Its access-log line is an HTTP request's, with `batch=<batch id>`. `limits`: the
     limiter and the key that made the batch: the line keeps to the key's models and waits for its
-    budget (`Limiter.admit_waiting`), and is settled to the tokens it used."""
+    budget (`Limiter.admit_waiting`), and is settled to the tokens it used.
+    """
     record = RequestRecord(request_id=request_id, method="POST", path=endpoint, batch=batch_id)
     admission = None
     try:

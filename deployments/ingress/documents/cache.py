@@ -7,7 +7,8 @@ entry; the settings that shape a reading are fixed per replica. Bounded by `docu
 and `documents.cache_mb`; a document being read is shared by every request that sends it, and its
 reading is cancelled when the last of them has left (refused, cancelled, disconnected: its worker
 stops, `reader`), never before (`media.cache.SharedCache`). Failures are not cached (a timeout may
-pass on a quieter machine)."""
+pass on a quieter machine).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from deployments.ingress.media.cache import SharedCache
 
 
 def document_key(data: bytes, kind: str) -> str:
+    """A document's cache key: its kind and its bytes' SHA-256."""
     return f"{kind}:{hashlib.sha256(data).hexdigest()}"
 
 
@@ -26,5 +28,7 @@ def _size(key: str, document: ReadDocument) -> int:
 
 
 class DocumentCache(SharedCache[ReadDocument]):
+    """The documents read, by `document_key`; a reading nobody waits for any more is cancelled."""
+
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         super().__init__(max_entries, max_bytes, _size, cancel_unwaited=True)

@@ -22,7 +22,8 @@ slots: no generation waits), so nothing here guesses a tokenizer:
 The first page of the first document is always kept: when even it does not fit, the decoder answers
 the 400 `context_length_exceeded` with its numbers. A page image's tokens (native vision) or caption
 (proxy vision) are not known here and are not counted. When the decoder cannot count (loading,
-stopped), the chat goes on as the character cap made it (the decoder says what it must)."""
+stopped), the chat goes on as the character cap made it (the decoder says what it must).
+"""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def decoder_count(decoder: DecoderHandle) -> Count:
 @dataclass
 class ContextFit:
     """One served model's context as its documents see it: `count` (the decoder's `tokenize`) and
-    `reserve`, the completion tokens to leave (the model's default `max_tokens`)."""
+    `reserve`, the completion tokens to leave (the model's default `max_tokens`).
+    """
 
     count: Count
     reserve: int
@@ -77,7 +79,8 @@ class ContextFit:
 
     def surely_fits(self, messages: list[ChatMessage]) -> bool:
         """Whether `messages` fit without counting: the context is known and their bytes are fewer
-        than the tokens it leaves (or the model has no context limit: a fake's)."""
+        than the tokens it leaves (or the model has no context limit: a fake's).
+        """
         if self.context is None:
             return False
         if self.context == 0:
@@ -88,7 +91,8 @@ class ContextFit:
 
 class Composed(Protocol):
     """A chat with its documents' pages in it (`stage.Expanded`): its messages and how many
-    characters of page text they hold."""
+    characters of page text they hold.
+    """
 
     @property
     def messages(self) -> list[ChatMessage]: ...
@@ -104,7 +108,8 @@ async def fit_documents(expanded: C, compose: Callable[[int], C], fit: ContextFi
     """`expanded` (its documents within the character cap), or the same chat with fewer whole pages
     (`compose(chars)`: the chat with at most `chars` characters of page text, the first page kept)
     so that the prompt leaves `fit.reserve` tokens of the context; `rest`: the chat without its
-    documents."""
+    documents.
+    """
     if fit.surely_fits(expanded.messages):
         return expanded
     try:

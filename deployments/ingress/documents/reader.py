@@ -39,7 +39,8 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @dataclass(frozen=True)
 class Page:
     """One page: its text (None: not read, past the characters one request may read) and, for a
-    page with little or no text, its rendering as a PNG (None when not rendered)."""
+    page with little or no text, its rendering as a PNG (None when not rendered).
+    """
 
     text: str | None
     image: bytes | None = None
@@ -64,7 +65,8 @@ class ReadDocument:
 def text_parts(text: str, part_chars: int) -> Iterator[str]:
     """`text` cut into parts of at most `part_chars` characters, each ending at its last line end (a
     line longer than that is cut where it reaches the size). Linear in the text: one scan for line
-    ends per part, no list of lines (12 M short lines would be 12 M strings)."""
+    ends per part, no list of lines (12 M short lines would be 12 M strings).
+    """
     end_of_text = len(text)
     start = 0
     while start < end_of_text:
@@ -80,7 +82,8 @@ def text_parts(text: str, part_chars: int) -> Iterator[str]:
 def read_text(data: bytes, name: str, config: DocumentInputConfig, *, param: str) -> ReadDocument:
     """A text document's parts; a 400 when its bytes are not UTF-8 text. The parts past
     `max_chars_per_request` characters are counted but not kept (their text None, as a PDF's pages
-    past it are not read): what the reading holds is bounded by the setting, not by the document."""
+    past it are not read): what the reading holds is bounded by the setting, not by the document.
+    """
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -123,7 +126,8 @@ class _Worker:
 
     async def ask(self, limits: dict[str, Any], data: bytes, answer_cap: int) -> dict:
         """The worker's answer, each page's `image` its PNG's bytes (framing: `worker`); ValueError
-        when the answer is over `answer_cap` or does not add up."""
+        when the answer is over `answer_cap` or does not add up.
+        """
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
         head = json.dumps(limits).encode()
@@ -158,7 +162,8 @@ class _Worker:
 class RequestReads:
     """One request's share of the workers: at most `documents.max_reads_per_request` of its PDFs
     waiting for a worker or being read at once; its other PDFs wait here, outside the replica's
-    queue, so that one request cannot fill it nor stand in front of every other request."""
+    queue, so that one request cannot fill it nor stand in front of every other request.
+    """
 
     def __init__(self, config: DocumentInputConfig) -> None:
         self.slots = asyncio.Semaphore(config.max_reads_per_request)
@@ -168,7 +173,8 @@ class RequestReads:
 class WorkerStats:
     """What the workers did: jobs sent to a worker (`started`), jobs that never reached one because
     their requests left first (`dropped`), workers killed mid-job because every request waiting for
-    the job had left (`stopped`), and requests refused because the queue was full (`refused`)."""
+    the job had left (`stopped`), and requests refused because the queue was full (`refused`).
+    """
 
     started: int = 0
     dropped: int = 0
@@ -184,7 +190,8 @@ class DocumentWorkers:
     still queued, and its worker is killed if it has started: the worker is stopped, not left to
     finish a result nobody will read, because a hostile PDF holds it for up to
     `documents.parse_timeout_s` and that is the time every queued reader would wait (a fresh worker
-    costs about 0.1 s)."""
+    costs about 0.1 s).
+    """
 
     def __init__(self, config: DocumentInputConfig, script: Path | None = None) -> None:
         """`script`: the worker's program (default `WORKER`; tests put a scripted one in its place)."""
@@ -211,7 +218,8 @@ class DocumentWorkers:
 
     async def count_pages(self, data: bytes, name: str, *, param: str, reads: RequestReads | None = None) -> int:
         """The PDF's page count, from its page tree (no page is read): a 400 naming `name` when it is
-        encrypted, malformed or has more pages than a request may carry."""
+        encrypted, malformed or has more pages than a request may carry.
+        """
         answer = await self._job({**self._limits(), "count_only": True}, data, name, param, reads)
         if not answer.get("ok"):
             raise _refusal(answer, name, self._config, param)
@@ -220,7 +228,8 @@ class DocumentWorkers:
     async def read_pdf(self, data: bytes, name: str, *, param: str, reads: RequestReads | None = None) -> ReadDocument:
         """The PDF's pages (text, and renderings of pages with little text); a 400 naming `name` when
         it is encrypted, malformed, has more pages than a request may carry, or cannot be read within
-        the worker's memory and time; a 503 when the replica's queue of PDFs is full."""
+        the worker's memory and time; a 503 when the replica's queue of PDFs is full.
+        """
         return _pages(await self._job(self._limits(), data, name, param, reads), name, self._config, param)
 
     async def _job(
@@ -286,7 +295,8 @@ class DocumentWorkers:
 
     async def _start(self) -> _Worker:
         """A fresh worker: the spare being started, if any, else a new one. A start whose job is
-        cancelled joins the idle ones (never an orphan process)."""
+        cancelled joins the idle ones (never an orphan process).
+        """
         if self._starting is not None:
             starting, self._starting = self._starting, None
             starting.remove_done_callback(self._keep)
@@ -300,7 +310,8 @@ class DocumentWorkers:
 
     def _spare(self) -> None:
         """Start a worker in place of one just killed, so that the next reader finds it warm (a
-        start is about 0.1-0.3 s, most of a one-page PDF's reading)."""
+        start is about 0.1-0.3 s, most of a one-page PDF's reading).
+        """
         if self._starting is None and not self._closed:
             self._starting = asyncio.ensure_future(_Worker.start(self._script, self._config.parse_memory_mb))
             self._starting.add_done_callback(self._keep)

@@ -3,7 +3,8 @@
 file is not found, the 404 of an unknown id) or `file_url` (http(s) only, through the image URLs'
 SSRF guard, timeouts and redirects (`media.fetch`), capped at `documents.max_document_bytes`). What the bytes are is
 read from them (a PDF starts with ``%PDF-``), not trusted from a media type or a name; anything else
-must be UTF-8 text. Every failure is an `InvalidDocumentError` (400) naming the document and the part."""
+must be UTF-8 text. Every failure is an `InvalidDocumentError` (400) naming the document and the part.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def _kind(data: bytes, media_type: str | None, name: str, *, param: str) -> str:
 
 def _decode(url: str, name: str, cap: int, *, param: str) -> tuple[bytes, str]:
     """A data URL's bytes and media type; bare base64 (as some clients send Responses' `file_data`)
-    is taken as the payload of one with no media type."""
+    is taken as the payload of one with no media type.
+    """
     try:
         return decode_data_url(url, cap, bare=True)
     except DataURLError as exc:

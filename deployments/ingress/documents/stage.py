@@ -19,7 +19,8 @@ cannot be read (encrypted, malformed, hostile: see `reader`). A full queue of PD
 
 A request's work is all or nothing: when one document fails, or the request is cancelled (the
 client left, its deadline passed), its other loads and reads are cancelled, except readings that
-another request waits for too (`cache`)."""
+another request waits for too (`cache`).
+"""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class PageRef:
 @dataclass
 class ImageRoom:
     """How many more images the request (and each message) may carry: the image limits less the
-    images the user sent."""
+    images the user sent.
+    """
 
     request: int
     per_message: dict[int, int]
@@ -79,7 +81,8 @@ class ImageRoom:
 @dataclass(frozen=True)
 class Expanded:
     """The chat with its documents read into it; the pages not seen; and for each page image put in
-    (by the image part's identity), the page it shows."""
+    (by the image part's identity), the page it shows.
+    """
 
     messages: list[ChatMessage]
     unseen: list[UnseenPage] = field(default_factory=list)
@@ -92,7 +95,8 @@ T = TypeVar("T")
 
 async def all_or_none(work: Iterable[Awaitable[T]]) -> list[T]:
     """Every result, in order; when one fails (or the caller is cancelled), the others are cancelled
-    and awaited before the error is raised as it is (`asyncio.gather` leaves them running)."""
+    and awaited before the error is raised as it is (`asyncio.gather` leaves them running).
+    """
     tasks = [asyncio.ensure_future(one) for one in work]
     try:
         return list(await asyncio.gather(*tasks))
@@ -109,6 +113,7 @@ def file_parts(messages: list[ChatMessage]) -> list[tuple[int, int, FilePart]]:
 
 
 def count_documents(messages: list[ChatMessage]) -> int:
+    """The number of document (`file`) parts in the messages."""
     return len(file_parts(messages))
 
 
@@ -164,7 +169,8 @@ class DocumentStage:
     ) -> Expanded:
         """`messages` with each document read in place. `image_limits`: the limits the page images
         count against (None: the model takes no images, and pages without text are not seen);
-        `fit`: the model's context, which the pages are fitted to (None: the character cap alone)."""
+        `fit`: the model's context, which the pages are fitted to (None: the character cap alone).
+        """
         found = file_parts(messages)
         if not found:
             return Expanded(messages)
@@ -223,7 +229,8 @@ class DocumentStage:
         keep_first: bool,
     ) -> Expanded:
         """The chat with its documents' pages in place, at most `chars` characters of page text (the
-        first page kept whatever its size when `keep_first`)."""
+        first page kept whatever its size when `keep_first`).
+        """
         room = None if image_limits is None else ImageRoom.of(messages, image_limits)
         writer = _Writer(chars, room, keep_first=keep_first)
         parts_at = {

@@ -37,8 +37,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 def clean_text(text: str) -> str:
-    """A page's text as the prompt takes it: ``\\n`` line ends, no control characters, no trailing
-    spaces, at most one blank line in a row."""
+    r"""A page's text as the prompt takes it: ``\n`` line ends, no control characters, no trailing
+    spaces, at most one blank line in a row.
+    """
     text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     return _BLANK_LINES.sub("\n\n", _SPACES.sub("\n", text)).strip()
 
@@ -46,7 +47,8 @@ def clean_text(text: str) -> str:
 def read_pdf(data: bytes, limits: dict[str, Any]) -> dict[str, Any]:
     """The answer for one PDF (see the module's docstring): `limits` are `max_pages`, `max_chars`
     (pages past this many characters are not read), `min_page_chars`, `render_max_side`,
-    `max_rendered_pages` and `count_only` (true: the page count, no page read)."""
+    `max_rendered_pages` and `count_only` (true: the page count, no page read).
+    """
     import pypdfium2 as pdfium
 
     try:
@@ -146,7 +148,8 @@ def _write(stdout: BinaryIO, answer: dict[str, Any]) -> None:
 
 def die_with_parent(parent: int) -> None:
     """Killed as soon as the ingress replica that started it dies (Linux's parent-death signal), even
-    in the middle of a file whose reading would outlast it: no worker outlives its replica."""
+    in the middle of a file whose reading would outlast it: no worker outlives its replica.
+    """
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -157,6 +160,9 @@ def die_with_parent(parent: int) -> None:
 
 
 def main() -> None:
+    """A worker process's entry: it answers the read requests on stdin, within the memory limit given as its
+    argument, until its parent goes.
+    """
     die_with_parent(os.getppid())
     import pypdfium2  # noqa: F401  (loaded before the limit: the limit is for parsing)
     from PIL import Image  # noqa: F401

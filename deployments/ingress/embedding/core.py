@@ -2,12 +2,12 @@
 per-request input limit (checked here, before the call), the vocabulary of its token-id inputs
 (OpenAI's cl100k_base ids are decoded to text here, so the replica sees text) and the request's
 deadline. A plain class over the handle (or a fake with the same calls), so that
-`endpoints.embeddings.EmbeddingService` runs, and is tested, without Ray and without HTTP."""
+`endpoints.embeddings.EmbeddingService` runs, and is tested, without Ray and without HTTP.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 from deployments.config import TokenIdVocabulary
 from deployments.errors import InvalidRequestError, RequestTimeoutError, unwrap
@@ -19,6 +19,8 @@ STATUS_TIMEOUT_S = 5.0
 
 
 class EmbeddingCore:
+    """An embedding model as the ingress calls it (see the module's docstring)."""
+
     def __init__(
         self,
         embedder: EmbedderHandle,
@@ -45,7 +47,7 @@ class EmbeddingCore:
             )
         if self.token_ids == "cl100k_base" and isinstance(inputs[0], list):
             # In a worker thread: the first call loads the encoding, and a request may hold many ids.
-            inputs = await asyncio.to_thread(cl100k.decode, cast("list[list[int]]", inputs))
+            inputs = await asyncio.to_thread(cl100k.decode, inputs)
         request = EmbedRequest(inputs=inputs, dimensions=dimensions)
         try:
             async with asyncio.timeout(self._timeout_s):

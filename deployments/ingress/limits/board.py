@@ -8,7 +8,8 @@ A request costs one awaited call (`admit`, about a millisecond on one node: docs
 settlement is sent without waiting. If the board cannot be reached in time the request is admitted
 without limits and a warning is logged (at most once a minute): limits share capacity fairly, they
 are not the service's access control (the keys are), and a lost board must not stop the service.
-A board that restarted starts with full buckets."""
+A board that restarted starts with full buckets.
+"""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ does without importing it).
 | `NAMES_A_MODEL` | no | none | yes |
 | `UNCOUNTED` | no | none | no |
 
-Every admitted request is settled when its response has ended, to the tokens it used."""
+Every admitted request is settled when its response has ended, to the tokens it used.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class Budget:
     """How an API reads a request's completion budget: `fields`, a model of the request fields the
     budget reads with the API's own types, bounds and defaults (its coercion: `"400"` and `400.0` are
     400 there and here; legacy completions' default of 16), and `names`, the max-tokens fields in
-    precedence (the first one set wins); an `n` field, where `fields` has one, is the choices."""
+    precedence (the first one set wins); an `n` field, where `fields` has one, is the choices.
+    """
 
     fields: type[BaseModel]
     names: tuple[str, ...]
@@ -60,7 +62,8 @@ class Budget:
     @classmethod
     def read(cls, request: type[BaseModel], *names: str, n: bool = False, like: str | None = None) -> Budget:
         """The budget of `request` (an API's request model) read from its fields `names` (and `n`);
-        a name that `request` lacks is read as its field `like`."""
+        a name that `request` lacks is read as its field `like`.
+        """
         fields: dict[str, Any] = {}
         for name in (*names, "n") if n else names:
             info = request.model_fields[name if name in request.model_fields or like is None else like]
@@ -73,7 +76,8 @@ class Budget:
 class RouteCounting:
     """One route's declaration: its HTTP `method`, its `path` as the route declares it (FastAPI's
     template, `{name}` for a path parameter), how it is `counted`, and for a route that generates,
-    how its API reads the completion `budget` (None: any of the usual names, as chat reads them)."""
+    how its API reads the completion `budget` (None: any of the usual names, as chat reads them).
+    """
 
     method: str
     path: str
@@ -83,7 +87,8 @@ class RouteCounting:
 
 class CountingTable:
     """Every API's declarations, looked up by a request's method and path (exact paths first: one
-    dict look-up for the model endpoints; a templated path by its pattern)."""
+    dict look-up for the model endpoints; a templated path by its pattern).
+    """
 
     def __init__(self, declarations: Iterable[RouteCounting]) -> None:
         self.declarations = tuple(declarations)

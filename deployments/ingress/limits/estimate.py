@@ -20,7 +20,8 @@ Only the caller's own stored objects are found (`StoredSizes`, the stores' owner
 key's count 0, as they are not found. What the request carries is `Estimate.known`; what is guessed
 from a size (a PDF, stored content) is `Estimate.guessed`, which reserves at most what the key's
 bucket holds: a guess never makes a request "too large ever to fit", and the settlement charges
-what it really used."""
+what it really used.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ T = TypeVar("T")
 class StoredSizes(Protocol):
     """What the estimate reads of the stores (the real ones: `StoreSizes`): the size of a stored
     object of the caller whose API key's SHA-256 is `owner` (None: no keys set), or None when the
-    caller has none by that id (unknown, expired, or another key's)."""
+    caller has none by that id (unknown, expired, or another key's).
+    """
 
     async def file(self, owner: bytes | None, file_id: str) -> StoredFile | None: ...
 
@@ -74,7 +76,8 @@ class StoredSizes(Protocol):
 @dataclass(frozen=True)
 class StoredFile:
     """A /v1/files upload as the estimate sees it: its bytes, and whether its name says it is a PDF
-    (its bytes are read only by the document stage)."""
+    (its bytes are read only by the document stage).
+    """
 
     size: int
     pdf: bool
@@ -83,14 +86,16 @@ class StoredFile:
 @dataclass(frozen=True)
 class Estimate:
     """A request's tokens: `known` from what it carries (with its completion budget), `guessed` from
-    sizes (a PDF not read yet, stored content)."""
+    sizes (a PDF not read yet, stored content).
+    """
 
     known: int
     guessed: int = 0
 
     def reserve(self, bucket: int | None) -> int:
         """The tokens to reserve against a bucket of `bucket` tokens (None: no token limit): the
-        guess at most up to the bucket's size."""
+        guess at most up to the bucket's size.
+        """
         if bucket is None:
             return self.known + self.guessed
         return self.known + min(self.guessed, max(0, bucket - self.known))
@@ -99,7 +104,8 @@ class Estimate:
 @dataclass(frozen=True)
 class Estimator:
     """A request's estimate, with the stores it may name (`sizes`; None: nothing stored is read)
-    and the documents' character cap of a request."""
+    and the documents' character cap of a request.
+    """
 
     sizes: StoredSizes | None = None
     document_chars: int = DOCUMENT_CHARS
@@ -113,7 +119,8 @@ class Estimator:
     ) -> Estimate:
         """`body`'s estimate; `default_max_tokens`: the model's, for a request that sets none (None:
         the route generates nothing); `owner`: the caller's key digest; `budget`: how the route's API
-        reads the completion budget (its declaration's)."""
+        reads the completion budget (its declaration's).
+        """
         walk = _Walk.of(body)
         completion = 0 if default_max_tokens is None else completion_tokens(body, default_max_tokens, budget)
         stored = await self._stored(walk, body, owner)
@@ -163,7 +170,8 @@ _ANY = Budget.read(
 def completion_tokens(body: dict[str, Any], default: int, budget: Budget | None = None) -> int:
     """The completion budget: the request's max tokens as its API reads them (`budget`, its route's
     declaration; `default` when it sets none) for each of its `n` choices and each of its prompts. A
-    value the API refuses (a 400 there) counts as none."""
+    value the API refuses (a 400 there) counts as none.
+    """
     budget = budget or _ANY
     try:
         read = budget.fields.model_validate(body)
@@ -279,7 +287,8 @@ def _token_ids(value: Any) -> int:
 @dataclass(frozen=True)
 class StoreSizes:
     """`StoredSizes` over the service's stores (None: the service keeps no such things). Each call
-    reads on a worker thread; a store that fails finds nothing (the estimate is not the request)."""
+    reads on a worker thread; a store that fails finds nothing (the estimate is not the request).
+    """
 
     files: FileStore | None = None
     responses: StoredResponses | None = None

@@ -1,7 +1,8 @@
 """A key's buckets as the headers its clients read: OpenAI's `x-ratelimit-*` (resets as durations,
 `6m0s`), Anthropic's `anthropic-ratelimit-*` on /v1/messages (resets as RFC 3339 times), and on a
 429 `Retry-After` (whole seconds) with `retry-after-ms`, which both SDKs read first; a request too
-large ever to fit also says `x-should-retry: false`, which both SDKs obey."""
+large ever to fit also says `x-should-retry: false`, which both SDKs obey.
+"""
 
 from __future__ import annotations
 

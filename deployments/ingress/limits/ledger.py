@@ -7,7 +7,8 @@ A request is admitted whole or not at all: it takes one request, reserves its es
 plus its completion budget from the tokens, and holds a place among the key's concurrent requests;
 `settle` gives back what it did not use (or takes what it used beyond), and frees its place. A
 place whose replica never settled it (the replica died) is freed when its lease ends. Pure logic
-with an injectable clock: the board actor holds one, the tests drive one directly."""
+with an injectable clock: the board actor holds one, the tests drive one directly.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Window:
 @dataclass(frozen=True)
 class Verdict:
     """An admission: `ticket` to settle it with (None: refused, `limit` says by what, and
-    `retry_after_s` when to try again), and the key's buckets after it."""
+    `retry_after_s` when to try again), and the key's buckets after it.
+    """
 
     ticket: int | None
     requests: Window | None = None
@@ -93,6 +95,10 @@ class _Ticket:
 
 @dataclass
 class Ledger:
+    """The keys' shared counts and places in flight, with the admissions that change them (see the module's
+    docstring).
+    """
+
     lease_s: float = 600.0  # a place not settled within this is freed (its replica died)
     clock: Callable[[], float] = time.monotonic
     _keys: dict[str, _Key] = field(default_factory=dict)
@@ -150,7 +156,8 @@ class Ledger:
 
     def settle(self, ticket: int, used_tokens: int) -> None:
         """The request of `ticket` ended having used `used_tokens` (prompt + completion): its
-        reservation is corrected to that and its place freed. An unknown ticket (expired) is ignored."""
+        reservation is corrected to that and its place freed. An unknown ticket (expired) is ignored.
+        """
         held = self._tickets.pop(ticket, None)
         if held is None:
             return

@@ -65,7 +65,8 @@ def model_allowed(state: Any) -> Callable[[str], bool]:
 @dataclass(frozen=True)
 class Admission:
     """An admitted request: its ticket at the board (None: the board could not be asked) and the
-    headers that tell its key's buckets."""
+    headers that tell its key's buckets.
+    """
 
     identity: KeyIdentity
     ticket: int | None
@@ -75,7 +76,8 @@ class Admission:
 @dataclass(frozen=True)
 class Limiter:
     """The limits of one ingress replica: who each caller is, and their admission and settlement;
-    `routes`: how each route is counted, as the APIs declare it (the builder's `apis/counting.py`)."""
+    `routes`: how each route is counted, as the APIs declare it (the builder's `apis/counting.py`).
+    """
 
     table: KeyTable
     board: BoardPort
@@ -95,7 +97,8 @@ class Limiter:
     ) -> Admission:
         """Admit a request to a model's endpoint `route` (one that generates or reads a model, as
         `routes` declares it), reserving its estimated tokens; over a limit, `RefusedError`. `owner`: the
-        caller's key digest, whose stored objects the request may name."""
+        caller's key digest, whose stored objects the request may name.
+        """
         caps = identity.caps
         if caps == Caps():  # nothing to count: no round trip to the board
             return Admission(identity, None, {})
@@ -117,7 +120,8 @@ class Limiter:
 
     async def admit_write(self, identity: KeyIdentity, anthropic: bool = False) -> Admission:
         """Admit a request that writes state (`Counted.WRITES`): one request and a place among the
-        key's concurrent ones, no tokens; over a limit, `RefusedError`."""
+        key's concurrent ones, no tokens; over a limit, `RefusedError`.
+        """
         if identity.caps == Caps():
             return Admission(identity, None, {})
         return await self._admit(identity, 0, anthropic, time.monotonic())
@@ -137,7 +141,8 @@ class Limiter:
 
     async def admit_waiting(self, identity: KeyIdentity, route: str, request: dict[str, Any]) -> Admission:
         """Admit a batch line: over a limit it waits until the key's buckets let it in (the caller's
-        deadline bounds the wait), never a 429; a line too large ever to fit is a 400."""
+        deadline bounds the wait), never a 429; a line too large ever to fit is a 400.
+        """
         while True:
             try:
                 return await self.admit(identity, route, request, anthropic=False)
@@ -148,7 +153,8 @@ class Limiter:
 
     def settle(self, admission: Admission, record: RequestRecord) -> None:
         """The request has ended: its tokens (the record's counts) settle its reservation and count in
-        its key's metrics."""
+        its key's metrics.
+        """
         prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
         if admission.ticket is not None:
             self.board.settle(admission.ticket, prompt + completion)
@@ -171,6 +177,10 @@ class RefusedError(RateLimitError):
 
 
 class KeyLimiter:
+    """The middleware that applies the keys' limits (see the module's docstring); without a `limiter` it only
+    passes requests on.
+    """
+
     def __init__(self, app: ASGIApp, limiter: Limiter | None) -> None:
         self.app = app
         self._limiter = limiter
@@ -227,7 +237,8 @@ async def _admitted(
     send: Send,
 ) -> None:
     """Serve an admitted request and settle it once its response has ended: sent whole (the server
-    says so) or its client gone."""
+    says so) or its client gone.
+    """
     complete = False
 
     async def send_with_headers(message: Message) -> None:
@@ -249,7 +260,8 @@ async def _admitted(
 async def _sent(receive: Receive) -> None:
     """Wait for the server's word that the response has gone (ASGI's `http.disconnect`, sent once the
     response is complete or the client has left): under Serve the app's `send` only queues each
-    message for the proxy, so the app may end long before its client has the first bytes."""
+    message for the proxy, so the app may end long before its client has the first bytes.
+    """
     with suppress(TimeoutError):
         async with asyncio.timeout(DELIVERY_WAIT_S):
             while (await receive())["type"] == "http.request":  # a body the route never read
@@ -258,7 +270,8 @@ async def _sent(receive: Receive) -> None:
 
 def _parsed(body: bytes) -> Any:
     """The JSON body; None when it is none (its route says what is wrong with it: the same 400 as
-    without limits, also for a body nested too deeply to parse)."""
+    without limits, also for a body nested too deeply to parse).
+    """
     try:
         return json.loads(body) if body else None
     except (ValueError, RecursionError):

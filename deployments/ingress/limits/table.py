@@ -5,7 +5,8 @@ The file is looked at again at most once a second, when a request comes (a `stat
 only when its size or time changed). An edit takes effect for the next request; an edit that does
 not parse, or that names an unset `key_env`, is refused with one log line and the limits before it
 stay. Where the file is not on this node (a replica on another node of a cluster) the limits the
-builder read are kept, and the log says that edits are not seen there."""
+builder read are kept, and the log says that edits are not seen there.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class KeyIdentity:
     """A caller as the limits see it: its entry's name and limits, and its own `queue`: its
     fair-queueing tenant and its buckets at the board (keys of the default entry each have their
     own, of the default's size: `default:<the first 8 bytes of the key's digest>`). The metrics name
-    the entry (`name`: their label values stay bounded)."""
+    the entry (`name`: their label values stay bounded).
+    """
 
     name: str
     queue: str
@@ -109,7 +111,8 @@ class KeyTable:
 
     def named(self, name: str, queue: str) -> KeyIdentity:
         """The key that the limits called `name` (with its own `queue`) when it made a batch, under
-        the limits of now: its entry's, or the default's when it has none (any more)."""
+        the limits of now: its entry's, or the default's when it has none (any more).
+        """
         loaded = self._current()
         named = next((key for key in loaded.named.values() if key.name == name), None)
         if named is not None:

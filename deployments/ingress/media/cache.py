@@ -49,11 +49,16 @@ class _Flight(Generic[V]):
 
 
 class SharedCache(Generic[V]):
+    """An LRU cache bounded by entries and bytes whose computations in flight are shared (see the module's
+    docstring).
+    """
+
     def __init__(
         self, max_entries: int, max_bytes: int, size: Callable[[str, V], int], *, cancel_unwaited: bool
     ) -> None:
         """`size(key, value)`: an entry's bytes; `cancel_unwaited`: whether a computation nobody
-        waits for any more is cancelled (else it finishes, into the cache)."""
+        waits for any more is cancelled (else it finishes, into the cache).
+        """
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._size = size
         self._cancel_unwaited = cancel_unwaited
@@ -98,7 +103,8 @@ class SharedCache(Generic[V]):
     ) -> list[V]:
         """The values of `keys`: cached ones at once, in-flight ones awaited, and the rest from one
         `compute(indices)` task that receives the position of the first occurrence of each missing
-        key. `stats` (the caller's own) gets this call's hits and misses, as the cache's `stats` does."""
+        key. `stats` (the caller's own) gets this call's hits and misses, as the cache's `stats` does.
+        """
         found: dict[str, V] = {}
         waits: dict[str, tuple[_Flight[V], int]] = {}
         mine: dict[str, int] = {}
@@ -141,7 +147,8 @@ class SharedCache(Generic[V]):
 
     async def _leave(self, flights: list[_Flight[V]]) -> None:
         """A call stops waiting for `flights`; with `cancel_unwaited`, those that nobody waits for any
-        more are cancelled (and awaited: stopped before the caller's answer goes out)."""
+        more are cancelled (and awaited: stopped before the caller's answer goes out).
+        """
         stopped = []
         for flight in flights:
             flight.waiters -= 1
@@ -176,7 +183,8 @@ class SharedCache(Generic[V]):
 
     def export(self, metrics: MetricSink, name: str, stats: CacheStats | None = None) -> None:
         """Record the cache's size as the gauges `<name>_entries` and `<name>_bytes` and, when given,
-        a call's `stats` as the counters `<name>_hits` and `<name>_misses`."""
+        a call's `stats` as the counters `<name>_hits` and `<name>_misses`.
+        """
         metrics.set(f"{name}_entries", len(self._entries))
         metrics.set(f"{name}_bytes", self.bytes)
         if stats is not None:

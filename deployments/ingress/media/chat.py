@@ -6,7 +6,8 @@ the chat written as the decoder's text messages (`rewrite`).
 message with images becomes one text message, its text parts and one ``Image N: <caption>`` line
 per image at the image's place, N counted across the conversation so that earlier turns keep their
 numbers) and how a chat is counted before its images are captioned (`as_text`: each image's line
-without a caption). Other messages pass as text (`plain_message`)."""
+without a caption). Other messages pass as text (`plain_message`).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ P = TypeVar("P", TextPart, ImagePart, FilePart)
 class ImageBytesPart(ImagePart):
     """An image part whose bytes the ingress already holds (a document's page, rendered by its
     reader): the image pipeline takes `data` as it is, with the same checks and cache keys as a URL's
-    bytes, and never fetches or decodes `image_url` (a name for logs)."""
+    bytes, and never fetches or decodes `image_url` (a name for logs).
+    """
 
     data: bytes = Field(exclude=True, repr=False)
 
@@ -46,12 +48,14 @@ def parts_of(messages: list[ChatMessage], kind: type[P]) -> Iterator[tuple[int, 
 
 
 def count_images(messages: list[ChatMessage]) -> int:
+    """The number of image parts in the messages."""
     return sum(1 for _ in parts_of(messages, ImagePart))
 
 
 def text_of(content: object) -> str:
     """A message's text: its string, or its text parts joined by newlines (images and documents
-    not read yet are left out)."""
+    not read yet are left out).
+    """
     if content is None:
         return ""
     if isinstance(content, str):
@@ -88,7 +92,8 @@ def as_text(messages: list[ChatMessage]) -> list[TextMessage]:
 
 def plain_message(msg: ChatMessage) -> TextMessage:
     """A message as it is, in text (list content joined; an assistant's tool calls and a tool
-    message's call id kept; `developer` is `system`). Its image parts, if any, are dropped."""
+    message's call id kept; `developer` is `system`). Its image parts, if any, are dropped.
+    """
     if isinstance(msg, AssistantMessage) and msg.tool_calls:
         calls = [
             ToolCall(id=c.id, function=ToolCallFunction(name=c.function.name, arguments=c.function.arguments))

@@ -13,7 +13,8 @@ _HEAD = re.compile(r"^data:(?P<media>[^;,]*)(?P<params>(;[^;,]*)*?);base64$")  #
 class DataURLError(ValueError):
     """Why a data URL was refused: ``shape`` (not a base64 data URL, or not of the media type asked
     for), ``size`` (over the cap; `size` is the decoded length, None when the payload alone shows it)
-    or ``base64``. The caller says it in its own words."""
+    or ``base64``. The caller says it in its own words.
+    """
 
     def __init__(self, why: Literal["shape", "size", "base64"], size: int | None = None) -> None:
         super().__init__(why)
@@ -26,7 +27,8 @@ def decode_data_url(
     """A data URL's bytes (at most `cap`) and its media type (lower case). `media`: the media type
     with its parameters must match it in full; `bare`: a string that is not a data URL is taken as
     the base64 payload of one with no media type (as some clients send a document's `file_data`).
-    Only the head is matched by a regex (a regex over a 32 MB payload costs 0.1 s)."""
+    Only the head is matched by a regex (a regex over a 32 MB payload costs 0.1 s).
+    """
     if url.startswith("data:"):
         head, comma, payload = url.partition(",")
     elif bare:

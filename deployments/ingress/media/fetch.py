@@ -72,7 +72,8 @@ _RULES = _rules(
 
 def address_category(address: str | Address) -> str | None:
     """Why an address must not be fetched (``"loopback"``, ``"private"``, ``"link-local"``, ...), or
-    None for a public one. IPv6 addresses that embed an IPv4 address get the category of that address."""
+    None for a public one. IPv6 addresses that embed an IPv4 address get the category of that address.
+    """
     found = _classify(ipaddress.ip_address(address) if isinstance(address, str) else address)
     return None if found is None else found[0]
 
@@ -200,7 +201,8 @@ async def fetch_remote(
 ) -> bytes:
     """Bytes at an ``http(s)://`` URL behind the guard, within `config`'s limits and timeouts (the
     byte cap `max_image_bytes`); `noun` names what is fetched in the errors ("Document" for a
-    document's `file_url`), `accept` is the request's Accept header."""
+    document's `file_url`), `accept` is the request's Accept header.
+    """
     if not config.allow_remote:
         raise InvalidImageError(f"Remote {noun.lower()} URLs (http, https) are disabled on this server.", param=param)
     try:

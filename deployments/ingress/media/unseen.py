@@ -1,6 +1,7 @@
 """What the decoder reads in place of an image or a page that nobody described, and why, said once
 for the image pipeline and the document stage: an instruction (do not describe it; say it was not
-seen), not a bare fact the model may talk around."""
+seen), not a bare fact the model may talk around.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ WHY: dict[PageUnseenReason, str] = {
 
 def unseen_marker(reason: UnseenReason) -> str:
     """In place of an image the user sent: that there was an image, that it was not seen and why,
-    and what to do about it (not describe it; say so)."""
+    and what to do about it (not describe it; say so).
+    """
     return (
         f"[The user attached an image here, but it could not be seen ({WHY[reason]}). "
         "Do not describe it or guess what it shows; tell the user you cannot see it.]"

@@ -18,10 +18,12 @@ _ENTRY_OVERHEAD = 200  # bytes per entry beyond its strings: the dict slot and t
 
 
 def cache_key(image_digest: str, captioner: str, prompt: str) -> str:
+    """A caption's cache key: the image's digest, the captioner and the prompt, hashed together."""
     return hashlib.sha256(f"{image_digest}\0{captioner}\0{prompt}".encode()).hexdigest()
 
 
 def image_digest(data: bytes) -> str:
+    """The SHA-256 of an image's bytes, as caption keys take it."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -30,5 +32,7 @@ def _size(key: str, caption: str) -> int:
 
 
 class CaptionCache(SharedCache[str]):
+    """The captions made, by `cache_key`; a caption nobody waits for any more still finishes into the cache."""
+
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         super().__init__(max_entries, max_bytes, _size, cancel_unwaited=False)

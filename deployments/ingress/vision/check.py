@@ -69,7 +69,8 @@ async def load_image(url: str, config: ImageInputConfig, *, param: str, stats: I
 
 def load_image_url(url: str, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> bytes:
     """Validated image bytes from a data URL, within `config`'s limits; `InvalidImageError` (400)
-    naming `param` otherwise. Sync, data URLs only: remote and file URLs need `load_image`."""
+    naming `param` otherwise. Sync, data URLs only: remote and file URLs need `load_image`.
+    """
     return _load_data_url(url, param, config)[0]
 
 
@@ -98,7 +99,8 @@ def _load_data_url(url: str, param: str, config: ImageInputConfig) -> tuple[byte
 def check_image(data: bytes, *, param: str, config: ImageInputConfig = DEFAULT_IMAGE_INPUT) -> int:
     """A known format and a bounded pixel count, read from the header before any decoding; then a
     full decode, so that a corrupt or truncated image is this request's 400 and never fails a
-    captioner batch shared with other requests. Returns the pixel count."""
+    captioner batch shared with other requests. Returns the pixel count.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -1,7 +1,8 @@
 """The ingress's view of the captioner application: `Captioner`, what the request logic calls (the
 fakes of tests/unit/ingress/fakes.py satisfy it too), and `CaptionerClient`, the caption cache in
 front of it with a deadline on every call and a short memory of failures (why, and how a waiting
-call watches Serve's view: docs/vision.md, "Graceful fallback")."""
+call watches Serve's view: docs/vision.md, "Graceful fallback").
+"""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ray.serve.handle import DeploymentResponse
 
 from deployments.config import ModelConfig, ProxyVisionConfig
 from deployments.errors import CaptionerTimeout, CaptionerUnavailable, from_serve, unwrap
+from deployments.ingress.handles import CaptionerHandle
 from deployments.ingress.media.cache import CacheStats
 from deployments.ingress.serve_status import FAILED, DeploymentView, app_state, deployment_view
 from deployments.ingress.vision.cache import CaptionCache, cache_key
@@ -33,7 +35,8 @@ WATCH_AFTER_S = 1.0  # also how often a waiting call looks at Serve's view
 
 class Captioner(Protocol):
     """The captioner as the ingress sees it: captions (`pipeline.VisionPipeline`), its status and its caption
-    cache's figures (`HealthService`)."""
+    cache's figures (`HealthService`).
+    """
 
     @property
     def cache(self) -> CaptionCache: ...
@@ -44,6 +47,8 @@ class Captioner(Protocol):
 
 
 class CaptionerClient:
+    """A captioner deployment behind its caption cache, a deadline on every call and a memory of failures."""
+
     def __init__(
         self,
         app: str,
@@ -53,7 +58,8 @@ class CaptionerClient:
         deployment: str = Role.CAPTIONER.deployment,
     ) -> None:
         """`app` and `deployment`: where the captioner runs; `metrics`: the ingress's, for the
-        cache's size gauges."""
+        cache's size gauges.
+        """
         self._app = app
         self._deployment = deployment
         self._metrics = metrics
@@ -66,7 +72,7 @@ class CaptionerClient:
         self._view: tuple[float, asyncio.Future[_View]] | None = None  # shared by waiting calls and /health
         self.cache = CaptionCache(vision.cache_entries, int(vision.cache_mb * 2**20))
 
-    def _handle(self):
+    def _handle(self) -> CaptionerHandle:
         return serve.get_deployment_handle(self._deployment, app_name=self._app)
 
     def _mark_down(self, reason: str, error: type[CaptionerUnavailable] = CaptionerUnavailable) -> CaptionerUnavailable:
@@ -83,7 +89,8 @@ class CaptionerClient:
 
     async def caption(self, images: list[ImageInput], stats: CacheStats | None = None) -> list[str]:
         """One caption per image, or `CaptionerUnavailable` (quickly, when it recently failed;
-        `CaptionerTimeout` when this call waited out `timeout_s`). `stats` gets this call's cache hits."""
+        `CaptionerTimeout` when this call waited out `timeout_s`). `stats` gets this call's cache hits.
+        """
         prompts = [self._captioning.prompt(im.user_text) for im in images]
         keys = [cache_key(im.digest, self._name, prompt) for im, prompt in zip(images, prompts, strict=True)]
 
@@ -130,7 +137,8 @@ class CaptionerClient:
 
     async def _watch(self, response: DeploymentResponse) -> CaptionResult:
         """The answer; `CaptionerUnavailable` once Serve reports the captioner unhealthy, or
-        TimeoutError after `timeout_s`. Either way the call is cancelled."""
+        TimeoutError after `timeout_s`. Either way the call is cancelled.
+        """
         deadline = time.monotonic() + self._vision.timeout_s
         call = asyncio.ensure_future(response)
         try:
@@ -157,7 +165,8 @@ class CaptionerClient:
     async def _serve_view(self) -> _View:
         """Serve's view of the captioner and, while no replica runs, a waiting replica's status from the
         load board; asked at most once per `WATCH_AFTER_S` however many calls (caption calls waiting,
-        /health polls) want them."""
+        /health polls) want them.
+        """
         now = time.monotonic()
         if self._view is None or now - self._view[0] >= WATCH_AFTER_S:
             self._view = (now, asyncio.ensure_future(asyncio.to_thread(_look, self._app, self._deployment)))
@@ -166,7 +175,8 @@ class CaptionerClient:
     def _with_known_cause(self, state: str) -> str:
         """Serve's words on the captioner, after the captioner's own last known cause (its loader's
         error, from a status or a caption call) when they do not already hold it: while Serve
-        replaces a failing replica, its words are generic ("A replica's health check failed")."""
+        replaces a failing replica, its words are generic ("A replica's health check failed").
+        """
         known = self._last_reason
         cause = (known or "").partition(" is not loaded (")[2].removesuffix(")") or known  # the loader's own words
         return state if not known or not cause or cause in state else f"{known} ({state})"

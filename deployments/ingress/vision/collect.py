@@ -1,5 +1,6 @@
 """The images of a chat, in conversation order: counted against the limits, then loaded (fetched
-concurrently), checked and hashed, each with the text of its message (for the caption prompt)."""
+concurrently), checked and hashed, each with the text of its message (for the caption prompt).
+"""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ async def collect_images(
     messages: list[ChatMessage], config: ImageInputConfig, stats: ImageStats | None = None
 ) -> list[ImageInput]:
     """All images of the conversation, counted against the limits, then loaded (fetched concurrently),
-    validated and hashed, in order. `stats` gets their sizes and fetch times."""
+    validated and hashed, in order. `stats` gets their sizes and fetch times.
+    """
     check_image_counts(messages, config)
 
     async def one(i: int, j: int, part: ImagePart) -> ImageInput:

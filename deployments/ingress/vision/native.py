@@ -1,7 +1,8 @@
 """Native vision's last step in the ingress: a chat with images becomes messages whose image parts
 keep their place as slots (`MessageImage`, numbered across the conversation in order) for a VLM's
 chat template; the checked image bytes travel beside them, once, in `GenerateRequest.images`.
-Messages without images pass as text, as in proxy vision."""
+Messages without images pass as text, as in proxy vision.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from deployments.protocol.replica import MessageImage, MessagePart, MessageText,
 
 def native_messages(messages: list[ChatMessage]) -> list[TextMessage]:
     """The chat for a native VLM: a user message with images keeps its parts in order, the k-th image
-    of the conversation as the slot `index=k`; `content` holds its text alone."""
+    of the conversation as the slot `index=k`; `content` holds its text alone.
+    """
     out = []
     n = 0
     for msg in messages:

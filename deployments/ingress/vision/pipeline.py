@@ -1,6 +1,8 @@
 """The one place where a request's images become what the decoder gets, for every endpoint
-(`VisionPipeline.prepare`): a request's messages, in chat form (an API with another shape turns
-its input into chat messages first), become the decoder's messages, and their images become:
+(`VisionPipeline.prepare`).
+
+A request's messages, in chat form (an API with another shape turns its input into chat messages
+first), become the decoder's messages, and their images become:
 
 - proxy vision: captions in place of the images (`media.chat.rewrite`), from the captioner (`client`); when the
   captioner is down, the request is a 503 (``reject``) or is answered without them (``degrade``):
@@ -46,7 +48,8 @@ DEGRADED_HEADER = "X-Vision-Degraded"
 class Degraded:
     """What the answer of a request answered without some of its images adds: the report of the
     images not seen, and `notice` (`proxy_vision.degraded_notice`), the text put before the answer.
-    The notice is not generated: usage counts the decoder's tokens only."""
+    The notice is not generated: usage counts the decoder's tokens only.
+    """
 
     report: VisionReport
     notice: str | None = None
@@ -60,7 +63,8 @@ class Degraded:
 @dataclass(frozen=True)
 class DecoderInput:
     """A chat as the decoder gets it: text messages (with image slots under native vision), the
-    checked images that the slots name, and what was not seen."""
+    checked images that the slots name, and what was not seen.
+    """
 
     messages: list[TextMessage]
     images: list[ImageBytes] = field(default_factory=list)
@@ -69,6 +73,8 @@ class DecoderInput:
 
 
 class VisionPipeline:
+    """What one served model's decoder gets for a request's images and documents (see the module's docstring)."""
+
     def __init__(
         self,
         captioner: Captioner | None,
@@ -84,7 +90,8 @@ class VisionPipeline:
         limits and fetching; `vision`: the failure policy and notice; `native_max_images`: set when
         the decoder sees images itself (native vision): the most images one request may carry;
         `documents`: the stage that reads documents into the chat first (None: a request with a
-        document is a 400); `document_fit`: the model's context, which documents are fitted to."""
+        document is a 400); `document_fit`: the model's context, which documents are fitted to.
+        """
         self._documents = documents
         self._document_fit = document_fit
         self._captioner = captioner
@@ -99,7 +106,8 @@ class VisionPipeline:
 
     async def prepare(self, messages: list[ChatMessage], record: RequestRecord) -> DecoderInput:
         """`record`: gets the images' sizes and fetch times, the caption cache's hits and misses,
-        and the reason of a degraded answer."""
+        and the reason of a degraded answer.
+        """
         expanded = await self._read_documents(messages, record)
         if self._native_images is not None:
             seen = await self._native(expanded.messages, self._native_images, record)
@@ -126,7 +134,8 @@ class VisionPipeline:
         their tokens), but never captioning: under proxy vision each image's ``Image N:`` line is
         written without its caption (not known until captioned, and a count must not cost the
         captioner a call) and `uncaptioned` says how many were left out. A model without vision: a
-        400, as for a chat."""
+        400, as for a chat.
+        """
         expanded = await self._read_documents(messages, record)
         messages = expanded.messages
         if self._native_images is not None:
@@ -144,7 +153,8 @@ class VisionPipeline:
     async def _proxy(self, expanded: Expanded, record: RequestRecord) -> DecoderInput:
         """Captions in place of images; with the policy ``degrade``, a marker in place of each image
         the captioner could not describe, and what the answer must say about them (a document's
-        page, by its document and number; an image the user sent, by its index among them)."""
+        page, by its document and number; an image the user sent, by its index among them).
+        """
         messages = expanded.messages
         if not count_images(messages):
             return DecoderInput(rewrite(messages, []))
@@ -177,7 +187,8 @@ class VisionPipeline:
     @staticmethod
     async def _native(messages: list[ChatMessage], limits: ImageInputConfig, record: RequestRecord) -> DecoderInput:
         """The images, fetched and checked as in proxy mode (within the model's own per-request
-        limit), and the chat with each image's slot where it was."""
+        limit), and the chat with each image's slot where it was.
+        """
         if not count_images(messages):
             return DecoderInput(native_messages(messages))
         images = await collect_images(messages, limits, record.images)
@@ -188,7 +199,8 @@ class VisionPipeline:
 
 def _with_pages(seen: DecoderInput, unseen: list[UnseenPage]) -> DecoderInput:
     """`seen` with the document pages the stage left out added to its report (a report of its own
-    when every image was seen: no captioner failed, so no degraded header and no notice)."""
+    when every image was seen: no captioner failed, so no degraded header and no notice).
+    """
     if not unseen:
         return seen
     if seen.degraded is None:

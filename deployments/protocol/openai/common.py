@@ -1,7 +1,8 @@
 """What OpenAI's API families share on the wire: the request base (unknown fields are refused, so an
 unsupported feature is a 400 that names it rather than being silently ignored), the sampling fields,
 content parts, function definitions, the `metadata` of a stored object; and on the way back: tool
-calls, token logprobs, usage, the service's `vision` extension, the model list and the error body."""
+calls, token logprobs, usage, the service's `vision` extension and the error body.
+"""
 
 from __future__ import annotations
 
@@ -52,21 +53,26 @@ Metadata = Annotated[
         }
     ),
 ]
-"""The `metadata` of a stored object (a batch, a conversation), within OpenAI's bounds; the schema
-says them too, so that clients and schema-driven tools see them."""
+"""A stored object's `metadata` (a batch's, a conversation's) within OpenAI's bounds, in the schema too."""
 
 
 class ImageURL(RequestModel):
+    """An image's URL (http(s), data or file) and the detail asked for."""
+
     url: str = Field(min_length=1)
     detail: Literal["auto", "low", "high"] = "auto"
 
 
 class TextPart(RequestModel):
+    """A text part of a message."""
+
     type: Literal["text"]
     text: str
 
 
 class ImagePart(RequestModel):
+    """An image part of a user message."""
+
     type: Literal["image_url"]
     image_url: ImageURL
 
@@ -75,7 +81,8 @@ class FileInput(RequestModel):
     """A document (PDF, plain text, Markdown, CSV) as chat's `file` part carries it: exactly one of
     `file_data` (a ``data:<media type>;base64,`` URL, as the openai clients send it), `file_id` (a
     /v1/files upload of the caller's) or `file_url` (an extension: Responses' `input_file.file_url`,
-    fetched behind the image URLs' SSRF guard)."""
+    fetched behind the image URLs' SSRF guard).
+    """
 
     file_data: str | None = Field(None, min_length=1)
     file_id: str | None = Field(None, min_length=1)
@@ -98,6 +105,8 @@ class FilePart(RequestModel):
 
 
 class StreamOptions(RequestModel):
+    """A stream's options: `include_usage` adds a last chunk with the usage."""
+
     include_usage: bool = False
 
 
@@ -106,6 +115,8 @@ LogitBias = dict[str, Annotated[float, Field(ge=-100, le=100)]]
 
 
 class FunctionDefinition(RequestModel):
+    """A function the model may call: its name, description and JSON-schema parameters."""
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
@@ -116,7 +127,8 @@ class StructuredOutputs(RequestModel):
     """vLLM's `structured_outputs` extension: exactly one kind of constraint on the output. vLLM's
     other options of this object (`disable_fallback`, `disable_any_whitespace`,
     `disable_additional_properties`, `whitespace_pattern`, `structural_tag`) are not implemented and
-    refused by name, as unknown fields are."""
+    refused by name, as unknown fields are.
+    """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -148,7 +160,8 @@ class StructuredOutputs(RequestModel):
 
 class SamplingFields(RequestModel):
     """What chat and legacy completions share, with vLLM's extensions to both (sent by the openai
-    client through `extra_body`, so at the body's top level)."""
+    client through `extra_body`, so at the body's top level).
+    """
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, gt=0)
@@ -233,17 +246,23 @@ class SamplingFields(RequestModel):
 
 
 class ToolCallFunction(BaseModel):
+    """The function a tool call calls, and its arguments."""
+
     name: str
     arguments: str = Field(description="The arguments as JSON text, as OpenAI sends them.")
 
 
 class ToolCall(BaseModel):
+    """A tool call of the answer."""
+
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
 class TopLogprob(BaseModel):
+    """One of the likeliest tokens at a position, with its logprob."""
+
     token: str
     bytes: list[int]
     logprob: float
@@ -251,7 +270,8 @@ class TopLogprob(BaseModel):
 
 class TokenLogprob(TopLogprob):
     """One generated token: its text, UTF-8 bytes and log-probability, and the most likely tokens at
-    its position (sorted, most likely first)."""
+    its position (sorted, most likely first).
+    """
 
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
@@ -310,6 +330,7 @@ class VisionReport(BaseModel):
 
 
 def absent(value: object) -> bool:
+    """Whether an optional field is left out of the JSON (`exclude_if`): it is when None."""
     return value is None
 
 
@@ -322,17 +343,22 @@ class VisionFields(BaseModel):
     `system_fingerprint` in the message's `response_metadata` (on a stream, from the chunk with
     the finish reason): OpenAI defines it as the backend configuration that produced the answer,
     and an answer produced without the captioner comes from a different one, so it is
-    `DEGRADED_FINGERPRINT` then, on every chunk, as OpenAI sends it."""
+    `DEGRADED_FINGERPRINT` then, on every chunk, as OpenAI sends it.
+    """
 
     system_fingerprint: str | None = Field(None, exclude_if=absent)
     vision: VisionReport | None = Field(None, exclude_if=absent)
 
 
 class PromptTokensDetails(BaseModel):
+    """What the prompt's tokens were made of: those read from the prefix cache."""
+
     cached_tokens: int = Field(description="Prompt tokens read from the prefix cache (enable_prefix_caching).")
 
 
 class Usage(BaseModel):
+    """The tokens of a request: the prompt's and the answer's."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -359,20 +385,9 @@ class Usage(BaseModel):
         )
 
 
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "mmserve"
-    parent: str | None = Field(None, exclude_if=absent, description="A LoRA adapter's base model (vLLM's field).")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
 class ErrorDetail(BaseModel):
+    """An error's message, type, param and code, as OpenAI's body carries them."""
+
     message: str
     type: str
     param: str | None = None

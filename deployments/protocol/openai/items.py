@@ -1,6 +1,7 @@
 """The items of OpenAI's Responses API as a request carries them (messages with their parts, function
 calls and their outputs, compaction summaries): the wire that /v1/responses' input and the
-Conversations API's items share."""
+Conversations API's items share.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from deployments.protocol.openai.common import RequestModel
 
 
 class InputText(RequestModel):
+    """A text part of an input message."""
+
     type: Literal["input_text"]
     text: str
 
 
 class InputImage(RequestModel):
+    """An image part of an input message."""
+
     type: Literal["input_image"]
     image_url: str = Field(min_length=1, description="An http(s) URL or a data URL (file_id is not supported).")
     detail: Literal["auto", "low", "high", "original"] = "auto"
@@ -26,7 +31,8 @@ class InputImage(RequestModel):
 class InputFile(RequestModel):
     """A document (PDF, plain text, Markdown, CSV): exactly one of `file_data` (a data URL, or bare
     base64), `file_id` (a /v1/files upload of the caller's) and `file_url` (http(s), behind the SSRF
-    guard). Read into text by the ingress, for any model (docs/documents.md)."""
+    guard). Read into text by the ingress, for any model (docs/documents.md).
+    """
 
     type: Literal["input_file"]
     file_data: str | None = Field(None, min_length=1)
@@ -53,6 +59,8 @@ class OutputText(RequestModel):
 
 
 class Refusal(RequestModel):
+    """An earlier answer's refusal, sent back as an assistant message's content."""
+
     type: Literal["refusal"]
     refusal: str
 
@@ -62,6 +70,8 @@ MessagePart = Annotated[InputText | InputImage | InputFile | OutputText | Refusa
 
 
 class MessageItem(RequestModel):
+    """A message item: a role and its content."""
+
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[MessagePart]
@@ -71,6 +81,8 @@ class MessageItem(RequestModel):
 
 
 class FunctionCallItem(RequestModel):
+    """An earlier answer's function call, sent back as an item."""
+
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -81,6 +93,8 @@ class FunctionCallItem(RequestModel):
 
 
 class FunctionCallOutputItem(RequestModel):
+    """A function call's output, answering the call `call_id` names."""
+
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
     output: str | list[InputPart]
@@ -90,7 +104,8 @@ class FunctionCallOutputItem(RequestModel):
 
 class CompactionItem(RequestModel):
     """The summary that /v1/responses/compact wrote, sent back as it came: this server's
-    `encrypted_content` is the summary's plain text (nothing is encrypted)."""
+    `encrypted_content` is the summary's plain text (nothing is encrypted).
+    """
 
     type: Literal["compaction"]
     encrypted_content: str = Field(max_length=10_485_760)
@@ -129,7 +144,8 @@ def new_item_id(item_type: str) -> str:
 def kept_item(fields: dict[str, Any]) -> dict[str, Any]:
     """An item (its fields) as it is kept and listed (a stored response's input, a conversation's
     items): its `type` (`message` where left out), a message's text `content` as one part (as OpenAI
-    lists it), and an id by its type where it has none."""
+    lists it), and an id by its type where it has none.
+    """
     item = dict(fields)
     item.setdefault("type", "message")
     if item["type"] == "message" and isinstance(item.get("content"), str):

@@ -23,11 +23,11 @@ from deployments.engines.context import Limits
 from deployments.errors import ContextLengthError
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.items import Namespaces, flat_name, tool_plan
-from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
+from deployments.protocol.openai.responses import ResponseRequest
 from deployments.protocol.replica import GenerateRequest
 from tests.support.agent_clients import claude_code_call, codex_call, recorded
 from tests.support.stores import stored_responses

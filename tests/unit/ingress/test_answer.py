@@ -12,8 +12,8 @@ import pytest
 from deployments.errors import RequestTimeoutError
 from deployments.ingress.answer.reply import whole
 from deployments.ingress.answer.tally import Tally
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.replica import BACKGROUND_PRIORITY, GenerateChunk, GenerateRequest
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core

@@ -22,8 +22,8 @@ from deployments.batch_runner.runner import BatchRunnerConfig, BatchRuntime
 from deployments.batch_runner.validation import ServedNames, validate
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError, PayloadTooLargeError
-from deployments.ingress.apis.batches.protocol import BatchCreateRequest
 from deployments.ingress.guard import MULTIPART_MARGIN, GuardSettings
+from deployments.protocol.openai.batches import BatchCreateRequest
 from deployments.state import storage as storage_module
 from deployments.state.files import data_path
 from deployments.state.owners import Caller

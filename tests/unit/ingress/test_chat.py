@@ -20,11 +20,11 @@ from deployments.errors import (
     to_openai_error,
 )
 from deployments.ingress.answer.reply import Reply
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.apis.chat.service import ChatService
 from deployments.ingress.media.unseen import unseen_marker
 from deployments.ingress.vision.pipeline import DEGRADED_HEADER
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChatCompletionRequest
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT
 from tests.conftest import data_url, png_bytes
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core

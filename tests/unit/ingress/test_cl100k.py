@@ -11,11 +11,11 @@ from pydantic import ValidationError
 
 from deployments.config import EmbeddingConfig
 from deployments.errors import InvalidRequestError
-from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
 from deployments.ingress.apis.embeddings.service import EmbeddingService
 from deployments.ingress.embedding import cl100k
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.embeddings import EmbeddingRequest
 from tests.support.tiktoken_cache import cl100k_cache
 from tests.unit.ingress.test_embeddings import FakeEmbedder
 

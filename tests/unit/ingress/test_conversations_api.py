@@ -21,7 +21,7 @@ from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
 from deployments.state.conversations import ConversationStore
 from deployments.state.records import stored_owners
 from deployments.state.responses import StoredResponses

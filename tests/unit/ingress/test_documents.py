@@ -264,9 +264,9 @@ async def test_a_native_vlm_gets_the_page_image_in_its_slot_within_its_own_limit
 
 def test_each_apis_document_becomes_chats_file_part():
     from deployments.ingress.apis.messages.chat_form import chat_messages as from_messages
-    from deployments.ingress.apis.messages.protocol import MessagesInput
     from deployments.ingress.apis.responses.items import chat_messages as from_responses
-    from deployments.ingress.apis.responses.protocol import ResponseRequest
+    from deployments.protocol.anthropic import MessagesInput
+    from deployments.protocol.openai.responses import ResponseRequest
 
     pdf = {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}
     body = MessagesInput.model_validate(

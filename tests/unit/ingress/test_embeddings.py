@@ -13,13 +13,13 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError
-from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
 from deployments.ingress.apis.embeddings.service import EmbeddingService
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedEmbedder, ServedModel, ServedModels
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.embeddings import EmbeddingRequest
+from deployments.protocol.openai.models import ModelCard
 from deployments.protocol.replica import ComponentStatus, EmbedRequest, EmbedResult
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 

@@ -18,11 +18,11 @@ import pytest
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.errors import InvalidRequestError, ObjectNotFoundError
 from deployments.ingress.api import build_api
-from deployments.ingress.apis.batches.protocol import BatchCreateRequest
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.batches import BatchCreateRequest
+from deployments.protocol.openai.models import ModelCard
 from deployments.state import files as files_module
 from deployments.state.batches import BatchStore
 from deployments.state.files import BATCH_FILE_EXPIRY_S, ExpiresAfter, data_path

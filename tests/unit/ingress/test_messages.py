@@ -17,14 +17,14 @@ import pytest
 from deployments.config import ProxyVisionConfig, ServerConfig
 from deployments.errors import OverloadedError
 from deployments.ingress.api import build_api
-from deployments.ingress.apis.messages.protocol import MessagesInput, MessagesRequest
 from deployments.ingress.apis.messages.service import MessageBlocks, MessagesService
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
 from deployments.ingress.vision.pipeline import DEGRADED_HEADER
 from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.anthropic import MessagesInput, MessagesRequest
+from deployments.protocol.openai.models import ModelCard
 from deployments.protocol.replica import GenerateChunk
 from deployments.tools.plan import ToolPlan
 from tests.conftest import png_bytes

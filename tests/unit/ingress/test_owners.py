@@ -20,7 +20,7 @@ from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
 from deployments.state.owners import Caller, Owners
 from deployments.state.responses import StoredResponses
 from tests.support.stores import stored_responses

@@ -14,11 +14,11 @@ import pytest
 from deployments.config import ServerConfig
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.responses.items import chat_messages
-from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
+from deployments.protocol.openai.responses import ResponseRequest
 from deployments.state.owners import Caller
 from deployments.state.responses import StoredResponses
 from tests.conftest import data_url, png_bytes

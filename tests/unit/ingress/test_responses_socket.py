@@ -18,14 +18,14 @@ from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
 from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.apis.responses.compaction import transcript
-from deployments.ingress.apis.responses.protocol import ResponseCreateEvent
 from deployments.ingress.documents.stage import DocumentStage
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
+from deployments.protocol.openai.responses import ResponseCreateEvent
 from deployments.state.batches import BatchStore
 from deployments.state.owners import Caller
 from deployments.state.records import stored_owners
@@ -266,7 +266,7 @@ def test_compact_continues_a_stored_response_and_needs_a_model_and_something_to_
 
 
 def test_a_transcript_names_tools_and_images():
-    from deployments.ingress.apis.responses.protocol import ResponseRequest
+    from deployments.protocol.openai.responses import ResponseRequest
 
     items = ResponseRequest.model_validate(
         {

@@ -17,7 +17,7 @@ from deployments.ingress.api import build_api
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.health import HealthService
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
 from tests.conftest import png_bytes
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeCaptioner, FakeDecoder, answer_core

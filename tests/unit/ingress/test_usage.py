@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 
 from deployments.config import EngineParams, Lifecycle, ModelConfig
-from deployments.ingress.apis.completions.protocol import CompletionRequest
 from deployments.ingress.apis.completions.service import CompletionService
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.completions import CompletionRequest
 from deployments.protocol.replica import GenerateRequest, TextMessage
 from deployments.replicas.decoder import PrimaryDecoder
 from tests.unit.ingress.fakes import FakeDecoder, answer_core

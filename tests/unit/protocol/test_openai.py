@@ -2,8 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.errors import validation_message
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
-from deployments.protocol.openai.chat import UserMessage
+from deployments.protocol.openai.chat import ChatCompletionRequest, UserMessage
 from deployments.protocol.openai.common import ImagePart
 
 
@@ -104,7 +103,7 @@ def test_every_field_the_openai_client_sends_is_declared_and_in_the_docs_table(k
     from openai.resources.chat.completions import Completions as Chat
     from openai.resources.completions import Completions as Legacy
 
-    from deployments.ingress.apis.completions.protocol import CompletionRequest
+    from deployments.protocol.openai.completions import CompletionRequest
 
     create, model = (Chat.create, ChatCompletionRequest) if kind == "chat" else (Legacy.create, CompletionRequest)
     sent = set(inspect.signature(create).parameters) - {"self", "extra_headers", "extra_query", "extra_body", "timeout"}

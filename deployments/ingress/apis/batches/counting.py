@@ -1,6 +1,7 @@
 """How the keys' limits count the Batch API (`limits.counting`): creating or cancelling a batch is
 not counted; each of its lines is, as the request it makes, against the key that made the batch
-(`ingress/batches/lines.py`)."""
+(`ingress/batches/lines.py`).
+"""
 
 from deployments.ingress.limits.counting import Counted, RouteCounting
 

@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
-from deployments.ingress.apis.batches.protocol import Batch, BatchCreateRequest, BatchList
 from deployments.ingress.limits.limiter import key_of
 from deployments.ingress.routing import ERRORS, caller
+from deployments.protocol.openai.batches import Batch, BatchCreateRequest, BatchList
 from deployments.state.batches import BatchStore
 
 

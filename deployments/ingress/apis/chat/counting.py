@@ -1,8 +1,9 @@
 """How the keys' limits count /v1/chat/completions (`limits.counting`): `max_completion_tokens`
-before `max_tokens`, for each of its `n` choices."""
+before `max_tokens`, for each of its `n` choices.
+"""
 
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.limits.counting import Budget, Counted, RouteCounting
+from deployments.protocol.openai.chat import ChatCompletionRequest
 
 COUNTING = (
     RouteCounting(

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from deployments.ingress.apis.chat.protocol import ChatCompletionRequest
 from deployments.ingress.apis.chat.service import ChatService
 from deployments.ingress.routing import BatchLine, recorded, streamed
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ChatCompletionRequest
 
 PATH = "/v1/chat/completions"
 
@@ -19,7 +19,7 @@ async def _batch_answer(served: ServedModels, body: ChatCompletionRequest, recor
     return (await ChatService(served.get(body.model).core).create(body, record)).body
 
 
-BATCH_LINE = BatchLine(PATH, ChatCompletionRequest, _batch_answer)
+BATCH_LINE = BatchLine(PATH, _batch_answer)
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:

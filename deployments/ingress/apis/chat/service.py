@@ -28,11 +28,14 @@ from typing import Any
 from deployments.ingress.answer.core import AnswerCore, structured_grammar
 from deployments.ingress.answer.events import Answer, Began, Call, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
-from deployments.ingress.apis.chat.protocol import (
+from deployments.ingress.vision.pipeline import Degraded
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
+    ChoiceFinish,
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
@@ -41,15 +44,14 @@ from deployments.ingress.apis.chat.protocol import (
     NamedToolChoice,
     ResponseMessage,
 )
-from deployments.ingress.vision.pipeline import Degraded
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import ChoiceFinish
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, TokenLogprob, Usage
 from deployments.protocol.replica import GenerateChunk, GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 
 
 class ChatService:
+    """The request logic of /v1/chat/completions for one served model (see the module's docstring)."""
+
     def __init__(self, core: AnswerCore) -> None:
         self._core = core
 
@@ -87,7 +89,8 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
 
 def response_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:
     """The grammar of `structured_outputs` or `response_format` (json_object, json_schema), or that of
-    the tool plan."""
+    the tool plan.
+    """
     if body.structured_outputs is not None:
         return structured_grammar(body.structured_outputs)
     fmt = body.response_format
@@ -102,7 +105,8 @@ def generation_settings(body: ChatCompletionRequest, plan: ToolPlan, sampling: d
     """The request's own generation settings as the decoder takes them: its length, logprobs, the
     grammar of `structured_outputs`, `response_format` or of a forced tool call, the chat's rendering
     (vLLM's `chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`) and its
-    sampling."""
+    sampling.
+    """
     return {
         "max_tokens": body.completion_limit,
         "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
@@ -123,7 +127,8 @@ class _Choice:
 
 class ChatChoices:
     """The `n` choices of one answer in chat's shapes, from its semantic events: `feed` returns the
-    stream's deltas for a chunk, `choices` the whole choices once every one has finished."""
+    stream's deltas for a chunk, `choices` the whole choices once every one has finished.
+    """
 
     def __init__(self, answer: Answer, logprobs: bool) -> None:
         self.answer = answer
@@ -132,7 +137,8 @@ class ChatChoices:
 
     def feed(self, chunk: GenerateChunk) -> list[ChunkChoice]:
         """The stream's deltas for a chunk: a delta per run of text or of tool calls, the role's delta
-        first and the finish last."""
+        first and the finish last.
+        """
         deltas: list[ChunkChoice] = []
         for _, run in itertools.groupby(self.answer.feed(chunk), key=type):
             items = list(run)
@@ -183,7 +189,8 @@ class ChatChoices:
 
 class _Frames:
     """The answer's bodies: the `chat.completion`, or its `chat.completion.chunk` events, the first of
-    which carries `vision`."""
+    which carries `vision`.
+    """
 
     def __init__(self, cid: str, model: str, choices: ChatChoices, degraded: Degraded | None) -> None:
         self.cid, self.model, self.created = cid, model, int(time.time())

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from deployments.ingress.apis.completions.protocol import CompletionRequest
 from deployments.ingress.apis.completions.service import CompletionService
 from deployments.ingress.routing import BatchLine, recorded, streamed
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.completions import CompletionRequest
 
 PATH = "/v1/completions"
 
@@ -19,7 +19,7 @@ async def _batch_answer(served: ServedModels, body: CompletionRequest, record: R
     return (await CompletionService(served.get(body.model).core).create(body, record)).body
 
 
-BATCH_LINE = BatchLine(PATH, CompletionRequest, _batch_answer)
+BATCH_LINE = BatchLine(PATH, _batch_answer)
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:

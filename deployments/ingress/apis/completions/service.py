@@ -16,18 +16,20 @@ from deployments.errors import InvalidRequestError
 from deployments.ingress.answer.core import AnswerCore, structured_grammar
 from deployments.ingress.answer.events import Answer, Ended, Logprobs, Text
 from deployments.ingress.answer.reply import Reply, sse, streamed, whole
-from deployments.ingress.apis.completions.protocol import (
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.common import TokenLogprob, Usage
+from deployments.protocol.openai.completions import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
 )
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.common import TokenLogprob, Usage
 from deployments.protocol.replica import GenerateChunk, GenerateRequest
 
 
 class CompletionService:
+    """The request logic of the legacy /v1/completions for one served model."""
+
     def __init__(self, core: AnswerCore) -> None:
         self._core = core
 
@@ -89,7 +91,8 @@ class _Writer:
 
     def piece(self, chunk: GenerateChunk) -> CompletionChoice:
         """The choice's text, logprobs and finish in one chunk's events (the echo before its first
-        text); the answer has no tool plan, so each chunk is one `Text`."""
+        text); the answer has no tool plan, so each chunk is one `Text`.
+        """
         index, events = chunk.index, self._answer.feed(chunk)
         tokens = [token for event in events if isinstance(event, Logprobs) for token in event.tokens]
         text = "".join(event.text for event in events if isinstance(event, Text))

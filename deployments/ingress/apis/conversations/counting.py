@@ -1,5 +1,6 @@
 """How the keys' limits count the Conversations API (`limits.counting`): each write is a request
-(requests per minute, concurrency), with no tokens."""
+(requests per minute, concurrency), with no tokens.
+"""
 
 from deployments.ingress.limits.counting import Counted, RouteCounting
 

@@ -1,7 +1,8 @@
 """The Conversations API: /v1/conversations (create, retrieve, update, delete) and its items (list,
 add, retrieve, delete), over the conversations' store (`state/conversations.py`: a store, not a
 service over a model's core). `include` is accepted where OpenAI takes it and changes nothing: an
-item is kept whole."""
+item is kept whole.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
-from deployments.ingress.apis.conversations.protocol import (
+from deployments.ingress.routing import ERRORS, caller
+from deployments.protocol.openai.conversations import (
     Conversation,
     ConversationCreateRequest,
     ConversationDeleted,
@@ -20,7 +22,6 @@ from deployments.ingress.apis.conversations.protocol import (
     ItemsCreateRequest,
     as_stored,
 )
-from deployments.ingress.routing import ERRORS, caller
 from deployments.protocol.openai.items import InputItem
 from deployments.state.conversations import ConversationStore
 from deployments.state.records import page

@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from deployments.ingress.apis.embeddings.protocol import EmbeddingList, EmbeddingRequest
 from deployments.ingress.apis.embeddings.service import EmbeddingService
 from deployments.ingress.routing import ERRORS, BatchLine, recorded
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.embeddings import EmbeddingList, EmbeddingRequest
 
 PATH = "/v1/embeddings"
 
@@ -20,7 +20,7 @@ async def _batch_answer(served: ServedModels, body: EmbeddingRequest, record: Re
     return await EmbeddingService(served.embedder(body.model).core).create(body, record)
 
 
-BATCH_LINE = BatchLine(PATH, EmbeddingRequest, _batch_answer, embedding=True)
+BATCH_LINE = BatchLine(PATH, _batch_answer)
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:

@@ -1,6 +1,7 @@
 """/v1/embeddings (`EmbeddingService`): a request's inputs embedded by the model's replica, through
 its `EmbeddingCore`, framed as OpenAI's `list` of `embedding` objects (floats, or base64 of the
-float32 bytes), with the usage."""
+float32 bytes), with the usage.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 from array import array
 from typing import Any
 
-from deployments.ingress.apis.embeddings.protocol import EmbeddingRequest
 from deployments.ingress.embedding.core import EmbeddingCore
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.embeddings import EmbeddingRequest
 
 
 def as_floats(vector: bytes) -> list[float]:
@@ -23,6 +24,8 @@ def as_floats(vector: bytes) -> list[float]:
 
 
 class EmbeddingService:
+    """The request logic of /v1/embeddings for one embedding model."""
+
     def __init__(self, core: EmbeddingCore) -> None:
         self.core = core
 

@@ -1,7 +1,8 @@
 """/v1/files' multipart form, read as it arrives: its few small fields kept, its file part's bytes
 handed on a piece at a time (at most `CHUNK_BYTES` each), so that an upload goes to the storage root
 without being held, in memory or in a temporary file. Fields may come before or after the file (the
-openai client sends them first; others, after)."""
+openai client sends them first; others, after).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from deployments.errors import InvalidRequestError, PayloadTooLargeError
-from deployments.ingress.apis.files.protocol import EXPIRES_ANCHOR, EXPIRES_SECONDS
+from deployments.protocol.openai.files import EXPIRES_ANCHOR, EXPIRES_SECONDS
 from deployments.state.storage import CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ MAX_FIELD_BYTES = 4096
 
 class UploadForm:
     """The form of one upload over `body` (its pieces as they arrive), of at most `cap` bytes (413
-    beyond). Read in order: `find_file`, then `chunks` (the file's bytes), then `rest` (the fields)."""
+    beyond). Read in order: `find_file`, then `chunks` (the file's bytes), then `rest` (the fields).
+    """
 
     def __init__(self, body: Iterator[bytes], content_type: str, cap: int) -> None:
         kind, options = parse_options_header(content_type)

@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from deployments.errors import InvalidRequestError
 from deployments.ingress.apis.files.form import UploadForm
-from deployments.ingress.apis.files.protocol import (
+from deployments.ingress.guard import MULTIPART_MARGIN
+from deployments.ingress.routing import ERRORS, caller
+from deployments.protocol.openai.files import (
     EXPIRES_ANCHOR,
     EXPIRES_SECONDS,
     UPLOAD_FORM,
@@ -19,8 +21,6 @@ from deployments.ingress.apis.files.protocol import (
     FileList,
     FileObject,
 )
-from deployments.ingress.guard import MULTIPART_MARGIN
-from deployments.ingress.routing import ERRORS, caller
 from deployments.state.files import ExpiresAfter, FileStore, checked_purpose
 from deployments.state.owners import Caller
 

@@ -1,6 +1,8 @@
 """A Messages request in the chat form that the rest of the service takes (the vision pipeline, the
 tool plan, the decoder's chat template), so that /v1/messages keeps chat's promises by using chat's
-path rather than a copy of it:
+path rather than a copy of it.
+
+Block by block:
 
 - `system` (a string or text blocks) is a system message, and the text of each `system` turn among
   the messages (Claude Code's) is added to it, in order: chat templates take one system message,
@@ -21,7 +23,7 @@ import base64
 import json
 from typing import Literal
 
-from deployments.ingress.apis.messages.protocol import (
+from deployments.protocol.anthropic import (
     AnyChoice,
     AssistantTurn,
     ContentSource,

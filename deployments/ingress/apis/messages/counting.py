@@ -1,7 +1,7 @@
 """How the keys' limits count Anthropic's Messages API (`limits.counting`)."""
 
-from deployments.ingress.apis.messages.protocol import MessagesRequest
 from deployments.ingress.limits.counting import Budget, Counted, RouteCounting
+from deployments.protocol.anthropic import MessagesRequest
 
 COUNTING = (
     RouteCounting("POST", "/v1/messages", Counted.GENERATES, Budget.read(MessagesRequest, "max_tokens")),

@@ -6,15 +6,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from deployments.ingress.apis.messages.protocol import (
+from deployments.ingress.apis.messages.service import MessagesService
+from deployments.ingress.routing import ERRORS, Responses, recorded, streamed
+from deployments.ingress.served_models import ServedModels
+from deployments.protocol.anthropic import (
     AnthropicErrorResponse,
     MessagesInput,
     MessagesRequest,
     TokenCount,
 )
-from deployments.ingress.apis.messages.service import MessagesService
-from deployments.ingress.routing import ERRORS, Responses, recorded, streamed
-from deployments.ingress.served_models import ServedModels
 
 _ERRORS: Responses = {
     status: {"model": AnthropicErrorResponse, "description": error["description"]} for status, error in ERRORS.items()

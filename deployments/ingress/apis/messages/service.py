@@ -1,5 +1,5 @@
 """Anthropic's Messages endpoint's request logic (/v1/messages, /v1/messages/count_tokens), apart
-from its routes: the request in chat form (`protocol.anthropic.chat_form`) goes through the same
+from its routes: the request in chat form (`messages.chat_form`) goes through the same
 tool plan and vision pipeline as a chat, and the answer core's chunks become Anthropic's shapes,
 one `message` or its stream's events.
 
@@ -36,7 +36,9 @@ from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, recorded_error, streamed, whole
 from deployments.ingress.apis.messages.chat_form import chat_messages, functions, tool_choice
-from deployments.ingress.apis.messages.protocol import (
+from deployments.ingress.vision.pipeline import Degraded
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.anthropic import (
     AssistantTurn,
     Message,
     MessagesInput,
@@ -48,14 +50,14 @@ from deployments.ingress.apis.messages.protocol import (
     TokenCount,
     ToolUseContent,
 )
-from deployments.ingress.vision.pipeline import Degraded
-from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.chat import ChoiceFinish, ToolCallDelta
 from deployments.protocol.replica import GenerateChunk, TokenizeInput
 from deployments.tools.plan import ToolPlan, plan_tools
 
 
 class MessagesService:
+    """The request logic of Anthropic's /v1/messages for one served model (see the module's docstring)."""
+
     def __init__(self, core: AnswerCore) -> None:
         self._core = core
 
@@ -83,7 +85,8 @@ class MessagesService:
         """The prompt's tokens as the decoder counts them: the request rendered by the model's chat
         template, with its tools and its images as the pipeline gives them (captions under proxy
         vision, the model's own image tokens under native vision), by the decoder's tokenizer (no
-        generation, no decoder slot; a prompt longer than the context is counted whole)."""
+        generation, no decoder slot; a prompt longer than the context is counted whole).
+        """
         _check_final_turn(body)
         plan = _plan(body)
         deadline, seen = await self._core.prepare(chat_messages(body), record)
@@ -109,7 +112,8 @@ def _check_final_turn(body: MessagesInput) -> None:
 
 def _plan(body: MessagesInput) -> ToolPlan:
     """The tool plan of `tools` and `tool_choice`; a choice that needs tools, or names one that is
-    not among them, is a 400 (checked here rather than in the schema, which cannot say it)."""
+    not among them, is a 400 (checked here rather than in the schema, which cannot say it).
+    """
     choice, function, parallel = tool_choice(body)
     names = {tool.name for tool in body.tools or []}
     if (choice == "required" or function is not None) and not names:
@@ -134,7 +138,8 @@ _STOP_REASONS: dict[ChoiceFinish, StopReason] = {"tool_calls": "tool_use", "leng
 class MessageBlocks:
     """One answer's content blocks in Anthropic's shapes, from its semantic events (`answer`): `feed`
     returns the stream's events for a chunk (from `message_start` on the first to `message_stop` on
-    the last), `message` the whole message once it has finished."""
+    the last), `message` the whole message once it has finished.
+    """
 
     def __init__(self, mid: str, model: str, plan: ToolPlan, degraded: Degraded | None) -> None:
         self.mid, self.model = mid, model

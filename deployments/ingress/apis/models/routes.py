@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from deployments.ingress.limits.limiter import model_allowed
 from deployments.ingress.routing import NOT_FOUND
 from deployments.ingress.served_models import ServedModels
-from deployments.protocol.openai.common import ModelCard, ModelList
+from deployments.protocol.openai.models import ModelCard, ModelList
 
 
 def attach(api: FastAPI, served: ServedModels) -> None:

@@ -10,7 +10,8 @@ small model summarizes well: it reads the conversation as text to summarize, not
 go on with.
 
 The endpoint's wire is here too: the request (`CompactRequest`, a conversation as /v1/responses
-takes it) and the `response.compaction` object (`CompactedResponse`)."""
+takes it) and the `response.compaction` object (`CompactedResponse`).
+"""
 
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def compacted_output(items: list[Item], summary: str) -> list[dict[str, Any]]:
 
 
 class CompactRequest(RequestModel):
+    """The body of a /v1/responses/compact request: a conversation as /v1/responses takes it."""
+
     model: str = Field(min_length=1)
     input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)] | None = None
     previous_response_id: str | None = None
@@ -109,6 +112,8 @@ class CompactRequest(RequestModel):
 
 
 class CompactedResponse(BaseModel):
+    """The `response.compaction` object that /v1/responses/compact answers with."""
+
     id: str
     object: Literal["response.compaction"] = "response.compaction"
     created_at: int = Field(default_factory=lambda: int(time.time()))

@@ -31,14 +31,6 @@ import re
 from typing import Any
 
 from deployments.errors import InvalidRequestError
-from deployments.ingress.apis.responses.protocol import (
-    FunctionTool,
-    NamedFunctionChoice,
-    NamespaceTool,
-    ResponseRequest,
-    TextFormatJsonObject,
-    TextFormatJsonSchema,
-)
 from deployments.protocol.openai.chat import (
     AssistantMessage,
     ChatMessage,
@@ -59,6 +51,14 @@ from deployments.protocol.openai.items import (
     MessageItem,
     kept_item,
 )
+from deployments.protocol.openai.responses import (
+    FunctionTool,
+    NamedFunctionChoice,
+    NamespaceTool,
+    ResponseRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+)
 from deployments.protocol.replica import GrammarSpec
 from deployments.tools.plan import ToolPlan, plan_tools
 
@@ -69,7 +69,8 @@ SUMMARY_INTRO = "Summary of our conversation so far:"
 
 def flat_name(namespace: str, name: str) -> str:
     """A namespaced function's name as the model sees it: a function name (64 characters at most, of
-    letters, digits, ``_`` and ``-``; a longer one keeps its first 55 and a digest of the whole)."""
+    letters, digits, ``_`` and ``-``; a longer one keeps its first 55 and a digest of the whole).
+    """
     flat = re.sub(r"[^a-zA-Z0-9_-]", "_", f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}")
     return flat if len(flat) <= 64 else f"{flat[:55]}_{hashlib.sha256(flat.encode()).hexdigest()[:8]}"
 
@@ -145,7 +146,8 @@ Shown = ImagePart | FilePart
 
 def _message(item: MessageItem) -> tuple[ChatMessage, list[Shown]]:
     """A message item as a chat message; a user's images and documents stay in place, those of other
-    roles (which a chat template gives no image slot) come back to follow it in a user turn."""
+    roles (which a chat template gives no image slot) come back to follow it in a user turn.
+    """
     if isinstance(item.content, str):
         parts: list[TextPart | Shown] = [TextPart(type="text", text=item.content)]
     else:
@@ -198,7 +200,8 @@ def _images_turn(images: list[Shown], tools: bool) -> UserMessage:
 
 def tool_plan(body: ResponseRequest) -> ToolPlan:
     """The plan of the request's `tools` (function tools, and each function of a namespace under its
-    flat name; hosted tools set aside), `tool_choice` and `parallel_tool_calls`."""
+    flat name; hosted tools set aside), `tool_choice` and `parallel_tool_calls`.
+    """
     choice = body.tool_choice
     functions: list[FunctionDefinition] = []
     for tool in body.tools or []:
@@ -233,7 +236,8 @@ def text_grammar(body: ResponseRequest, plan: ToolPlan) -> GrammarSpec | None:
 
 def stored_item(item: Item) -> dict[str, Any]:
     """An input item as it is kept and listed: as it came, with an id (and a message's text content
-    as one part, as OpenAI lists it)."""
+    as one part, as OpenAI lists it).
+    """
     return kept_item(item.model_dump(exclude_none=True, by_alias=True))
 
 

@@ -1,5 +1,6 @@
 """The Responses API's answer (/v1/responses): the `response` object with its output items and usage,
-and the stored input items' list."""
+and the stored input items' list.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from deployments.protocol.openai.common import VisionFields, absent
 
 
 class OutputTextPart(BaseModel):
+    """The text of an output message (`output_text`)."""
+
     type: Literal["output_text"] = "output_text"
     text: str = ""
     annotations: list[Any] = Field(default_factory=list)
@@ -21,6 +24,8 @@ ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
 class OutputMessage(BaseModel):
+    """An assistant message among a response's output items."""
+
     id: str
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
@@ -29,6 +34,8 @@ class OutputMessage(BaseModel):
 
 
 class OutputFunctionCall(BaseModel):
+    """A function call among a response's output items; `arguments` is its JSON text."""
+
     id: str
     type: Literal["function_call"] = "function_call"
     call_id: str
@@ -42,14 +49,20 @@ OutputItem = OutputMessage | OutputFunctionCall
 
 
 class InputTokensDetails(BaseModel):
+    """The input tokens' detail in a response's usage (`cached_tokens`)."""
+
     cached_tokens: int = 0
 
 
 class OutputTokensDetails(BaseModel):
+    """The output tokens' detail in a response's usage (`reasoning_tokens`)."""
+
     reasoning_tokens: int = 0
 
 
 class ResponseUsage(BaseModel):
+    """A response's token counts, as the Responses API reports them."""
+
     input_tokens: int
     input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
     output_tokens: int
@@ -58,6 +71,8 @@ class ResponseUsage(BaseModel):
 
 
 class IncompleteDetails(BaseModel):
+    """Why a response is incomplete: it reached `max_output_tokens`."""
+
     reason: Literal["max_output_tokens"]
 
 
@@ -67,7 +82,8 @@ ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 class Response(VisionFields):
     """The `response` object; the fields of the request it echoes keep the request's values, and
     the sampling fields a request cannot set here say what this server uses (OpenAI's defaults
-    where the request leaves them out, as OpenAI reports them)."""
+    where the request leaves them out, as OpenAI reports them).
+    """
 
     id: str
     object: Literal["response"] = "response"

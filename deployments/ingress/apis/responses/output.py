@@ -7,7 +7,8 @@ item; text after calls opens a new message. Each event is ``event: <type>`` and 
 with the stream's `sequence_number`: `response.created` and `response.in_progress`, then per item
 `output_item.added`, its parts' and deltas' events, `output_item.done`, and last
 `response.completed` (or `response.incomplete` when `max_output_tokens` cut it short). An error
-after the first event is an `error` event and `response.failed`; no ``[DONE]`` follows."""
+after the first event is an `error` event and `response.failed`; no ``[DONE]`` follows.
+"""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def response_usage(usage: Usage) -> ResponseUsage:
 
 class ResponseOutput:
     """The output items of one answer, from its semantic events (`answer`): `feed` returns the events
-    of a chunk (no sequence numbers yet), `items` holds the items so far; `finish` says how it ended."""
+    of a chunk (no sequence numbers yet), `items` holds the items so far; `finish` says how it ended.
+    """
 
     def __init__(self, answer: Answer, namespaces: Namespaces | None = None) -> None:
         """`namespaces`: the request's namespace tools, whose calls name the function and its namespace."""
@@ -177,7 +179,8 @@ class ResponseOutput:
 class ResponseEvents:
     """The stream's events for `output`: each with its `sequence_number`, the opening ones before
     the first chunk's, the final one (`end`) with the whole response; `frame` makes each the text
-    its transport sends (a server-sent event, or a WebSocket message)."""
+    its transport sends (a server-sent event, or a WebSocket message).
+    """
 
     def __init__(self, base: Response, output: ResponseOutput, frame: Callable[[Event], str] = named_sse) -> None:
         self._base = base

@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 from deployments.ingress.answer.reply import Reply
 from deployments.ingress.apis.responses.compaction import CompactedResponse, CompactRequest
 from deployments.ingress.apis.responses.objects import InputItemList
-from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.apis.responses.store import (
@@ -24,6 +23,7 @@ from deployments.ingress.limits.limiter import Admission, Limiter, key_of
 from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, recorded, request_id, streamed
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, turn_log_of
+from deployments.protocol.openai.responses import ResponseRequest
 from deployments.state.owners import Caller
 from deployments.state.records import page
 
@@ -35,12 +35,13 @@ async def _batch_answer(served: ServedModels, body: ResponseRequest, record: Req
     return (await ResponseService(served.get(body.model).core).create(body, record, None, Caller())).body
 
 
-BATCH_LINE = BatchLine(PATH, ResponseRequest, _batch_answer)
+BATCH_LINE = BatchLine(PATH, _batch_answer)
 
 
 def input_items(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> InputItemList:
     """A page of a stored response's input items: `order` by position (desc: newest first), after
-    the item `after` names."""
+    the item `after` names.
+    """
     return InputItemList(**page(items[::-1] if order == "desc" else list(items), limit, after))
 
 
@@ -54,7 +55,8 @@ def attach(
 ) -> None:
     """`store`: the responses kept (None: none are); `max_message_bytes`: a WebSocket message's cap;
     `limiter`: the keys' limits, which admit each WebSocket turn (HTTP requests pass its middleware);
-    `conversations`: those a response may belong to (`conversation`; None: none are served)."""
+    `conversations`: those a response may belong to (`conversation`; None: none are served).
+    """
 
     @api.post(PATH, responses=streamed("A response, or its events when stream is true"))
     async def create_response(body: ResponseRequest, request: Request) -> Any:
@@ -66,7 +68,6 @@ def attach(
     @api.websocket(PATH)
     async def response_socket(websocket: WebSocket) -> None:
         """The WebSocket mode: `response.create` turns on one connection (`socket`)."""
-
         key = key_of(websocket.state)
         admitted: dict[str, Admission] = {}  # each turn is admitted by the limits as a request is
 

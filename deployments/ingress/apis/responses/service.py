@@ -16,7 +16,8 @@ request's: `set_aside`).
 A turn of the WebSocket mode (`responses.socket`) is a streamed create on its `ConnectionCache`: its
 events are WebSocket messages, it continues the connection's last response first, and its own
 response is remembered there, `store` or not. `compact` is /v1/responses/compact: the summary that
-the model writes of the conversation (`responses.compaction`)."""
+the model writes of the conversation (`responses.compaction`).
+"""
 
 from __future__ import annotations
 
@@ -47,11 +48,9 @@ from deployments.ingress.apis.responses.items import (
 )
 from deployments.ingress.apis.responses.objects import Response
 from deployments.ingress.apis.responses.output import ResponseEvents, ResponseOutput, response_usage, socket_frame
-from deployments.ingress.apis.responses.protocol import ResponseRequest
 from deployments.ingress.apis.responses.store import (
     ConnectionCache,
     ConversationPort,
-    Entry,
     ResponseStorePort,
     earlier_entry,
 )
@@ -59,8 +58,10 @@ from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
 from deployments.protocol.openai.items import item_id
+from deployments.protocol.openai.responses import ResponseRequest
 from deployments.protocol.replica import GenerateChunk
 from deployments.state.owners import Caller
+from deployments.state.responses import Entry
 
 logger = logging.getLogger("ray.serve")
 
@@ -69,6 +70,8 @@ SET_ASIDE_HEADER = "X-Tools-Set-Aside"
 
 
 class ResponseService:
+    """The request logic of /v1/responses for one served model (see the module's docstring)."""
+
     def __init__(self, core: AnswerCore) -> None:
         self._core = core
 
@@ -84,7 +87,8 @@ class ResponseService:
         """`record`: what this request's access-log line and metrics say; `store`: the responses kept
         (None: none are); `caller`: who asks (a response or conversation continued must be theirs, the
         response is kept as theirs); `connection`: the WebSocket connection's cache, for a turn of that
-        mode; `conversations`: the conversations a turn may belong to (None: none are served)."""
+        mode; `conversations`: the conversations a turn may belong to (None: none are served).
+        """
         core = self._core
         thread = _Thread(conversations, body.conversation_id, caller)
         if body.conversation_id and record.session is None:  # the decoders' router keeps it on one replica
@@ -120,7 +124,8 @@ class ResponseService:
         self, body: CompactRequest, record: RequestRecord, store: ResponseStorePort | None, caller: Caller
     ) -> dict:
         """The conversation (that of `previous_response_id`, the caller's, then the input) compacted:
-        its user messages and the summary that the model writes of it, with the summary's usage."""
+        its user messages and the summary that the model writes of it, with the summary's usage.
+        """
         items = _items(await _conversation(store, body.previous_response_id, caller)) + body.items
         if not items:
             raise InvalidRequestError("Nothing to compact: send input, previous_response_id or both.", param="input")
@@ -143,7 +148,8 @@ async def _conversation(
     store: ResponseStorePort | None, previous: str | None, caller: Caller, connection: ConnectionCache | None = None
 ) -> list[dict[str, Any]]:
     """The items of the conversation that `previous` (a response's id) ended: its input and output,
-    and those it continued."""
+    and those it continued.
+    """
     if previous is None:
         return []
     earlier = await earlier_entry(store, previous, caller, connection)
@@ -158,7 +164,8 @@ def _items(conversation: list[dict[str, Any]]) -> list[Item]:
 
 class _Thread:
     """The conversation a response belongs to (`conversation`; none: `conversation_id` None): its
-    items before the input, and the turn's items added once the response completes."""
+    items before the input, and the turn's items added once the response completes.
+    """
 
     def __init__(self, conversations: ConversationPort | None, conversation_id: str | None, caller: Caller) -> None:
         if conversation_id is not None and conversations is None:
@@ -198,7 +205,8 @@ class _Thread:
 class _Keeper:
     """Keeps a finished response in the store (when there is one and `store` is true) and on its
     WebSocket connection (a turn of that mode), as the caller's, with the request's input items and the
-    conversation before them."""
+    conversation before them.
+    """
 
     def __init__(
         self,

@@ -19,7 +19,8 @@ by Serve against `max_ongoing_requests` and by autoscaling). A turn in progress 
 
 A message larger than `server.max_body_bytes` is a 413 for its turn, as a request body is. Each turn
 has its own access-log line and metrics (`method=WS`), and its deadline, as a request has. A client
-that leaves cancels the turn's generation when its next event cannot be sent."""
+that leaves cancels the turn's generation when its next event cannot be sent.
+"""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from deployments.errors import InvalidRequestError, PayloadTooLargeError, error_body
 from deployments.ingress.answer.reply import Reply, recorded_error
-from deployments.ingress.apis.responses.protocol import ResponseCreateEvent, ResponseRequest
 from deployments.ingress.apis.responses.store import ConnectionCache
 from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.responses import ResponseCreateEvent, ResponseRequest
 
 LIFETIME_S = 3600.0
 
@@ -59,7 +60,8 @@ class ResponseSocket:
         lifetime_s: float = LIFETIME_S,
     ) -> None:
         """`request_id`: the connection's (each turn's is it and the turn's number); `log`: writes a
-        turn's access-log line and metrics; `lifetime_s`: how long the connection may last."""
+        turn's access-log line and metrics; `lifetime_s`: how long the connection may last.
+        """
         self._socket = websocket
         self._turn = turn
         self._max_bytes = max_message_bytes
@@ -151,4 +153,5 @@ def _coded(error: dict) -> dict:
 
 
 def connection_id() -> str:
+    """A new id for a Responses WebSocket connection (``ws_`` and 16 hex digits)."""
     return f"ws_{secrets.token_hex(8)}"

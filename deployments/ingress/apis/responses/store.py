@@ -3,7 +3,8 @@
 calls, the lookups of its routes (an unknown, expired or another key's id is
 `PreviousResponseNotFound` for a continuation, `ResponseNotFoundError` (404) for a GET, the other
 key's refusal logged with the request's id), and a WebSocket connection's memory of its last
-response, stored or not (`ConnectionCache`)."""
+response, stored or not (`ConnectionCache`).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class ResponseStorePort(Protocol):
 
 class ConversationPort(Protocol):
     """What a Responses turn on a conversation calls (`deployments.state.conversations`), on a worker
-    thread: its items (after checking there is room for more), then the turn's items added."""
+    thread: its items (after checking there is room for more), then the turn's items added.
+    """
 
     def items(self, conversation_id: str, caller: Caller) -> list[dict[str, Any]]: ...
 
@@ -41,7 +43,8 @@ async def _lookup(
     store: ResponseStorePort | None, response_id: str, caller: Caller, delete: bool = False
 ) -> Entry | None:
     """The caller's stored response (deleted from the store when `delete`); None for an unknown id and
-    for another owner's, the latter logged."""
+    for another owner's, the latter logged.
+    """
     if store is None:
         return None
     found = await (store.delete if delete else store.get)(response_id, caller)
@@ -54,7 +57,8 @@ async def earlier_entry(
     store: ResponseStorePort | None, response_id: str, caller: Caller, connection: ConnectionCache | None = None
 ) -> Entry:
     """The response that a request continues (`previous_response_id`): its WebSocket connection's
-    last one, or one that the caller stored."""
+    last one, or one that the caller stored.
+    """
     entry = connection.take(response_id) if connection is not None else None
     if entry is None:
         entry = await _lookup(store, response_id, caller)
@@ -90,7 +94,8 @@ class ConnectionCache:
     cache), `store: false` or not, so that the next turn on the connection continues it; nothing
     outlives the connection. A continuation takes its response out (`take`): when the turn
     succeeds its own response is remembered instead, and when it fails nothing is, so that a failed
-    continuation cannot be continued again (a stored response is still found in the store)."""
+    continuation cannot be continued again (a stored response is still found in the store).
+    """
 
     def __init__(self) -> None:
         self._last: tuple[str, Entry] | None = None

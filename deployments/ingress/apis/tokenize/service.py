@@ -3,23 +3,26 @@
 chat template, so that a chat's count is the prompt a chat completion of the same messages and
 tools is given (its `usage.prompt_tokens`). The images of a chat become what the decoder counts
 through `VisionPipeline.prepare_to_count` (native vision: the model's image tokens; proxy vision:
-each image's line without its caption, and `uncaptioned_images`)."""
+each image's line without its caption, and `uncaptioned_images`).
+"""
 
 from __future__ import annotations
 
 from deployments.ingress.answer.core import AnswerCore
-from deployments.ingress.apis.tokenize.protocol import (
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.replica import TokenizeInput
 from deployments.tools.plan import plan_tools
 
 
 class TokenizeService:
+    """The request logic of /tokenize and /detokenize for one served model."""
+
     def __init__(self, core: AnswerCore) -> None:
         self._core = core
 

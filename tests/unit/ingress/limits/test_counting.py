@@ -16,13 +16,13 @@ from fastapi.routing import APIRoute
 from deployments.config import BatchesConfig, ServerConfig
 from deployments.config.limits import parse_limits
 from deployments.ingress.api import build_api
-from deployments.ingress.apis.completions.protocol import CompletionRequest
 from deployments.ingress.apis.counting import ROUTES
 from deployments.ingress.guard import GuardSettings
 from deployments.ingress.limits import estimate
 from deployments.ingress.limits.counting import Budget, Counted, CountingTable, RouteCounting
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
+from deployments.protocol.openai.completions import CompletionRequest
 from deployments.state.batches import BatchStore
 from deployments.state.conversations import ConversationStore
 from deployments.state.records import stored_owners

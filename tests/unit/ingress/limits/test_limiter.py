@@ -24,7 +24,7 @@ from deployments.ingress.limits.ledger import Caps, Ledger, Verdict
 from deployments.ingress.limits.limiter import Limiter
 from deployments.ingress.limits.table import KeyTable
 from deployments.ingress.served_models import ServedModel, ServedModels
-from deployments.protocol.openai.common import ModelCard
+from deployments.protocol.openai.models import ModelCard
 from tests.unit.fake_metrics import FakeMetrics
 from tests.unit.ingress.fakes import FakeDecoder, answer_core
 

@@ -1,5 +1,6 @@
 """OpenAI's legacy completions (/v1/completions): a prompt used as it is (text or token ids, no chat
-template), and the `text_completion` answer with the legacy logprobs' shape."""
+template), and the `text_completion` answer with the legacy logprobs' shape.
+"""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ class CompletionLogprobs(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """One prompt's (or sample's) text, with its logprobs and how it finished."""
+
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -61,6 +64,8 @@ class CompletionChoice(BaseModel):
 
 
 class Completion(BaseModel):
+    """OpenAI's `text_completion`: the whole answer, or one chunk of a stream."""
+
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))

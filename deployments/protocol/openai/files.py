@@ -1,12 +1,12 @@
-"""/v1/files' wire: OpenAI's file object, its list and the deletion's answer."""
+"""/v1/files' wire: OpenAI's file object (what a stored file's record keeps), its list, the deletion's
+answer and the upload's form as the OpenAPI schema declares it.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel
-
-from deployments.state.files import FileObject
 
 UploadPurpose = Literal["batch", "user_data"]
 EXPIRES_ANCHOR, EXPIRES_SECONDS = "expires_after[anchor]", "expires_after[seconds]"  # as OpenAI's clients send them
@@ -39,7 +39,23 @@ UPLOAD_FORM: dict[str, Any] = {  # the upload's form, for the OpenAPI schema (th
 }
 
 
+class FileObject(BaseModel):
+    """OpenAI's file object: what a file's record keeps and /v1/files answers."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
 class FileList(BaseModel):
+    """A page of the caller's files."""
+
     object: Literal["list"] = "list"
     data: list[FileObject]
     first_id: str | None = None
@@ -48,6 +64,8 @@ class FileList(BaseModel):
 
 
 class FileDeleted(BaseModel):
+    """A deletion's answer."""
+
     id: str
     object: Literal["file"] = "file"
     deleted: bool = True

@@ -9,7 +9,8 @@ Unknown fields are refused (a 400 naming them), and so are the fields this serve
 and `metadata` (the prefix cache needs no marks), `thinking` (the models do not reason: no thinking
 blocks come back, and an earlier answer's thinking blocks sent back are dropped),
 `context_management` (its edits clear thinking or old tool results, of which the prompt then keeps
-all), `output_config.effort`."""
+all), `output_config.effort`.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ CacheControl = dict[str, Any]  # {"type": "ephemeral", "ttl": ...}: accepted, ig
 
 
 class TextBlock(RequestModel):
+    """A text block (`cache_control` and `citations` accepted, set aside)."""
+
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
@@ -30,17 +33,23 @@ class TextBlock(RequestModel):
 
 
 class Base64Source(RequestModel):
+    """An image's bytes as base64, of one of the four media types Anthropic takes."""
+
     type: Literal["base64"]
     media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
     data: str = Field(min_length=1)
 
 
 class URLSource(RequestModel):
+    """An image or a document by URL, fetched behind the SSRF guard."""
+
     type: Literal["url"]
     url: str = Field(min_length=1)
 
 
 class ImageBlock(RequestModel):
+    """An image block: its source by base64 or URL."""
+
     type: Literal["image"]
     source: Annotated[Base64Source | URLSource, Field(discriminator="type")]
     cache_control: CacheControl | None = None
@@ -53,12 +62,16 @@ class ImageBlock(RequestModel):
 
 
 class PdfSource(RequestModel):
+    """A PDF's bytes as base64."""
+
     type: Literal["base64"]
     media_type: Literal["application/pdf"]
     data: str = Field(min_length=1)
 
 
 class PlainTextSource(RequestModel):
+    """A plain-text document given inline."""
+
     type: Literal["text"]
     media_type: Literal["text/plain"] = "text/plain"
     data: str
@@ -86,7 +99,8 @@ DocumentSource = Annotated[
 class DocumentBlock(RequestModel):
     """A document (a PDF, plain text, a URL of either): read into text by the ingress for any model,
     as it reads a `file` part of a chat (docs/documents.md). `title` names it in the prompt, `context`
-    goes before it; `citations` are accepted and set aside (no citations come back)."""
+    goes before it; `citations` are accepted and set aside (no citations come back).
+    """
 
     type: Literal["document"]
     source: DocumentSource
@@ -97,6 +111,8 @@ class DocumentBlock(RequestModel):
 
 
 class ToolUseBlock(RequestModel):
+    """An earlier answer's tool call, sent back in an assistant turn: its id, name and input."""
+
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -114,6 +130,8 @@ class ThinkingBlock(RequestModel):
 
 
 class RedactedThinkingBlock(RequestModel):
+    """An earlier answer's redacted thinking, sent back: accepted and dropped."""
+
     type: Literal["redacted_thinking"]
     data: str
     cache_control: CacheControl | None = None
@@ -123,6 +141,8 @@ ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminat
 
 
 class ToolResultBlock(RequestModel):
+    """A tool's result in a user turn, answering its `tool_use_id` (text, images or documents)."""
+
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: str | list[ResultPart] = ""
@@ -137,18 +157,23 @@ AssistantBlock = Annotated[
 
 
 class UserTurn(RequestModel):
+    """A user turn: a string or content blocks."""
+
     role: Literal["user"]
     content: str | Annotated[list[UserBlock], Field(min_length=1)]
 
 
 class AssistantTurn(RequestModel):
+    """An assistant turn: a string or content blocks (text, tool calls, thinking sent back)."""
+
     role: Literal["assistant"]
     content: str | Annotated[list[AssistantBlock], Field(min_length=1)]
 
 
 class SystemTurn(RequestModel):
     """A system message among the turns (Claude Code's mid-conversation system messages): its text is
-    added to the system prompt, in order."""
+    added to the system prompt, in order.
+    """
 
     role: Literal["system"]
     content: str | Annotated[list[TextBlock], Field(min_length=1)]
@@ -191,22 +216,30 @@ class OutputConfig(RequestModel):
 
 
 class AutoChoice(RequestModel):
+    """The model may call a tool or answer."""
+
     type: Literal["auto"]
     disable_parallel_tool_use: bool = False
 
 
 class AnyChoice(RequestModel):
+    """The model must call one of the tools."""
+
     type: Literal["any"]
     disable_parallel_tool_use: bool = False
 
 
 class NamedChoice(RequestModel):
+    """The model must call the tool it names."""
+
     type: Literal["tool"]
     name: str = Field(min_length=1)
     disable_parallel_tool_use: bool = False
 
 
 class NoneChoice(RequestModel):
+    """The model must not call a tool."""
+
     type: Literal["none"]
 
 
@@ -218,7 +251,8 @@ UNSUPPORTED_MESSAGES_FIELDS = ("mcp_servers", "container")
 
 class MessagesInput(RequestModel):
     """What /v1/messages/count_tokens takes: a Messages request, `max_tokens` optional (the
-    generation settings are accepted there and do not change the count)."""
+    generation settings are accepted there and do not change the count).
+    """
 
     model: str = Field(min_length=1)
     messages: list[InputMessage] = Field(min_length=1)
@@ -260,11 +294,15 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 class TextContent(BaseModel):
+    """A text block of the answer."""
+
     type: Literal["text"] = "text"
     text: str
 
 
 class ToolUseContent(BaseModel):
+    """A tool call of the answer: its id, name and input."""
+
     type: Literal["tool_use"] = "tool_use"
     id: str
     name: str
@@ -272,6 +310,8 @@ class ToolUseContent(BaseModel):
 
 
 class MessageUsage(BaseModel):
+    """The answer's usage in Anthropic's words (prompt tokens read from the prefix cache apart)."""
+
     input_tokens: int
     output_tokens: int
     cache_read_input_tokens: int = Field(0, description="Input tokens read from the prefix cache.")
@@ -280,7 +320,8 @@ class MessageUsage(BaseModel):
 
 class Message(BaseModel):
     """The answer of /v1/messages; `vision` (this service's extension, as on a chat completion)
-    names the images the model did not see."""
+    names the images the model did not see.
+    """
 
     id: str
     type: Literal["message"] = "message"
@@ -300,6 +341,8 @@ class TokenCount(BaseModel):
 
 
 class AnthropicErrorDetail(BaseModel):
+    """The error's type and message, as Anthropic's body carries them."""
+
     type: str
     message: str
 

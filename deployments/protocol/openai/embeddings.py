@@ -1,6 +1,7 @@
 """OpenAI's embeddings (/v1/embeddings): the request (a string, strings, token ids or lists of token ids),
 and the `list` of `embedding` objects with its usage, each vector as floats or as base64 of its
-little-endian float32 bytes (the official client's default)."""
+little-endian float32 bytes (the official client's default).
+"""
 
 from __future__ import annotations
 
@@ -43,17 +44,23 @@ class EmbeddingRequest(RequestModel):
 
 
 class EmbeddingUsage(BaseModel):
+    """The input's tokens."""
+
     prompt_tokens: int
     total_tokens: int
 
 
 class Embedding(BaseModel):
+    """One input's vector: floats, or base64 of its little-endian float32 bytes."""
+
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
 
 
 class EmbeddingList(BaseModel):
+    """/v1/embeddings' answer: a vector per input, in order, with the usage."""
+
     object: Literal["list"] = "list"
     data: list[Embedding]
     model: str

@@ -28,6 +28,8 @@ _CHAT_ONLY = ("tools", "add_generation_prompt", "continue_final_message")
 
 
 class TokenizeRequest(RequestModel):
+    """The body of /tokenize: exactly one of `prompt` (the completion form) and `messages` (the chat form)."""
+
     model: str | None = Field(None, description="The served model whose tokenizer is used; default: the first.")
     prompt: str | None = Field(None, description="The completion form: text tokenized as it is.")
     messages: list[ChatMessage] | None = Field(
@@ -62,6 +64,8 @@ class TokenizeRequest(RequestModel):
 
 
 class TokenizeResponse(BaseModel):
+    """/tokenize's answer: the prompt's token ids and count, and the model's context."""
+
     count: int = Field(description="The prompt's tokens: what it takes of the context.")
     max_model_len: int | None = Field(description="The model's context (null: an engine with none, the fake).")
     tokens: list[int]
@@ -77,9 +81,13 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(RequestModel):
+    """The body of /detokenize: token ids of the model's vocabulary."""
+
     model: str | None = Field(None, description="The served model whose tokenizer is used; default: the first.")
     tokens: list[Annotated[StrictInt, Field(ge=0)]] = Field(description="Token ids of the model's vocabulary.")
 
 
 class DetokenizeResponse(BaseModel):
+    """/detokenize's answer: the ids' text."""
+
     prompt: str

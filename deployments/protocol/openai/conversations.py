@@ -1,6 +1,7 @@
 """The Conversations API's wire: its requests (items as the Responses API's input items, at most 20
 at a time; metadata within OpenAI's bounds), OpenAI's conversation object, its deletion's answer and
-the item list."""
+the item list.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +16,21 @@ ITEMS_AT_ONCE = 20  # OpenAI's: "You may add up to 20 items at a time."
 
 
 class ConversationCreateRequest(RequestModel):
+    """The create body of /v1/conversations: its first items and metadata."""
+
     items: list[InputItem] | None = Field(None, max_length=ITEMS_AT_ONCE)
     metadata: Metadata | None = None
 
 
 class ConversationUpdateRequest(RequestModel):
+    """The update body of a conversation: its new metadata."""
+
     metadata: Metadata | None = Field(description="Replaces the conversation's metadata (null: none).")
 
 
 class ItemsCreateRequest(RequestModel):
+    """Items added to a conversation, at most 20 at a time."""
+
     items: list[InputItem] = Field(min_length=1, max_length=ITEMS_AT_ONCE)
 
 
@@ -42,12 +49,16 @@ class Conversation(BaseModel):
 
 
 class ConversationDeleted(BaseModel):
+    """A deletion's answer."""
+
     id: str
     object: Literal["conversation.deleted"] = "conversation.deleted"
     deleted: bool = True
 
 
 class ConversationItemList(BaseModel):
+    """A page of a conversation's items."""
+
     object: Literal["list"] = "list"
     data: list[InputItem]
     first_id: str | None = None

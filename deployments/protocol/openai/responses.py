@@ -6,7 +6,8 @@ Hosted tools (web search and the like, which only OpenAI's servers run) are set 
 to the model, named in the reply's `X-Tools-Set-Aside` header and the access log; a `tool_choice`
 that forces one is a 400. `reasoning` and `include: ["reasoning.encrypted_content"]` are accepted on
 models that do not reason (no reasoning items). Background runs and the other fields this server
-does not honour are 400s that name them."""
+does not honour are 400s that name them.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ class FunctionTool(RequestModel):
 
 class NamespaceTool(RequestModel):
     """A group of function tools under one name (the Codex CLI's MCP servers and agent tools): each
-    function is offered to the model, and a call of one names it and its `namespace` apart."""
+    function is offered to the model, and a call of one names it and its `namespace` apart.
+    """
 
     type: Literal["namespace"]
     name: str = Field(min_length=1, max_length=128)
@@ -46,7 +48,8 @@ class NamespaceTool(RequestModel):
 
 class HostedTool(BaseModel):
     """A tool that OpenAI's servers run (`web_search`, `file_search`, `code_interpreter`, `mcp`,
-    `image_generation`, `local_shell`, `custom`, ...): kept as it came, set aside (not offered)."""
+    `image_generation`, `local_shell`, `custom`, ...): kept as it came, set aside (not offered).
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -67,6 +70,8 @@ Tool = Annotated[
 
 
 class NamedFunctionChoice(RequestModel):
+    """A `tool_choice` that forces one function."""
+
     type: Literal["function"]
     name: str = Field(min_length=1)
 
@@ -75,14 +80,20 @@ ToolChoice = Literal["none", "auto", "required"] | NamedFunctionChoice
 
 
 class TextFormatText(RequestModel):
+    """Plain text (the default format)."""
+
     type: Literal["text"]
 
 
 class TextFormatJsonObject(RequestModel):
+    """Any JSON object."""
+
     type: Literal["json_object"]
 
 
 class TextFormatJsonSchema(RequestModel):
+    """JSON that matches the given schema."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
     type: Literal["json_schema"]
@@ -104,6 +115,8 @@ class ReasoningParam(RequestModel):
 
 
 class TextConfig(RequestModel):
+    """The answer's text: its format (and a verbosity, set aside)."""
+
     format: TextFormat = Field(default_factory=lambda: TextFormatText(type="text"))
     verbosity: Literal["low", "medium", "high"] | None = Field(
         None, description="Accepted and set aside: the length is the model's (and max_output_tokens')."
@@ -142,10 +155,14 @@ _HOSTED = (
 
 
 class ConversationRef(RequestModel):
+    """A conversation by id, as `conversation` may give it."""
+
     id: str = Field(min_length=1)
 
 
 class ResponseRequest(RequestModel):
+    """The create body of /v1/responses."""
+
     model: str = Field(min_length=1)
     input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
@@ -272,7 +289,8 @@ class ResponseRequest(RequestModel):
 class ResponseCreateEvent(ResponseRequest):
     """A turn of the WebSocket mode (`response.create`): the create body and its `type`. Every turn
     streams its events on the socket, so the HTTP transport's `stream`, `stream_options` and
-    `background` are not sent."""
+    `background` are not sent.
+    """
 
     type: Literal["response.create"]
 
