@@ -3,7 +3,8 @@
 Those that every engine reads are `EVERY_ENGINE` (a request's defaults, its room, the batch's size);
 each other setting belongs to the engines that read it, which their specs in the engine registry
 (`engines/registry.py`, `EngineSpec.settings`) name: an entry that sets one that its engine does not
-read is refused when the service is built, with the engine and the setting named."""
+read is refused when the service is built, with the engine and the setting named.
+"""
 
 from __future__ import annotations
 
@@ -117,7 +118,9 @@ class EngineParams(StrictModel):
         "and system prompt are computed once; usage.prompt_tokens_details.cached_tokens says how many were "
         "reused. A prefix computed in another batch shape can change the last bits of the logits, so a request "
         "with a seed is always computed whole: the same seed and request give the same answer whatever ran "
-        "before or beside it. transformers: no prefix cache (refused).",
+        "before or beside it. transformers: batching static keeps each slot's last prompt the same way (a "
+        "request with a seed computed whole, as here); continuous batching shares the complete 256-token pages "
+        "of finished prompts (transformers' block sharing, seeded requests too); sequential keeps nothing.",
     )
     cache_ram_mib: int = Field(
         1024,

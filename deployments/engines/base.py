@@ -22,7 +22,8 @@ class EngineOutput:
     `truncated_prompt_tokens` (on every piece, as `prompt_tokens`: a stop string may end the answer
     before the last one) is what `context_overflow: truncate` dropped from the prompt
     (`prompt_tokens` counts what was kept); `cached_prompt_tokens` (on every piece too) is how many
-    prompt tokens came from a prefix cache, None for an engine that has none."""
+    prompt tokens came from a prefix cache, None for an engine that has none.
+    """
 
     text: str
     completion_tokens: int = 0
@@ -54,7 +55,8 @@ class Engine(ABC):  # noqa: B024 - every hook has a default
 class TextEngine(Engine):
     """Generates text for a chat. A sampling field the request leaves unset (None) is the model's
     default, and `max_tokens` unset is the model's default cut to the context left: `defaults`
-    resolves both, for every engine."""
+    resolves both, for every engine.
+    """
 
     batch_invariant: bool = False
     """Whether a greedy answer is the same whatever runs beside it (`params.batch_invariant` holds),
@@ -62,8 +64,11 @@ class TextEngine(Engine):
 
     def prefix_memory(self) -> tuple[int, int, int | None] | None:
         """What the engine keeps of finished prompts for reuse, for the router's reports
-        (`routing.HeldPrefixes`): (prompts kept in slots, bytes of host prompt cache, KV bytes a
-        token or None); None: it keeps none (no prefix cache: routing by prefix gains nothing)."""
+        (`routing.HeldPrefixes`): (prompts kept in slots, bytes of a cache beyond them that keeps
+        older prompts while they fit, KV bytes a token or None): llama.cpp's host prompt cache, or
+        transformers' paged KV cache, which has no slots; None: it keeps none (no prefix cache:
+        routing by prefix gains nothing).
+        """
         return None
 
     tool_format: ToolCallFormat = "hermes"
@@ -73,23 +78,27 @@ class TextEngine(Engine):
     @abstractmethod
     def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream text pieces. Raise ContextLengthError before the first piece when the prompt
-        cannot fit; closing the iterator early must stop generation and free its slot."""
+        cannot fit; closing the iterator early must stop generation and free its slot.
+        """
 
     def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
         """The prompt's tokens exactly as `generate` would prompt with the same chat (template, tools,
         images) or text; never fitted to the context (a prompt longer than it is counted whole).
-        Blocking; the replica calls it in a worker thread, beside running generations."""
+        Blocking; the replica calls it in a worker thread, beside running generations.
+        """
         raise InvalidRequestError(f"This model's engine ({type(self).__name__}) does not tokenize.")
 
     def detokenize(self, tokens: list[int]) -> str:
         """Token ids as text, special tokens included; an id outside the vocabulary is a 400
-        (`InvalidRequestError`). Blocking, as `tokenize`."""
+        (`InvalidRequestError`). Blocking, as `tokenize`.
+        """
         raise InvalidRequestError(f"This model's engine ({type(self).__name__}) does not detokenize.")
 
     def load_adapter(self, name: str, folder: str) -> None:
         """Load the LoRA adapter in local `folder` as `name`, for requests whose `adapter` names it.
         Blocking (the replica calls it in a worker thread). `InvalidRequestError` when the adapter
-        cannot be used with this model (naming it); the base and other adapters are left as they were."""
+        cannot be used with this model (naming it); the base and other adapters are left as they were.
+        """
         raise InvalidRequestError(f"This model's engine ({type(self).__name__}) takes no LoRA adapters.")
 
     def unload_adapter(self, name: str) -> None:
@@ -111,7 +120,8 @@ class CaptionEngine(Engine):
 class EmbedEngine(Engine):
     """Turns texts into token ids and token ids into one vector each, pooled and normalised as its
     entry's `embedding:` section resolves (`pooling`, `normalize` here are the resolved values). The
-    replica checks lengths and ids against `max_input_tokens` and `vocab_size` before `embed`."""
+    replica checks lengths and ids against `max_input_tokens` and `vocab_size` before `embed`.
+    """
 
     dimensions: int
     """The size of the vectors `embed` returns."""
@@ -129,4 +139,5 @@ class EmbedEngine(Engine):
     @abstractmethod
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One vector per input (each at most `max_input_tokens` ids, all below `vocab_size`), in one
-        batch. Blocking; called in a worker thread."""
+        batch. Blocking; called in a worker thread.
+        """

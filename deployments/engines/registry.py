@@ -72,7 +72,8 @@ class EngineSpec:
 def _transformers_text(model: ModelConfig) -> TextEngine:
     """Under `vision_mode: native` the VLM engine; else `params.batching`'s engine: `auto` is the
     static-slot decoder on one CUDA GPU for a model of its shapes, or with LoRA adapters (`params.lora`),
-    continuous batching otherwise (on a CPU always)."""
+    continuous batching otherwise (on a CPU always).
+    """
     lora = model.params.lora is not None
     if model.capabilities.vision_mode == "native":
         if lora:
@@ -160,6 +161,7 @@ ENGINES: dict[str, EngineSpec] = {
                     "mem_budget_mb",
                     "processor_cache_mb",
                     "batch_wait_ms",
+                    "enable_prefix_caching",
                     "lora",
                 }
             ),
@@ -211,7 +213,8 @@ def _custom_engine(model: ModelConfig, base: type[E]) -> Callable[[ModelConfig],
 def engine_spec(name: str) -> EngineSpec:
     """The spec of the engine models.yaml names `name`: one of `ENGINES`, else ``module:Class`` of
     your own engine, placed as the torch engines are (its class imported when an engine is built,
-    and checked to be a `TextEngine` or a `CaptionEngine`). ``auto`` must be resolved first."""
+    and checked to be a `TextEngine` or a `CaptionEngine`). ``auto`` must be resolved first.
+    """
     if name in ENGINES:
         return ENGINES[name]
     if name == "auto":
@@ -232,7 +235,8 @@ def resolved(model: ModelConfig, *, on_cpu: bool) -> ModelConfig:
     """The entry with ``engine: auto`` resolved (any other engine is kept): llama.cpp when it runs on
     CPU (`on_cpu`: its replica has no GPU share) and its weight_file is a .gguf, as a decoder (text, or
     vision_mode native with its mmproj_file) or a captioner; else transformers (which loads GGUF
-    text models only, and the PyPI llama.cpp wheel computes on the CPU only)."""
+    text models only, and the PyPI llama.cpp wheel computes on the CPU only).
+    """
     if model.engine != AUTO:
         return model
     gguf = (model.weight_file or "").lower().endswith(".gguf")
@@ -243,7 +247,8 @@ def check_settings(entry: ModelConfig, engine: str) -> None:
     """`ConfigError` when `entry` sets a setting of ``params:`` that its engine does not read, naming
     the engine, the setting and the engines that read it. `engine`: the one it runs on (``auto``
     resolved); an entry on ``auto`` may set what either engine that auto picks reads, and what the
-    one it got does not read is logged as set aside."""
+    one it got does not read is logged as set aside.
+    """
     spec = engine_spec(engine)
     if spec.settings is None:
         return
@@ -266,7 +271,8 @@ def _readers(setting: str) -> list[str]:
 def engine_replica_env() -> dict[str, str]:
     """The variables of a replica that holds an engine: those of every engine, whichever it runs, so
     that every decoder and captioner process starts with the same environment (as before the
-    registry; the variables one engine needs change nothing for another)."""
+    registry; the variables one engine needs change nothing for another).
+    """
     env: dict[str, str] = {}
     for spec in ENGINES.values():
         env.update(spec.replica_env)

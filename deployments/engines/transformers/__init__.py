@@ -5,4 +5,5 @@ engines are `sequential` and `continuous` (text decoders over `text`), `native` 
 primary, with `native_prompt`, `native_batch`, `processor_cache` and `memory_profile`) and
 `captioner`. Around them: `loading` (device, dtype, quantization), `progress` (load-progress lines),
 `int4_cpu`, `constraints` (logprobs, logit bias and JSON grammars per request), `chat_template`,
-`sampling` and `stream`. Imported only when a model names `engine: transformers`."""
+`sampling` and `stream`. Imported only when a model names `engine: transformers`.
+"""

@@ -4,7 +4,8 @@ where asked, torch's CPU threads; each step a logged load-progress line), the ef
 `close`. `TransformersDecoder` adds what the text-generating engines share: the context length, the
 special tokens, the vocabulary a request may name, the grammar compiler, sampling resolved against
 the model's defaults, and `generate`: each engine `start`s a request's sequence and the one
-token-stream-to-output loop (`stream.stream_outputs`) turns its token ids into pieces."""
+token-stream-to-output loop (`stream.stream_outputs`) turns its token ids into pieces.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from deployments.roles import Role
 
 class TransformersEngine(Engine):
     """Loads `FRONT` (a tokenizer or a processor class) and `MODEL` (an auto model class); a subclass
-    calls `self.progress.done(self.model)` once its own set-up is finished."""
+    calls `self.progress.done(self.model)` once its own set-up is finished.
+    """
 
     FRONT: ClassVar[tuple[str, Any]]  # (the load step's name, the class whose from_pretrained loads it)
     MODEL: ClassVar[Any]
@@ -154,7 +156,8 @@ class TransformersDecoder(TransformersEngine, TextEngine):
     def suppressed(self, request: GenerateRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """`(banned, held)`: the tokens never chosen (`ignore_eos`: the end of sequence) and those not
         chosen before `min_tokens` tokens (the end of sequence and `stop_token_ids`, as vLLM holds them).
-        A stop token id outside the vocabulary is a 400."""
+        A stop token id outside the vocabulary is a 400.
+        """
         stop_ids = check_token_ids(request.stop_token_ids, self.vocab_size, "stop_token_ids")
         banned = tuple(self.eos_ids) if request.ignore_eos else ()
         held = tuple(dict.fromkeys([*self.eos_ids, *stop_ids])) if request.min_tokens else ()
@@ -179,7 +182,8 @@ class TransformersDecoder(TransformersEngine, TextEngine):
 
     def tokenize(self, request: TokenizeInput) -> TokenizedPrompt:
         """The prompt's ids (`prompt_ids`); `token_strs` are the vocabulary's strings of them (the
-        tokenizer's own, e.g. ``Ġthe``), as vLLM gives them."""
+        tokenizer's own, e.g. ``Ġthe``), as vLLM gives them.
+        """
         ids, image_tokens = self.prompt_ids(request)
         strs = [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)] if request.return_token_strs else None
         return TokenizedPrompt(
@@ -192,9 +196,11 @@ class TransformersDecoder(TransformersEngine, TextEngine):
     @abstractmethod
     def prompt_ids(self, request: TokenizeInput) -> tuple[list[int], int]:
         """The prompt's token ids as `start` would prompt with them (never fitted to the context),
-        and how many of them are image tokens."""
+        and how many of them are image tokens.
+        """
 
     @abstractmethod
     async def start(self, request: GenerateRequest) -> TokenStream:
         """The request's prompt prepared and checked (errors raise here, before any output); its
-        sequence starts when `tokens` is first iterated."""
+        sequence starts when `tokens` is first iterated.
+        """

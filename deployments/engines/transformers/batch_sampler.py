@@ -99,7 +99,8 @@ class _Step:
 
 class BatchSampler(ContinuousBatchingLogitsProcessorList):
     """The sampler the engine gives the manager (see the module docstring). `slots`: how many
-    sequences with penalties or a bias it holds at once (more are refused at `add`)."""
+    sequences with penalties or a bias it holds at once (more are refused at `add`).
+    """
 
     def __init__(self, vocab_size: int, max_rows: int, slots: int, device: torch.device, *, static: bool) -> None:
         super().__init__(LogitsProcessorList(), per_request_processors=False)
@@ -168,7 +169,8 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
         """The step's rows (one per request id, in order): their parameters written to `arg_storage`
         (`len(Arg)` int32 rows, one column per logits row; `padded` columns, the padding rows plain
         greedy on the zero slot), their grammar masks to the device. Then `__call__` or
-        `choose` samples the step, and `after_step` follows once its tokens are on the host."""
+        `choose` samples the step, and `after_step` follows once its tokens are on the host.
+        """
         with self._lock:
             rows = [self._sequences.get(i, _DEFAULT) for i in ids]
         flags = Row(0)
@@ -198,7 +200,8 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
 
     def _set_up(self, sequence: _Sequence) -> None:
         """Its slot's counts cleared and bias written (on the batch's thread, as the manager writes its
-        own static inputs, so that the step's kernels see them)."""
+        own static inputs, so that the step's kernels see them).
+        """
         sequence.fresh = False
         if not sequence.slot:
             return
@@ -267,7 +270,8 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
 
     def choose(self, scores: torch.Tensor, args: torch.Tensor) -> torch.Tensor:
         """The prepared step's tokens for the first `args.size(1)` rows of `scores` (also left in
-        `tokens`): tensor ops only, so that a captured step holds the sampler too."""
+        `tokens`): tensor ops only, so that a captured step holds the sampler too.
+        """
         step = self._step
         if not self.static and step.trivial:
             tokens = scores[: args.size(1)].argmax(dim=-1)
@@ -319,7 +323,8 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
     def _draw(self, logits: torch.Tensor, args: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
         """Temperature, top-k, top-p and min-p (in the library's order and arithmetic: top-k keeps every
         token at least the k-th largest, top-p drops the tokens whose ascending cumulative mass is at
-        most 1 - top_p), then one uniform number through the cumulative distribution."""
+        most 1 - top_p), then one uniform number through the cumulative distribution.
+        """
         n, vocab = logits.shape
         logits = logits / _f32(args[Arg.TEMPERATURE]).unsqueeze(1)
         ascending, order = torch.sort(logits, dim=-1)
@@ -342,7 +347,8 @@ class BatchSampler(ContinuousBatchingLogitsProcessorList):
 
     def after_step(self) -> None:
         """The step's tokens, now on the host: grammars advance and logprobs are recorded (only for the
-        rows that have them)."""
+        rows that have them).
+        """
         step = self._step
         if not step.flags & (Row.GRAMMAR | Row.LOGPROBS):
             return

@@ -1,5 +1,6 @@
 """A transformers vision-language model (`AutoProcessor` + `AutoModelForImageTextToText`) as a
-batched `CaptionEngine`: all images of a call are captioned in one `generate`."""
+batched `CaptionEngine`: all images of a call are captioned in one `generate`.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from deployments.roles import Role
 
 
 class TransformersCaptionEngine(TransformersEngine, CaptionEngine):
+    """The captioner on transformers: a VLM that captions a call's images in one `generate`."""
+
     FRONT = ("processor", AutoProcessor)
     MODEL = AutoModelForImageTextToText
 

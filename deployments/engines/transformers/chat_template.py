@@ -5,7 +5,8 @@ legacy completion's prompt taken as it is. Shared by the text decoders and the n
 
 The format (`capabilities.tool_call_format`) is resolved once at load (`resolve_tool_rendering`):
 `auto` reads the template: one that renders a probe tool is the family whose call syntax it contains
-(`tools.prompt.detect_tool_format`), else generic."""
+(`tools.prompt.detect_tool_format`), else generic.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ _SYSTEM_PROBE = "mmserve_system_probe"
 class ToolRendering:
     """How a model's prompt carries tools: `format` is what the model writes (and the ingress parses);
     any format but generic is the template's own rendering. `system_role`: the template renders a
-    system message (where the generic format's prompt goes)."""
+    system message (where the generic format's prompt goes).
+    """
 
     format: ToolCallFormat
     system_role: bool = True
@@ -45,7 +47,8 @@ class ToolRendering:
 
 def resolve_tool_rendering(front: Any, configured: str, model: str) -> ToolRendering:
     """The model's `ToolRendering` from `capabilities.tool_call_format` and its template (`front`: a
-    tokenizer or a processor). A named family whose template does not render tools is a `ConfigError`."""
+    tokenizer or a processor). A named family whose template does not render tools is a `ConfigError`.
+    """
     chosen = resolve_tool_format(configured, template_supports_tools(front), template_text(front), model)
     return ToolRendering(chosen, template_supports_system(front))
 
@@ -58,7 +61,8 @@ def template_text(front: Any) -> str:
 
 def marker_token_ids(tokenizer: Any, fmt: ToolCallFormat) -> frozenset[int]:
     """The special tokens that open the format's calls (`[TOOL_CALLS]`, `<|python_tag|>`): decoding
-    keeps them in the text of a request with tools, so that the ingress sees where calls start."""
+    keeps them in the text of a request with tools, so that the ingress sees where calls start.
+    """
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     special = {str(token): int(i) for i, token in added.items() if getattr(token, "special", False)}
     return frozenset(special[m] for m in TOOL_MARKERS[fmt] if m in special)
@@ -79,7 +83,8 @@ def template_supports_system(front: Any) -> bool:
 
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the chat template renders a tool list: a probe tool's name must appear in the prompt
-    (SmolLM2's template never reads `tools`, so a tool list would vanish silently)."""
+    (SmolLM2's template never reads `tools`, so a tool list would vanish silently).
+    """
     parameters = {"type": "object", "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}
     probe = [{"type": "function", "function": {"name": _TOOL_PROBE, "description": "probe", "parameters": parameters}}]
     try:
@@ -93,7 +98,8 @@ def template_supports_tools(tokenizer: Any) -> bool:
 
 def raw_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
     """A legacy completion's prompt as it is: text tokenized with the tokenizer's own special tokens
-    (e.g. a BOS where it adds one), token ids checked against the vocabulary."""
+    (e.g. a BOS where it adds one), token ids checked against the vocabulary.
+    """
     ids = list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise InvalidRequestError("The prompt is empty.", param="prompt")

@@ -48,7 +48,8 @@ BIAS_LIMIT = 100.0
 @dataclass(frozen=True)
 class LogprobRecord:
     """One generated token as the sampling thread saw it: its raw log-probability and the `k` most
-    likely tokens at its position, most likely first."""
+    likely tokens at its position, most likely first.
+    """
 
     token: int
     logprob: float
@@ -57,7 +58,8 @@ class LogprobRecord:
 
 class Grammar:
     """A request's grammar matcher, advanced by the tokens it gets. Only the sampling thread
-    touches it once the request is running."""
+    touches it once the request is running.
+    """
 
     def __init__(self, matcher: Any, eos_ids: Sequence[int]) -> None:
         self._matcher = matcher
@@ -66,7 +68,8 @@ class Grammar:
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         """Writes the allowed next tokens into `bitmask[row]` (32 tokens per int32, little-endian
         bits). At the grammar's end only EOS is allowed; a matcher in error (it never should be)
-        allows only EOS too, so that the sequence ends instead of producing an empty distribution."""
+        allows only EOS too, so that the sequence ends instead of producing an empty distribution.
+        """
         target = bitmask[row]
         if not self._matcher.is_error():
             self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
@@ -88,7 +91,8 @@ class Grammar:
 
 class GrammarCompiler:
     """Turns a `GrammarSpec` into a `Grammar` for one engine's tokenizer. The tokenizer's llguidance
-    form is built on first use (about 0.3 s for 49k tokens), off the event loop."""
+    form is built on first use (about 0.3 s for 49k tokens), off the event loop.
+    """
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> None:
         self._tokenizer, self._vocab_size, self._eos_ids = tokenizer, vocab_size, list(eos_ids)
@@ -136,7 +140,8 @@ class GrammarCompiler:
 @dataclass
 class RequestConstraints:
     """What one sequence asks of the sampler. `records` grows from the sampling thread (one entry per
-    generated token when `logprobs` is set) and is read by the request's stream."""
+    generated token when `logprobs` is set) and is read by the request's stream.
+    """
 
     logprobs: int | None = None
     bias_ids: torch.Tensor | None = None
@@ -149,7 +154,8 @@ def build_constraints(
     request: GenerateRequest, vocab_size: int, grammars: GrammarCompiler
 ) -> RequestConstraints | None:
     """The request's constraints (None when it has none: the sampler's fast path). Checks the bias's
-    token ids and compiles the grammar; raises `InvalidRequestError` for what cannot be honoured."""
+    token ids and compiles the grammar; raises `InvalidRequestError` for what cannot be honoured.
+    """
     constraints = RequestConstraints(logprobs=request.logprobs)
     if request.logit_bias:
         bad = sorted(t for t in request.logit_bias if not 0 <= t < vocab_size)
@@ -213,7 +219,8 @@ class ConstrainedStep:
 def constrain(scores: torch.Tensor, rows: Sequence[RequestConstraints | None]) -> ConstrainedStep | None:
     """Applies `rows[i]` to `scores[i]` in place (logprobs recorded from the raw row first, then bias,
     then the grammar's mask); None when no row has constraints. `scores` may have more rows than
-    `rows` (the manager's rows without a new token): those are left alone."""
+    `rows` (the manager's rows without a new token): those are left alone.
+    """
     active = [(i, c) for i, c in enumerate(rows) if c is not None]
     if not active:
         return None
@@ -244,7 +251,8 @@ def constrain(scores: torch.Tensor, rows: Sequence[RequestConstraints | None]) -
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: each byte as the printable character a byte-level BPE vocabulary
-    stores it as (the tokenizers library's `ByteLevel`)."""
+    stores it as (the tokenizers library's `ByteLevel`).
+    """
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = list(printable)
     extra = 0
@@ -266,7 +274,8 @@ class TokenTexts:
     character per byte, so a token that is part of a multi-byte character (whose text decodes to
     U+FFFD) still gets its exact bytes, through that alphabet's inverse; a SentencePiece byte-fallback
     token ``<0xNN>`` is its byte, and ``▁`` a space; added tokens (``<|im_end|>``) and anything else
-    are the UTF-8 of their text."""
+    are the UTF-8 of their text.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
@@ -307,7 +316,8 @@ class TokenTexts:
 
 class LogprobStream:
     """Hands each streamed piece the logprobs of the tokens its text carries: everything recorded up
-    to the tokens decoded so far, so the pieces' logprobs concatenate to one entry per token."""
+    to the tokens decoded so far, so the pieces' logprobs concatenate to one entry per token.
+    """
 
     def __init__(self, constraints: RequestConstraints | None, texts: TokenTexts) -> None:
         self._constraints = constraints if constraints is not None and constraints.logprobs is not None else None

@@ -5,6 +5,14 @@ requests join it at the next step (their prompts prefilled in chunks of `prefill
 tokens), finished and cancelled ones leave it, and every step's tokens are handed back to the
 replica's event loop, where each request's stream picks up its own.
 
+Prefix caching (`enable_prefix_caching`: the library's `allow_block_sharing`): the paged cache hashes
+each complete page (`PAGE_SIZE` tokens) of a prompt; a finished request's complete pages stay cached
+in the free pages until the pages are needed (then all are evicted at once), and a new request whose
+prompt starts with them shares them instead of computing them again. The library says neither what it
+holds nor what it reused: the engine wraps its cache's `search_prefix_match` (`PrefixMatches`), which
+the scheduler calls when it first schedules a request, and reports the tokens matched as usage's
+`cached_tokens`. Sliding-window layers share no pages: such a model has no prefix cache.
+
 Sampling is per request in one manager: the manager's own sampler only takes an argmax, of what
 `batch_sampler.BatchSampler` leaves, a one-hot on each row's token: every request's temperature,
 top-k, top-p, seed, penalties, logit bias, JSON grammar and logprobs applied to the whole step as
@@ -34,6 +42,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from transformers import ContinuousBatchingConfig, GenerationConfig
+from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
 
 from deployments.config import EngineParams, ModelConfig
 from deployments.engines.transformers.batch_sampler import BatchSampler
@@ -80,6 +89,11 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             self._sampler.after_step()
 
         self._manager._generation_step = generation_step
+        # Block sharing needs every layer on full attention (the library's rule for its allocators).
+        full = set(group_layers_by_attn_type(self.model.config.get_text_config())) == {"full_attention"}
+        self._matches = PrefixMatches() if self.params.enable_prefix_caching and full else None
+        if self._matches is not None:
+            self._manager._create_batch_processor = self._matches.watching(self._manager._create_batch_processor)
         self._manager.start()
         # The manager's thread is not a daemon: an engine never closed would keep Python from exiting.
         # Stopped before the interpreter joins its threads, through a weak reference, so that a closed
@@ -96,11 +110,23 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
             budget = self.params.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
         return max(1, budget // (self.kv_bytes_per_token * PAGE_SIZE))
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_blocks * PAGE_SIZE * self.kv_bytes_per_token
+
+    def prefix_memory(self) -> tuple[int, int, int | None] | None:
+        """No slots: a byte budget of pages, the whole paged cache (finished prompts stay in its free
+        pages until running requests need them).
+        """
+        if self._matches is None:
+            return None
+        return 0, self.kv_cache_bytes, self.kv_bytes_per_token
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
             "batching": "continuous",  # also when `auto` chose it
-            "kv_cache_mb": self.num_blocks * PAGE_SIZE * self.kv_bytes_per_token // 2**20,
+            "kv_cache_mb": self.kv_cache_bytes // 2**20,
             "kv_cache_tokens": self.num_blocks * PAGE_SIZE,
             "batch_tokens": self.batch_tokens,
             "attention": self.model.config._attn_implementation,
@@ -138,11 +164,15 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
         request_id = f"seq-{next(self._ids)}"
+        matches = self._matches
+        cached: list[int | None] = [None if matches is None else 0]  # read by the stream at each piece
 
         async def tokens() -> AsyncIterator[list[int]]:
             outputs: asyncio.Queue = asyncio.Queue()
             finished, seen = False, 0
             try:
+                if matches is not None:
+                    matches.expect(request_id)
                 self._manager.register_result_handler(request_id, outputs.put_nowait)
                 self._sampler.add(request_id, params, prepared.constraints, prepared.prompt)  # before it's scheduled
                 accepted = self._manager.add_request(
@@ -161,6 +191,8 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                         raise RuntimeError(f"generation failed: {output.error}")
                     new = output.generated_tokens[seen:]
                     seen += len(new)
+                    if matches is not None:  # scheduled, so matched, before its first token
+                        cached[0] = matches.get(request_id)
                     yield new
             finally:
                 if not finished:  # stop string, client gone or error: free the sequence's slot and pages now
@@ -168,27 +200,89 @@ class ContinuousBatchingTextEngine(TransformersTextEngine):
                     with self._manager.output_router._lock:  # a cancelled request gets no final output
                         self._manager.output_router.result_handlers.pop(request_id, None)
                 self._sampler.remove(request_id)
+                if matches is not None:
+                    matches.drop(request_id)
                 self._drop_orphans()
 
         return TokenStream(
-            tokens(), len(prepared.prompt), prepared.max_tokens, prepared.constraints, prepared.dropped_prompt_tokens
+            tokens(),
+            len(prepared.prompt),
+            prepared.max_tokens,
+            prepared.constraints,
+            prepared.dropped_prompt_tokens,
+            cached_prompt_tokens=lambda: cached[0],
         )
 
     def _drop_orphans(self) -> None:
         """Outputs that a cancelled sequence produced after its handler was removed go to the manager's
         shared queue, which this engine never reads: dropped here, or they pile up for the replica's
-        life (one or two per cancelled request, found by the soak in docs/reliability.md)."""
+        life (one or two per cancelled request, found by the soak in docs/reliability.md).
+        """
         orphans = self._manager.output_router.output_queue
         with contextlib.suppress(queue.Empty):
             while True:
                 orphans.get_nowait()
 
 
+class PrefixMatches:
+    """The prompt tokens the paged cache matched for each live request (its prefix found in cached
+    pages), recorded by wrapping the cache's `search_prefix_match`, which the library's scheduler calls
+    on the manager's thread when it first schedules a request (again while nothing matched and the
+    request could not be scheduled: the last call counts). Only requests the engine `expect`s are
+    recorded, until it `drop`s them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[str, int] = {}
+        self._cache: weakref.ref[Any] | None = None  # the cache whose search is wrapped
+
+    def expect(self, request_id: str) -> None:
+        with self._lock:
+            self._tokens[request_id] = 0
+
+    def found(self, request_id: str, tokens: int) -> None:
+        with self._lock:
+            if request_id in self._tokens:
+                self._tokens[request_id] = tokens
+
+    def get(self, request_id: str) -> int:
+        with self._lock:
+            return self._tokens.get(request_id, 0)
+
+    def drop(self, request_id: str) -> None:
+        with self._lock:
+            self._tokens.pop(request_id, None)
+
+    def watching(self, create: Callable[[], Any]) -> Callable[[], Any]:
+        """The manager's `_create_batch_processor` (called on its thread as it starts), its paged cache's
+        `search_prefix_match` wrapped to record each match.
+        """
+
+        def create_watched() -> Any:
+            processor = create()
+            cache = processor.cache
+            if self._cache is None or self._cache() is not cache:  # a reset processor comes back as it was
+                search = cache.search_prefix_match
+
+                def search_prefix_match(request_id: str, prompt_ids: list[int]) -> int:
+                    matched = int(search(request_id, prompt_ids))
+                    self.found(request_id, matched)
+                    return matched
+
+                cache.search_prefix_match = search_prefix_match
+                self._cache = weakref.ref(cache)
+            return processor
+
+        return create_watched
+
+
 def batching_config(params: EngineParams, num_blocks: int, batch_tokens: int) -> ContinuousBatchingConfig:
     """The manager's configuration. The padding intervals are passed only when graphs or compiling
     are asked for (`cuda_graphs: on`, `compile_level` > 0): transformers reads any non-zero padding as
     a request for CUDA graphs, which would turn them on under `auto` (with sdpa, the configuration
-    measured at a third of the eager speed)."""
+    measured at a third of the eager speed).
+    """
     padded = params.cuda_graphs == "on" or params.compile_level > 0
     return ContinuousBatchingConfig(
         page_size=PAGE_SIZE,
@@ -200,6 +294,7 @@ def batching_config(params: EngineParams, num_blocks: int, batch_tokens: int) ->
         kv_padding_interval_size=params.graph_kv_padding if padded else 0,
         default_compile_level=params.compile_level,
         use_async_batching=False,
+        allow_block_sharing=params.enable_prefix_caching,
     )
 
 
@@ -217,7 +312,8 @@ def _stopper(manager: weakref.ref[Any]) -> Callable[[], None]:
 def _kv_cache_usage(cache: Any) -> float:
     """KV-cache pages in use / pages in total, as vLLM counts them. The paged cache hands out sectors
     of pages to its allocators and keeps each one's free pages; a finished request's complete pages
-    stay cached for prefix reuse until needed, and count as free (they are evicted on demand)."""
+    stay cached for prefix reuse until needed, and count as free (they are evicted on demand).
+    """
     pool = cache.pool
     free_sectors = float(pool.num_free_sectors)
     for allocator in cache.cache_allocators.values():

@@ -1,7 +1,8 @@
 """A Hugging Face encoder (`AutoTokenizer` + `AutoModel`) as an `EmbedEngine`: the token states of a
 batch pooled into one vector per input. A sentence-transformers layout is read as that library
 does: ``modules.json`` (a ``Normalize`` module), ``1_Pooling/config.json`` (mean, cls or last token)
-and ``sentence_bert_config.json`` (``max_seq_length``); the entry's `embedding:` section wins over them."""
+and ``sentence_bert_config.json`` (``max_seq_length``); the entry's `embedding:` section wins over them.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from deployments.roles import Role
 
 def pool(states: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     """One vector per row of `states` (batch, tokens, hidden), over the tokens `mask` keeps (right padding):
-    their mean, the first token's state (cls) or the last kept token's (last)."""
+    their mean, the first token's state (cls) or the last kept token's (last).
+    """
     if mode == "cls":
         return states[:, 0]
     if mode == "last":
@@ -32,7 +34,8 @@ def pool(states: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 def sentence_transformers_layout(folder: Path) -> dict[str, Any]:
     """What a sentence-transformers folder says (empty for a plain Hugging Face model, or a hub id):
-    `pooling` (mean, cls, last), `normalize` (a Normalize module), `max_seq_length`."""
+    `pooling` (mean, cls, last), `normalize` (a Normalize module), `max_seq_length`.
+    """
     found: dict[str, Any] = {}
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
@@ -56,6 +59,8 @@ def sentence_transformers_layout(folder: Path) -> dict[str, Any]:
 
 
 class TransformersEmbedEngine(TransformersEngine, EmbedEngine):
+    """An embedding model on transformers (`AutoModel`), pooled and normalised as its entry resolves."""
+
     FRONT = ("tokenizer", AutoTokenizer)
     MODEL = AutoModel
 

@@ -27,6 +27,7 @@ PACKED_ROWS = 16  # up to this many tokens a layer multiplies by its 4-bit weigh
 
 
 def available() -> bool:
+    """Whether this torch has the CPU int4 matmul kernel that `Int4Linear` needs."""
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
@@ -73,7 +74,8 @@ class Int4Linear(nn.Module):
 
 class ExactTopLogits(nn.Module):
     """Logits from a packed output embedding (or a bfloat16 one, where it does not fit), the `TOP`
-    highest of each position in float32."""
+    highest of each position in float32.
+    """
 
     def __init__(self, head: nn.Linear) -> None:
         super().__init__()
@@ -97,7 +99,8 @@ class ExactTopLogits(nn.Module):
 def quantize(model: nn.Module) -> int:
     """Pack every fitting `nn.Linear`, the output embedding with exact top logits, and move the rest
     (and the layers' own weights) to bfloat16, in place; returns how many layers were packed, the
-    output embedding not counted."""
+    output embedding not counted.
+    """
     output_embeddings = getattr(model, "get_output_embeddings", None)
     head = output_embeddings() if callable(output_embeddings) else None
     replaced = 0

@@ -40,7 +40,8 @@ def pick_device(params: EngineParams) -> tuple[str, dict[str, Any]]:
 
 def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
     """The dtype weights are loaded in. int4-cpu on a CPU loads float32 (a GGUF file is dequantized
-    exactly), and `quantize_loaded` packs the linear layers and moves the rest to bfloat16."""
+    exactly), and `quantize_loaded` packs the linear layers and moves the rest to bfloat16.
+    """
     if params.quantization == "int4-cpu" and device == "cpu":
         return torch.float32
     if params.dtype != "auto":
@@ -52,7 +53,8 @@ def pick_dtype(params: EngineParams, device: str) -> torch.dtype:
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
     """One quick connect to the hub (per load attempt, so a returning network is noticed);
-    offline machines then load from the cache at once instead of retrying every file."""
+    offline machines then load from the cache at once instead of retrying every file.
+    """
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
         return False
     from huggingface_hub import constants
@@ -76,6 +78,7 @@ def pretrained_kwargs(model: ModelConfig) -> dict[str, Any]:
 
 
 def quantization_kwargs(params: EngineParams, device: str) -> dict[str, Any]:
+    """`from_pretrained` arguments for `params.quantization` on `device` (ConfigError where it cannot run)."""
     if params.quantization == "none":
         return {}
     if params.quantization == "int4-cpu":  # applied after loading, by `quantize_loaded`
@@ -95,7 +98,8 @@ def quantization_kwargs(params: EngineParams, device: str) -> dict[str, Any]:
 
 def load_kwargs(model: ModelConfig) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """`(device, shared, model_kwargs)`: `shared` is for the tokenizer/processor `from_pretrained`,
-    `model_kwargs` (shared + placement, quantization, `dtype`) for the model's."""
+    `model_kwargs` (shared + placement, quantization, `dtype`) for the model's.
+    """
     device, placement = pick_device(model.params)
     shared = pretrained_kwargs(model)
     kwargs = {**shared, **placement, **quantization_kwargs(model.params, device)}
@@ -112,7 +116,8 @@ def place(module: Any, device: str, kwargs: dict[str, Any]) -> Any:
 
 def quantize_loaded(module: Any, params: EngineParams, device: str, progress: LoadProgress | None = None) -> int:
     """Post-load quantization (`int4-cpu`, CPU replicas only); returns how many layers it replaced.
-    With `progress`, it is the load's logged `quantize` step."""
+    With `progress`, it is the load's logged `quantize` step.
+    """
     if params.quantization != "int4-cpu":
         return 0
     if device != "cpu":  # one models.yaml serves CPU and GPU machines (`decoder_gpus: auto`)
@@ -125,7 +130,8 @@ def quantize_loaded(module: Any, params: EngineParams, device: str, progress: Lo
 
 def set_cpu_threads(params: EngineParams, device: str) -> int | None:
     """Apply `cpu_threads` (all: the cores this process may run on) to torch; returns torch's thread
-    count on CPU (Ray's num_cpus when `cpu_threads` is null), None on GPU."""
+    count on CPU (Ray's num_cpus when `cpu_threads` is null), None on GPU.
+    """
     if device != "cpu":
         return None
     if params.cpu_threads is not None:

@@ -6,7 +6,8 @@ same forward (`adapter_names`, its mixed-batch path).
 
 Thread safety: loading and dropping adapters change the model's modules, so they and every forward
 that uses adapters take one lock (`rows`); the engines' forwards run in their own threads, a load in
-a worker thread of the replica's."""
+a worker thread of the replica's.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ BASE = "__base__"  # PEFT's name for a row without an adapter
 
 def peft_name(name: str) -> str:
     """The adapter's name inside PEFT: ours may hold a '.' (a module name cannot) or be part of
-    PEFT's "lora_" prefix (which PEFT warns may reinitialize the weights on load), so one of its own."""
+    PEFT's "lora_" prefix (which PEFT warns may reinitialize the weights on load), so one of its own.
+    """
     return "adapter_" + name.encode().hex()
 
 
@@ -40,7 +42,8 @@ class LoraAdapters:
 
     def load(self, name: str, folder: str) -> None:
         """Adapter `name` from its PEFT folder; `InvalidRequestError` naming it when it does not fit
-        the model (another base's shapes, modules the model lacks, corrupt weights)."""
+        the model (another base's shapes, modules the model lacks, corrupt weights).
+        """
         from peft import PeftConfig, PeftModel
 
         with self._lock:
@@ -79,7 +82,8 @@ class LoraAdapters:
     def rows(self, adapters: Sequence[str | None]) -> Iterator[None]:
         """A forward of rows with these adapters (None: the base model), one per batch row. Once any
         adapter was loaded, every forward names its rows' adapters: PEFT's layers would otherwise
-        apply their active adapter to every row."""
+        apply their active adapter to every row.
+        """
         with self._lock:
             if self._peft is None:
                 yield

@@ -47,7 +47,8 @@ class MemoryProfile:
 
 def largest_image() -> Image.Image:
     """A square image at the ingress's default pixel cap (`images.max_image_pixels`): at least as large
-    as what any processor keeps after resizing to its own maximum."""
+    as what any processor keeps after resizing to its own maximum.
+    """
     side = math.isqrt(ImageInputConfig().max_image_pixels)
     return Image.new("RGB", (side, side), (128, 128, 128))
 

@@ -58,6 +58,8 @@ NATIVE_UNSUPPORTED = (
 
 
 class NativeVisionEngine(TransformersDecoder):
+    """A VLM as the primary decoder (`vision_mode: native`): images go into the model itself."""
+
     FRONT = ("processor", AutoProcessor)
     MODEL = AutoModelForImageTextToText
 
@@ -123,7 +125,8 @@ class NativeVisionEngine(TransformersDecoder):
     def _job(self, request: GenerateRequest) -> NativeJob:
         """The request's prompt fitted to the context (`context.fit_context`: a 400 with the numbers,
         or under `context_overflow: truncate` its oldest turns dropped whole, with their images), and
-        its settings."""
+        its settings.
+        """
         limits = self.limits(request)
         if request.prompt is not None:
             prompt = self.prompt(request)

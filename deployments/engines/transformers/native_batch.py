@@ -69,7 +69,8 @@ class Collected:
 @dataclass
 class NativeJob:
     """One request ready for a batch. `out` gets, from the batch's thread, its tokens, the exception
-    if the batch failed, then its end; `cancelled` is set once nobody reads them."""
+    if the batch failed, then its end; `cancelled` is set once nobody reads them.
+    """
 
     prompt: NativePrompt
     max_tokens: int
@@ -85,7 +86,8 @@ class NativeJob:
 def batch_inputs(jobs: Sequence[NativeJob], pad_id: int, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """`generate`'s inputs: ids and per-token outputs left-padded to the longest prompt, the attention
     mask, and the images' tensors concatenated in order (row by row, each row's images in prompt
-    order: the order in which the model fills its image tokens)."""
+    order: the order in which the model fills its image tokens).
+    """
     width = max(len(job.prompt.ids) for job in jobs)
     ids = torch.full((len(jobs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(jobs), width), dtype=torch.long)
@@ -110,7 +112,8 @@ def batch_inputs(jobs: Sequence[NativeJob], pad_id: int, device: str, dtype: tor
 class RowSampler(LogitsProcessor):
     """Per-row sampling inside one `generate` (which then only takes the argmax): penalties, constraints,
     then each sampled row's draw becomes a one-hot; a step whose rows are all greedy and unconstrained
-    leaves the scores as they are."""
+    leaves the scores as they are.
+    """
 
     def __init__(self, jobs: Sequence[NativeJob], prompt_width: int, device: str) -> None:
         self._jobs = list(jobs)
@@ -165,7 +168,8 @@ class RowLimits(StoppingCriteria):
 
 class RowStreamer(BaseStreamer):
     """Hands each row's new token to its request, until the row ends (EOS, its length, or cancelled);
-    `generate` keeps stepping finished rows with padding, which nobody sees."""
+    `generate` keeps stepping finished rows with padding, which nobody sees.
+    """
 
     def __init__(self, jobs: Sequence[NativeJob], eos_ids: Sequence[int]) -> None:
         self._jobs = list(jobs)
@@ -208,7 +212,8 @@ class RowStreamer(BaseStreamer):
 
 def run_batch(model: Any, jobs: Sequence[NativeJob], special: dict[str, Any], eos_ids: Sequence[int]) -> None:
     """Generate for `jobs` together (blocking; a worker thread). Never raises: an error ends every
-    request of the batch that has not ended yet."""
+    request of the batch that has not ended yet.
+    """
     streamer = RowStreamer(jobs, eos_ids)
     try:
         inputs = batch_inputs(jobs, special["pad_token_id"], str(model.device), model.dtype)

@@ -30,7 +30,8 @@ _TEXT_INPUTS = ("input_ids", "attention_mask")
 @dataclass(frozen=True)
 class NativePrompt:
     """Token ids with the images' expansions in place; `aligned`: the processor's other per-token
-    outputs (0 on text tokens); `images`: the images in prompt order."""
+    outputs (0 on text tokens); `images`: the images in prompt order.
+    """
 
     ids: list[int]
     aligned: dict[str, list[int]] = field(default_factory=dict)
@@ -47,6 +48,8 @@ def _aligned(key: str) -> bool:
 
 
 class NativePromptBuilder:
+    """Builds a native VLM's prompt ids and image tensors from a chat (see the module docstring)."""
+
     def __init__(self, processor: Any, image_token: str | None, cache: ProcessorCache, tools: ToolRendering) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
@@ -71,7 +74,8 @@ class NativePromptBuilder:
         add_special_tokens: bool = False,
     ) -> NativePrompt:
         """The prompt of a chat whose image slots index `images` (by default with the generation
-        prompt, as a request is prompted; the other arguments are /tokenize's)."""
+        prompt, as a request is prompted; the other arguments are /tokenize's).
+        """
         parts, slots = image_slots(messages, images, {"type": "image"})
         rendered = [
             template_message(message) if content is None else {"role": message.role, "content": content}
@@ -120,7 +124,8 @@ class NativePromptBuilder:
 
     def image(self, image: ImageBytes, *, param: str) -> ProcessedImage:
         """What the processor makes of one image, from the cache when it was seen before (by the hash
-        the ingress sent with it). A processor that fails on it is this request's 400."""
+        the ingress sent with it). A processor that fails on it is this request's 400.
+        """
         if (cached := self.cache.get(image.sha256)) is not None:
             return cached
         try:

@@ -1,7 +1,8 @@
 """Processed images kept per replica (vLLM's processor cache): what a VLM's processor made of an
 image, keyed by the SHA-256 of its bytes, so that an image repeated in a later turn or request is
 not decoded and processed again. Bounded in bytes, least recently used first out; hits and misses
-are counted (the engine's `stats`, on /health and as metrics)."""
+are counted (the engine's `stats`, on /health and as metrics).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class ProcessedImage:
     """One image as the processor made it: `tokens`, the placeholder's expansion (the ids that stand for
     the image in the prompt); `aligned`, the processor's other per-token outputs over those ids (e.g.
     Qwen2-VL's `mm_token_type_ids`); `tensors`, the model's image inputs (`pixel_values`, and
-    `image_sizes` or `image_grid_thw` where the model has them), first dimension per image or patch."""
+    `image_sizes` or `image_grid_thw` where the model has them), first dimension per image or patch.
+    """
 
     tokens: tuple[int, ...]
     aligned: dict[str, tuple[int, ...]]
@@ -30,6 +32,8 @@ class ProcessedImage:
 
 
 class ProcessorCache:
+    """Processed images by the SHA-256 of their bytes, at most `max_bytes`, least recently used out first."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, ProcessedImage] = OrderedDict()

@@ -48,7 +48,8 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 class LoadProgress(LoadLog):
     """Logs the steps of one engine's load. `pretrained` wraps each `from_pretrained` call, `loaded`
-    logs the download and load steps, `quantize` times the post-load quantization, `done` closes."""
+    logs the download and load steps, `quantize` times the post-load quantization, `done` closes.
+    """
 
     def __init__(self, role: str, model: ModelConfig) -> None:
         super().__init__(role, model)
@@ -125,7 +126,8 @@ class LoadProgress(LoadLog):
 
     def done(self, module: torch.nn.Module) -> None:
         """The closing line: total time, the process's RSS and, on GPUs, torch's peak allocation on
-        the GPUs holding the model (since the process started: a reload loads the same model)."""
+        the GPUs holding the model (since the process started: a reload loads the same model).
+        """
         gpus = {p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"}
         peak = sum(torch.cuda.max_memory_allocated(i) for i in gpus) if gpus else 0
         self.finished(f", cuda peak {size_text(peak)}" if gpus else "")

@@ -1,6 +1,7 @@
 """A request's sampling parameters, and how they travel to the continuous batch's sampler
 (`batch_sampler.py`): one int32 column per logits row in the manager's argument storage (`Arg`),
-with the row's flags (`Row`)."""
+with the row's flags (`Row`).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class Arg(IntEnum):
 
 
 class Row(IntFlag):
+    """A row's flags (`Arg.FLAGS`): what the sampler must do for it."""
+
     GREEDY = 1
     SEEDED = 2
     GRAMMAR = 4

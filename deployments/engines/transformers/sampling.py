@@ -1,6 +1,7 @@
 """Per-request sampling that every transformers decoder applies the same way: the request's knobs
 resolved against the model's defaults, OpenAI's additive penalties and the temperature, top-k,
-top-p and min-p warp of one row."""
+top-p and min-p warp of one row.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def penalize(
     scores: torch.Tensor, generated: torch.Tensor, frequency: float | torch.Tensor, presence: float | torch.Tensor
 ) -> torch.Tensor:
     """OpenAI's presence and frequency penalties over each row's completion tokens so far
-    (`generated`: one row of token ids per score row); a tensor penalty holds one value per row."""
+    (`generated`: one row of token ids per score row); a tensor penalty holds one value per row.
+    """
     if generated.shape[1] == 0:
         return scores
     counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))

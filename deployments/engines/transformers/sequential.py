@@ -1,7 +1,8 @@
 """`batching: sequential`: one `model.generate` thread per request, its token ids streamed back to
 the event loop (a `ThreadStream`); closing the stream sets a stop flag that `generate` checks after
 every token. It supports seeds and penalties for any model, and applies the request's constraints
-with a logits processor."""
+with a logits processor.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from deployments.protocol.replica import GenerateRequest
 
 class _TokenStreamer(BaseStreamer):
     """Forwards generated token ids from the generate thread to the request's `ThreadStream`;
-    `on_token` sees each one first, in that thread (the constraints learn the token a step chose)."""
+    `on_token` sees each one first, in that thread (the constraints learn the token a step chose).
+    """
 
     def __init__(self, stream: ThreadStream[list[int]], on_token: Callable[[torch.Tensor], None] | None = None) -> None:
         self._stream, self._prompt_seen, self._on_token = stream, False, on_token
@@ -69,7 +71,8 @@ class OpenAIPenalties(LogitsProcessor):
 
 class Suppress(LogitsProcessor):
     """vLLM's `ignore_eos` and `min_tokens`: `banned` tokens never chosen, `held` ones not before
-    `until` tokens are generated."""
+    `until` tokens are generated.
+    """
 
     def __init__(self, prompt_len: int, banned: tuple[int, ...], held: tuple[int, ...], until: int) -> None:
         self.prompt_len, self.banned, self.held, self.until = prompt_len, list(banned), list(held), until
@@ -84,7 +87,8 @@ class Suppress(LogitsProcessor):
 class ConstraintsProcessor(LogitsProcessor):
     """A request's `RequestConstraints` inside `model.generate` (one sequence): listed before the
     warpers, so its logprobs come from the raw logits and the bias and grammar mask come before
-    temperature, top-k and top-p. `accept` (from the streamer) hands it the token the step chose."""
+    temperature, top-k and top-p. `accept` (from the streamer) hands it the token the step chose.
+    """
 
     def __init__(self, constraints: RequestConstraints) -> None:
         self._constraints = constraints

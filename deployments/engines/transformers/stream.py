@@ -4,12 +4,13 @@ them incrementally (never splitting a multi-byte character), attaches the logpro
 them, and ends with the finish reason and what truncation dropped. vLLM's token rules are applied
 here (`StopTokens`): a `stop_token_ids` token ends the sequence (its stream closed, which frees its
 slot), the stop token (or the end of sequence) kept in the text only with
-`include_stop_str_in_output`, and special tokens kept with `skip_special_tokens: false`."""
+`include_stop_str_in_output`, and special tokens kept with `skip_special_tokens: false`.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 class IncrementalText:
     """Turns a growing list of token ids into text deltas, holding back incomplete characters. Special
     tokens are left out, but those in `keep` (the tool-call markers of a request with tools); all are
-    kept without `skip_special`."""
+    kept without `skip_special`.
+    """
 
     def __init__(self, tokenizer: Any, keep: frozenset[int] = frozenset(), skip_special: bool = True) -> None:
         self._tokenizer = tokenizer
@@ -65,7 +67,8 @@ class WindowedText(IncrementalText):
     vLLM do): the text of the tokens since the previous emission's start, minus the text of those
     already emitted, so a token costs two short decodes however long the answer grows. The window
     starts one emission back, so that a token whose text depends on the one before it (a leading
-    space, a multi-byte character split across tokens) decodes as in the whole sequence."""
+    space, a multi-byte character split across tokens) decodes as in the whole sequence.
+    """
 
     def __init__(self, tokenizer: Any, keep: frozenset[int] = frozenset(), skip_special: bool = True) -> None:
         super().__init__(tokenizer, keep, skip_special)
@@ -86,7 +89,8 @@ class WindowedText(IncrementalText):
 class StopTokens:
     """A request's token rules (vLLM's): `stop_ids` end the sequence; the token that ended it (a stop
     token, or one of `eos_ids`) is in the text only with `include`; `skip_special`: special tokens
-    left out of the text."""
+    left out of the text.
+    """
 
     stop_ids: frozenset[int] = frozenset()
     eos_ids: frozenset[int] = frozenset()
@@ -104,7 +108,8 @@ class StopTokens:
 
     def cut(self, ids: list[int]) -> tuple[list[int], list[int], bool]:
         """`(taken, shown, stopped)`: the ids up to and including the first stop token (all when none),
-        those of them that the text shows, and whether a stop token ended the sequence."""
+        those of them that the text shows, and whether a stop token ended the sequence.
+        """
         at = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
         taken = ids if at is None else ids[: at + 1]
         if self.include or (self.skip_special and at is None):
@@ -113,16 +118,23 @@ class StopTokens:
         return taken, [t for t in taken if t not in ending], at is not None
 
 
+def _no_prefix_cache() -> int | None:
+    return None
+
+
 @dataclass
 class TokenStream:
     """A sequence on its way: its new token ids as they come (closing `tokens` must stop the sequence
-    and free its slot), and what its outputs report."""
+    and free its slot), and what its outputs report. `cached_prompt_tokens`, asked at each piece: how
+    many prompt tokens the engine's prefix cache gave (known by the first tokens), None: no cache.
+    """
 
     tokens: AsyncIterator[list[int]]
     prompt_tokens: int
     max_tokens: int
     constraints: RequestConstraints | None
     dropped_prompt_tokens: int = 0
+    cached_prompt_tokens: Callable[[], int | None] = _no_prefix_cache
 
 
 async def stream_outputs(
@@ -136,7 +148,8 @@ async def stream_outputs(
     """`EngineOutput` pieces for `stream`; the last piece has `finish_reason` (``length`` at its
     `max_tokens`, else ``stop``); `keep`: special tokens kept in the text; `text_class`: how the
     text is detokenized; `rules`: the request's stop tokens and special tokens. Closing this
-    generator closes `stream.tokens` at once (so does a stop token)."""
+    generator closes `stream.tokens` at once (so does a stop token).
+    """
     text = text_class(tokenizer, keep, rules.skip_special)
     logprobs = LogprobStream(stream.constraints, token_texts)
     n, stopped = 0, False
@@ -151,6 +164,7 @@ async def stream_outputs(
                     stream.prompt_tokens,
                     logprobs=logprobs.take(n),
                     truncated_prompt_tokens=stream.dropped_prompt_tokens,
+                    cached_prompt_tokens=stream.cached_prompt_tokens(),
                 )
             if stopped:
                 break  # closes the sequence's tokens: the engine frees its slot
@@ -161,4 +175,5 @@ async def stream_outputs(
         finish_reason="length" if n >= stream.max_tokens and not stopped else "stop",
         logprobs=logprobs.take(n),
         truncated_prompt_tokens=stream.dropped_prompt_tokens,
+        cached_prompt_tokens=stream.cached_prompt_tokens(),
     )

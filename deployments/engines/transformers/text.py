@@ -32,7 +32,8 @@ from deployments.tools.prompt import template_message
 @dataclass(frozen=True)
 class Prepared:
     """A request made ready for an engine: the prompt's token ids, the completion budget, the
-    constraints on its tokens (None: none) and the prompt tokens that truncation dropped."""
+    constraints on its tokens (None: none) and the prompt tokens that truncation dropped.
+    """
 
     prompt: list[int]
     max_tokens: int
@@ -59,7 +60,8 @@ class TransformersTextEngine(TransformersDecoder):
 
     def _kv_bytes_per_token(self) -> int:
         """KV-cache bytes of one token: K and V of every layer, over the KV heads, in the model's dtype
-        (what the continuous-batching and static-slot engines size their caches by)."""
+        (what the continuous-batching and static-slot engines size their caches by).
+        """
         cfg = self.model.config.get_text_config()
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -71,7 +73,8 @@ class TransformersTextEngine(TransformersDecoder):
 
     async def prepare(self, request: GenerateRequest) -> Prepared:
         """The prompt's token ids, the completion budget and the constraints (tokenizing and compiling
-        a grammar happen off the event loop)."""
+        a grammar happen off the event loop).
+        """
         return await asyncio.to_thread(self._prepare, request)
 
     def _prepare(self, request: GenerateRequest) -> Prepared:
@@ -107,7 +110,8 @@ class TransformersTextEngine(TransformersDecoder):
         """Messages rendered by the model's template (by default with the generation prompt, as a
         request is prompted) and `tools`; `add_special_tokens`: the tokenizer's own (a BOS) added to
         the rendered text too; `template_kwargs`: vLLM's `chat_template_kwargs`, the template's extra
-        variables."""
+        variables.
+        """
         chat, extra = self.tools.chat([template_message(m) for m in messages], tools)
         variables = template_variables(template_kwargs)
         try:

@@ -125,6 +125,26 @@ async def test_greedy_answers_are_unchanged_next_to_sampled_requests(tiny_llm):
     assert [text for text, _ in mixed[:3]] == alone
 
 
+async def test_a_repeated_long_prompt_reuses_its_cached_prefix(tiny_llm):
+    """Continuous batching shares the complete 256-token pages of a finished prompt (transformers'
+    block sharing, matched by its scheduler); static slots keep the last prompt whole. Usage's
+    cached tokens say so, and the answer is the same; the router is told what the engine keeps."""
+    if not isinstance(tiny_llm, ContinuousBatchingTextEngine | StaticTextEngine):
+        pytest.skip("the sequential engine keeps nothing across requests")
+    request = GenerateRequest(prompt=list(range(9000, 9300)), temperature=0, max_tokens=8)
+    first, pieces = await complete(tiny_llm, request)
+    assert pieces[-1].cached_prompt_tokens == 0
+    again, pieces = await complete(tiny_llm, request)
+    if isinstance(tiny_llm, ContinuousBatchingTextEngine):
+        assert pieces[-1].cached_prompt_tokens == 256  # one complete page: (300 - 1) // 256
+        assert tiny_llm.prefix_memory() == (0, tiny_llm.kv_cache_bytes, tiny_llm.kv_bytes_per_token)
+    else:
+        assert pieces[-1].cached_prompt_tokens == 299  # all but the last token
+        assert tiny_llm.prefix_memory() == (4, 0, tiny_llm.kv_bytes_per_token)
+    needs_batch_invariance(tiny_llm)
+    assert again == first
+
+
 async def test_context_length_checked_before_generation(tiny_llm):
     with pytest.raises(ContextLengthError):
         await complete(tiny_llm, ask("word " * 600, max_tokens=10))

@@ -1,6 +1,10 @@
 """The static-slot engine through the engine ABC (`TextEngine.generate`), as the decoder replica
 drives it: stop strings close the stream, max_tokens ends it, a closed stream frees its slot, more
-requests than slots wait for one; and `batching: auto` keeps continuous batching on a CPU."""
+requests than slots wait for one; `batching: auto` keeps continuous batching on a CPU. A slot keeps
+its last prompt: a next turn reuses it (usage's cached tokens) and answers as an engine without
+reuse does, a prompt reuses only what it shares, the least recently used slot goes first, and a
+cancelled sequence leaves only what it wrote.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,15 @@ def engine(tiny_llm_dir):
     params = EngineParams(batching="static", max_num_seqs=2)
     built = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=params))
     assert isinstance(built, StaticTextEngine)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="module")
+def cold(tiny_llm_dir):
+    """The same engine with slot reuse off: every prompt computed whole."""
+    params = EngineParams(batching="static", max_num_seqs=2, enable_prefix_caching=False)
+    built = create_text_engine(ModelConfig(name="tiny", local_path=str(tiny_llm_dir), params=params))
     yield built
     built.close()
 
@@ -153,3 +166,88 @@ def test_windowed_detokenization_decodes_a_short_window_per_token(tiny_llm_dir):
     for i in ids:
         windowed.feed([i])
     assert len(ids) > 150 and max(tokenizer.lengths) <= 4
+
+
+def ids_prompt(first: int, n: int = 60, **kw) -> GenerateRequest:
+    """A legacy completion prompt of `n` token ids from `first` on (no chat template shared with
+    other prompts), greedy and 8 tokens unless `kw` says otherwise."""
+    return GenerateRequest(prompt=list(range(first, first + n)), **{"temperature": 0, "max_tokens": 8, **kw})
+
+
+def cached(pieces: list) -> int | None:
+    counts = {p.cached_prompt_tokens for p in pieces}
+    assert len(counts) == 1  # every piece says it
+    return counts.pop()
+
+
+async def test_a_next_turn_reuses_the_slot_of_the_last_and_answers_as_without_reuse(engine, cold):
+    first = [TextMessage(role="user", content="Here is a long story about the sea and its ships. " * 6)]
+    answer, pieces = await text_of(engine, GenerateRequest(messages=first, temperature=0, max_tokens=12))
+    assert cached(pieces) is not None
+    second = [*first, TextMessage(role="assistant", content=answer), TextMessage(role="user", content="And then?")]
+    request = GenerateRequest(messages=second, temperature=0, max_tokens=12)
+    warm, pieces = await text_of(engine, request)
+    before, now = engine.chat_ids(first, None), engine.chat_ids(second, None)
+    assert now[: len(before)] == before
+    assert len(before) <= cached(pieces) < len(now)  # the first turn's prompt at least, and its answer's tokens
+    again, cold_pieces = await text_of(cold, request)
+    assert warm == again and cached(cold_pieces) is None and cold.prefix_memory() is None
+    assert engine.prefix_memory() == (2, 0, engine.kv_bytes_per_token)
+
+
+async def test_a_prompt_reuses_only_what_it_shares_with_a_slot(engine, cold):
+    """Half a prompt shared: that half reused; a prompt with nothing in common: nothing; the same
+    prompt again: all but its last token (whose logits give the first new token)."""
+    await text_of(engine, ids_prompt(1000))
+    half = GenerateRequest(prompt=[*range(1000, 1030), *range(2000, 2030)], temperature=0, max_tokens=8)
+    shared, pieces = await text_of(engine, half)
+    assert cached(pieces) == 30 and shared == (await text_of(cold, half))[0]
+    _, pieces = await text_of(engine, ids_prompt(3000))
+    assert cached(pieces) == 0
+    _, pieces = await text_of(engine, ids_prompt(3000))
+    assert cached(pieces) == 59
+
+
+async def test_a_seeded_request_is_computed_whole(engine):
+    """As on llama.cpp: its answer must not depend on what ran before it."""
+    await text_of(engine, ids_prompt(4000))
+    _, pieces = await text_of(engine, ids_prompt(4000, seed=3, temperature=1.0))
+    assert cached(pieces) == 0
+
+
+async def test_the_least_recently_used_slot_goes_first(engine):
+    """Two slots, three prompts one after another: the third takes the first's slot, so the second's
+    prefix is still there (with the lowest free slot first, each would have taken slot 0)."""
+    for first in (5000, 6000, 7000):
+        await text_of(engine, ids_prompt(first))
+    _, pieces = await text_of(engine, ids_prompt(6000))
+    assert cached(pieces) == 59
+    _, pieces = await text_of(engine, ids_prompt(5000))
+    assert cached(pieces) == 0
+
+
+async def test_a_cancelled_sequence_leaves_only_what_it_wrote(engine, cold):
+    """A stream closed after its third token: its slot holds its prompt and the tokens that a decode
+    step wrote. A prompt that continues exactly those reuses them all and answers as without reuse,
+    to the logprobs (a token held whose K/V was never written would change them)."""
+    async with aclosing(engine.generate(ids_prompt(8000, max_tokens=400))) as pieces:
+        async for piece in pieces:
+            if piece.completion_tokens >= 3:
+                break
+    await idle(engine)
+    prompt = list(range(8000, 8060))
+    held = max((engine._slots.held(slot) for slot in range(2)), key=lambda ids: shared_prefix(ids, prompt))
+    assert held[:60] == prompt and 62 <= len(held) < 60 + 400  # tokens 1 and 2 at least went through a decode step
+    follow = GenerateRequest(prompt=[*held, 8100, 8101], temperature=0, max_tokens=10, logprobs=0)
+    warm, pieces = await text_of(engine, follow)
+    assert cached(pieces) == len(held)
+    again, cold_pieces = await text_of(cold, follow)
+    logprobs = [t.logprob for p in pieces for t in p.logprobs]
+    assert warm == again and logprobs == pytest.approx([t.logprob for p in cold_pieces for t in p.logprobs], abs=1e-4)
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

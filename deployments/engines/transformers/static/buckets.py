@@ -1,7 +1,8 @@
 """The shapes a static decoder runs at: batch buckets for decode steps, token buckets for prefill
 chunks and window buckets for the KV positions a decode step attends over. Every step is padded up
 to its bucket, so that a GPU replica captures one CUDA graph per (batch, window) bucket at start and
-never captures on a live request."""
+never captures on a live request.
+"""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ ARGS = 3
 @dataclass(frozen=True)
 class Chunk:
     """A piece of one prompt to prefill: `ids` at positions `start`, `start + 1`, ... of `slot`;
-    `last`: the prompt's final piece (its last token's logits give the first generated token)."""
+    `last`: the prompt's final piece (its last token's logits give the first generated token).
+    """
 
     request_id: str
     slot: int
@@ -62,7 +63,8 @@ class DecodeRow:
 
 class StaticDecoder:
     """`model` (a causal LM whose attention modules pass keyword arguments through: Llama, Qwen2,
-    Qwen3, Mistral) over a cache of `slots` sequences of `max_len` tokens."""
+    Qwen3, Mistral) over a cache of `slots` sequences of `max_len` tokens.
+    """
 
     def __init__(
         self,
@@ -195,7 +197,8 @@ class StaticDecoder:
 
     def prefill_logits(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Writes the chunks' K/V; the logits of each chunk's last token. The chunks (one per slot)
-        are padded to one length, a chunk bucket; the padding tokens write to the scratch slot."""
+        are padded to one length, a chunk bucket; the padding tokens write to the scratch slot.
+        """
         length = bucket(self.chunks, max(len(c.ids) for c in chunks))
         rows = len(chunks)
         ids = np.zeros((rows, length), dtype=np.int64)
@@ -224,7 +227,8 @@ class StaticDecoder:
 
     def prefill(self, chunks: Sequence[Chunk]) -> list[int | None]:
         """Prefills the chunks; a token for each chunk that ends its prompt (sampled as a decode
-        step samples), None for the others."""
+        step samples), None for the others.
+        """
         logits = self.prefill_logits(chunks)
         finals = [j for j, c in enumerate(chunks) if c.last]
         result: list[int | None] = [None] * len(chunks)
@@ -243,7 +247,8 @@ class StaticDecoder:
     def capture_all(self) -> None:
         """One CUDA graph per (batch, window) bucket, largest first (the smaller ones reuse the
         pool's memory), on a side stream; each shape warmed up (and compiled) before its capture.
-        Only padding rows run: they write to the scratch slot."""
+        Only padding rows run: they write to the scratch slot.
+        """
         device = self.device
         pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize(device)

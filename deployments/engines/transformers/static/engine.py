@@ -2,7 +2,11 @@
 Mistral, SmolLM shapes), the default for a transformers text model on a GPU.
 
 A request holds one of `max_num_seqs` slots of a static KV cache for its life (`SlotCache`);
-more wait, first come first served, for a slot to come free. One host thread runs the loop: each
+more wait, first come first served, for a slot to come free. A slot keeps its last sequence's tokens
+after it ends (`slots.SlotTable`, llama.cpp's slot reuse): a request whose prompt starts as a free
+slot holds takes that slot and prefills from there, and its usage's `cached_tokens` says how many
+prompt tokens it reused (`enable_prefix_caching`; a request with a seed is computed whole, as on
+llama.cpp, so that its answer does not depend on what ran before). One host thread runs the loop: each
 turn it takes new and cancelled requests, prefills up to `prefill_chunk_size` prompt tokens (the
 prompts cut in chunks, so that running streams keep getting tokens beside a long prompt), then runs
 one decode step for every sequence with a slot and a token (`StaticDecoder`: a CUDA graph per batch
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import logging
 import queue
@@ -34,6 +37,7 @@ from deployments.config import ModelConfig
 from deployments.engines.transformers.batch_sampler import BatchSampler
 from deployments.engines.transformers.static.buckets import bucket
 from deployments.engines.transformers.static.decoder import Chunk, DecodeRow, StaticDecoder
+from deployments.engines.transformers.static.slots import SlotTable
 from deployments.engines.transformers.stream import TokenStream, WindowedText
 from deployments.engines.transformers.text import TransformersTextEngine
 from deployments.errors import ConfigError, DecoderUnavailable
@@ -56,13 +60,23 @@ class _Sequence:
     deliver: Callable[[Any], None]  # puts on the request's queue; called on its event loop
     loop: asyncio.AbstractEventLoop
     slot: int = -1
+    reuse: bool = True  # may start from what its slot holds (not with a seed)
+    cached: int | None = None  # prompt tokens its slot held already (None: no slot reuse); set when admitted
     prefilled: int = 0
+    written: int = 0  # its slot's positions whose K/V it wrote (or reused): those of `held()`
     generated: int = 0
     token: int = 0  # the last token, the next decode step's input
     position: int = 0  # where that token's K/V goes
     new: list[int] = field(default_factory=list)  # tokens not yet handed to the event loop
+    output: list[int] = field(default_factory=list)  # every generated token
     ended: bool = False
     adapter: str | None = None  # its LoRA adapter; None: the base model
+
+    def held(self) -> list[int]:
+        """The tokens whose K/V it wrote in its slot: its prompt as far as prefilled, then each
+        generated token fed to a decode step (the last one never is).
+        """
+        return (self.prompt + self.output)[: self.written]
 
 
 class StaticTextEngine(TransformersTextEngine):
@@ -96,8 +110,8 @@ class StaticTextEngine(TransformersTextEngine):
             capture=cuda and self.adapters is None,  # a captured step would run without the adapters' hooks
             compiled=cuda and self.params.compile_level > 0,
         )
-        self._free = list(range(slots))  # a heap: the lowest free slot first
-        self._inbox: queue.SimpleQueue[tuple[str, _Sequence | None]] = queue.SimpleQueue()
+        self._slots = SlotTable(slots, reuse=self.params.enable_prefix_caching)
+        self._inbox: queue.SimpleQueue[tuple[str, _Sequence | str | None]] = queue.SimpleQueue()
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []  # in a slot, in the order they came
         self._ended: list[_Sequence] = []  # ended this turn, their last tokens not yet handed over
@@ -120,6 +134,16 @@ class StaticTextEngine(TransformersTextEngine):
     def stats(self) -> dict[str, Any]:
         running, waiting = len(self._running), len(self._waiting)
         return {"running": running, "waiting": waiting, "kv_cache_usage": round(running / self.params.max_num_seqs, 4)}
+
+    def prefix_memory(self) -> tuple[int, int, int | None] | None:
+        """Each slot keeps its last prompt (no host prompt cache)."""
+        if not self._slots.reuse:
+            return None
+        return self.params.max_num_seqs, 0, self.kv_bytes_per_token
+
+    def unload_adapter(self, name: str) -> None:
+        super().unload_adapter(name)
+        self._inbox.put(("forget", name))  # an adapter loaded later under that name is another
 
     def failure(self) -> str | None:
         if self._fatal is not None:
@@ -144,13 +168,18 @@ class StaticTextEngine(TransformersTextEngine):
         if (failure := self.failure()) is not None:
             raise DecoderUnavailable(failure)
         request_id = f"seq-{next(self._ids)}"
-        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[Any] = asyncio.Queue()
+        sequence = _Sequence(
+            request_id,
+            prepared.prompt,
+            prepared.max_tokens,
+            outputs.put_nowait,
+            asyncio.get_running_loop(),
+            adapter=request.adapter,
+            reuse=request.seed is None,
+        )
 
         async def tokens() -> AsyncIterator[list[int]]:
-            outputs: asyncio.Queue[Any] = asyncio.Queue()
-            sequence = _Sequence(
-                request_id, prepared.prompt, prepared.max_tokens, outputs.put_nowait, loop, adapter=request.adapter
-            )
             finished = False
             self.sampler.add(request_id, params, prepared.constraints, prepared.prompt)
             try:
@@ -175,7 +204,12 @@ class StaticTextEngine(TransformersTextEngine):
                     self._inbox.put(("cancel", sequence))
 
         return TokenStream(
-            tokens(), len(prepared.prompt), prepared.max_tokens, prepared.constraints, prepared.dropped_prompt_tokens
+            tokens(),
+            len(prepared.prompt),
+            prepared.max_tokens,
+            prepared.constraints,
+            prepared.dropped_prompt_tokens,
+            cached_prompt_tokens=lambda: sequence.cached,  # set before its first tokens are handed over
         )
 
     # ------------------------------------------------------------------ the loop (its own thread)
@@ -202,30 +236,41 @@ class StaticTextEngine(TransformersTextEngine):
         with contextlib.suppress(queue.Empty):
             kind, sequence = self._inbox.get(timeout=None) if block else self._inbox.get_nowait()
             while True:
-                if kind == "add" and sequence is not None:
+                if kind == "add" and isinstance(sequence, _Sequence):
                     self._waiting.append(sequence)
-                elif kind == "cancel" and sequence is not None:
+                elif kind == "cancel" and isinstance(sequence, _Sequence):
                     self._release(sequence)
+                elif kind == "forget" and isinstance(sequence, str):
+                    self._slots.forget(sequence)
                 kind, sequence = self._inbox.get_nowait()
 
     def _admit(self) -> None:
-        while self._waiting and self._free:
+        """Waiting sequences into free slots, each into the one that holds most of its prompt; it
+        prefills from there (the K/V past that prefix is the slot's last sequence's, never read:
+        `SlotCache.attend` masks every key past a query's position).
+        """
+        while self._waiting and self._slots.free:
             sequence = self._waiting.popleft()
-            sequence.slot = heapq.heappop(self._free)
+            sequence.slot, reused = self._slots.take(sequence.prompt, sequence.adapter, reuse=sequence.reuse)
+            sequence.prefilled = sequence.written = reused
+            sequence.cached = reused if self._slots.reuse else None
             self._running.append(sequence)
 
     def _release(self, sequence: _Sequence) -> None:
-        """Out of the loop: its slot back to the free ones, its sampler state dropped."""
+        """Out of the loop: its slot back to the free ones (holding what it wrote there), its sampler
+        state dropped.
+        """
         if sequence in self._running:
             self._running.remove(sequence)
-            heapq.heappush(self._free, sequence.slot)
+            self._slots.release(sequence.slot, sequence.held())
         elif sequence in self._waiting:
             self._waiting.remove(sequence)
         self.sampler.remove(sequence.request_id)
 
     def _prefill(self) -> None:
         """Chunks of the prompts not yet prefilled, in arrival order, while the padded chunk fits
-        the token budget (the first always goes)."""
+        the token budget (the first always goes).
+        """
         budget = self.decoder.chunk_tokens
         chunks: list[Chunk] = []
         owners: list[_Sequence] = []
@@ -249,6 +294,7 @@ class StaticTextEngine(TransformersTextEngine):
             tokens = self.decoder.prefill(chunks)
         for sequence, chunk, token in zip(owners, chunks, tokens, strict=True):
             sequence.prefilled += len(chunk.ids)
+            sequence.written = sequence.prefilled
             if token is not None:
                 sequence.position = len(sequence.prompt)
                 self._accept(sequence, token)
@@ -263,12 +309,14 @@ class StaticTextEngine(TransformersTextEngine):
             tokens = self.decoder.decode(steps)
         for sequence, token in zip(rows, tokens, strict=True):
             sequence.position += 1
+            sequence.written = sequence.position  # the step wrote its input token's K/V
             self._accept(sequence, token)
 
     def _accept(self, sequence: _Sequence, token: int) -> None:
         sequence.token = token
         sequence.generated += 1
         sequence.new.append(token)
+        sequence.output.append(token)
         full = sequence.position + 1 >= self.decoder.cache.max_len  # no room for the next token's K/V
         if token in self.eos_ids or sequence.generated >= sequence.max_tokens or full:
             sequence.ended = True
@@ -298,7 +346,8 @@ def _deliver(items: list[tuple[Callable[[Any], None], list[int], bool]]) -> None
 
 def cuda_default(model: ModelConfig) -> bool:
     """Whether `batching: auto` picks this engine for `model`: a text model of a supported shape on
-    one CUDA GPU, unquantized (a CPU keeps continuous batching)."""
+    one CUDA GPU, unquantized (a CPU keeps continuous batching).
+    """
     from deployments.engines.transformers.loading import pick_device, pretrained_kwargs
 
     if not torch.cuda.is_available() or model.params.quantization in {"bnb-4bit", "bnb-8bit"}:

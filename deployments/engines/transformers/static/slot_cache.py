@@ -13,7 +13,8 @@ token's position: where its K/V is written, and the last key it may see) and `sl
 many positions of the slot a step reads, a bucket at least one past the row's last position). No
 mask function is registered: transformers then builds no mask at all, and the causal rule
 (`key position <= query position`, within a sliding window where the layer has one) is applied
-here over the window alone. Every tensor it touches keeps its address across steps, so the step
+here over the window alone. That rule is also what lets a slot be reused without clearing: keys past
+a query's position, stale or not, are never read. Every tensor it touches keeps its address across steps, so the step
 can be compiled and captured in a CUDA graph.
 """
 
@@ -51,7 +52,8 @@ class SlotCache:
 
     def register(self, model: Any) -> None:
         """Make `model`'s attention modules call `attend` (a name of this cache's own, so that
-        several engines in one process keep apart)."""
+        several engines in one process keep apart).
+        """
         from transformers import AttentionInterface
 
         AttentionInterface.register(self.name, self.attend)
@@ -81,7 +83,8 @@ class SlotCache:
     ) -> tuple[torch.Tensor, None]:
         """`query` `[rows, heads, tokens, head_dim]`, `key`/`value` `[rows, kv_heads, tokens, head_dim]`
         (after RoPE); `slot_write`, `slot_positions` `[rows, tokens]`; `slot_read` `[rows]`. Returns
-        the output `[rows, tokens, heads, head_dim]` as transformers' attention functions do."""
+        the output `[rows, tokens, heads, head_dim]` as transformers' attention functions do.
+        """
         layer = module.layer_idx
         keys, values = self.keys[layer], self.values[layer]
         keys[slot_write, :, slot_positions] = key.transpose(1, 2).to(keys.dtype)
@@ -90,6 +93,10 @@ class SlotCache:
         window_values = values[:, :, :slot_window].index_select(0, slot_read)
         key_positions = self.key_positions[:slot_window].view(1, 1, 1, -1)
         query_positions = slot_positions.unsqueeze(1).unsqueeze(-1)  # [rows, 1, tokens, 1]
+        # A slot keeps its last sequence's K/V past the prefix a new one reuses (`slots.SlotTable`): every
+        # path (prefill chunks, decode steps, a captured window bucket, a sliding window) reads keys up
+        # to the query's own position alone, all written by this sequence (this call writes first) or
+        # reused. Padding (a chunk's tail, a batch's extra rows) writes to the scratch slot; its outputs are dropped.
         allowed = key_positions <= query_positions
         window = sliding_window or getattr(module, "sliding_window", None)
         if window:
