@@ -36,6 +36,8 @@ ADMISSION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 @dataclass(frozen=True)
 class MetricSpec:
+    """One metric's declaration: its name, kind, description, labels and histogram buckets."""
+
     name: str  # without PREFIX
     kind: Kind
     description: str
@@ -105,7 +107,8 @@ DECODER_METRICS = (
     _spec(
         "prompt_tokens_cached",
         "counter",
-        "Decoder: prompt tokens read from the prefix cache instead of computed (enable_prefix_caching, llama.cpp).",
+        "Decoder: prompt tokens read from the prefix cache instead of computed "
+        "(enable_prefix_caching: llama.cpp, transformers static and continuous).",
     ),
     _spec("generation_tokens", "counter", "Decoder: tokens generated (cancelled requests included)."),
     _spec(
@@ -311,7 +314,8 @@ def _create(spec: MetricSpec, defaults: dict[str, str]) -> Any:
 
 class Recorder:
     """The metrics of `specs` for one model, recorded by short name: `inc("prompt_tokens", n)`.
-    `tags`: values this recorder always records (e.g. its replica's `role`)."""
+    `tags`: values this recorder always records (e.g. its replica's `role`).
+    """
 
     def __init__(self, specs: tuple[MetricSpec, ...], model: str, tags: Mapping[str, str] | None = None) -> None:
         self._specs = {spec.name: spec for spec in specs}
@@ -335,7 +339,8 @@ class Recorder:
         `more` of them by metric name), for the recorder's model and `models`: a dashboard or an alert
         on a rate reads 0 from the start, not "no data" until the first event. Ray exports a series
         only once something is recorded, and its `Counter.inc` refuses 0, so the point is recorded
-        directly."""
+        directly.
+        """
         more = more or {}
         for name, spec in self._specs.items():
             if spec.kind == "histogram":
@@ -373,7 +378,8 @@ class DecoderRequestTimer:
 
     def finished(self, reason: str | None) -> None:
         """`reason`: the finish reason; None when closed before its end (cancelled); "error" when it failed
-        (counted by the ingress as a rejection or an error)."""
+        (counted by the ingress as a rejection or an error).
+        """
         now = time.monotonic()
         self._recorder.inc("prompt_tokens", self.prompt_tokens)
         self._recorder.inc("prompt_tokens_cached", self.cached_prompt_tokens)

@@ -7,9 +7,10 @@ and how deep each holds the request's prefix, rank them.
 2. **What all replicas share is not warm**: a replica is warm for a request when it holds more of
    the request's prefix than every other candidate does (`depth > floor`, the floor being the least
    any candidate with room holds, its adapter or not). A system prompt that every replica holds
-   decides nothing, so it cannot pull every session to one replica; one that only some hold draws
-   new sessions there only while the load rule allows, and the first that goes elsewhere makes it
-   common.
+   decides nothing, so it cannot pull every session to one replica. Nor does one that only some hold
+   yet: the router counts a match that stops inside a longer prompt it sent to that replica as none
+   (`PrefixIndex.branched`: a new session leaves there the chain of the session that came first), so
+   new sessions behind one system prompt go by load from the first, and soon every replica holds it.
 3. **Load bound**: a warm replica wins while its ongoing requests are at most `LoadRule.imbalance`
    above the least busy candidate's; past that, the least busy wins (``load_fallback``).
 4. **Ties**: among equally deep replicas within the bound, the session's last replica (a client's
@@ -35,7 +36,8 @@ DECISIONS: tuple[Decision, ...] = ("warm", "session", "load_fallback", "no_match
 @dataclass(frozen=True)
 class Candidate:
     """A replica as the rule sees it: `load` its ongoing requests (as last known plus those this
-    router has picked it for and not yet sent), `capacity` its max_ongoing_requests."""
+    router has picked it for and not yet sent), `capacity` its max_ongoing_requests.
+    """
 
     id: str
     load: int
@@ -50,7 +52,8 @@ class Candidate:
 @dataclass(frozen=True)
 class LoadRule:
     """`imbalance`: how many more ongoing requests than the least busy replica a warm replica may
-    have and still be chosen (the builder's default: a quarter of max_num_seqs, at least 2)."""
+    have and still be chosen (the builder's default: a quarter of max_num_seqs, at least 2).
+    """
 
     imbalance: int = 2
 
@@ -59,7 +62,8 @@ class LoadRule:
 class Choice:
     """Replica ids, most preferred first (each alone in its rank, as Serve's ranks are tried in
     order), the decision, the chosen replica's matched blocks and the load spread (busiest minus
-    least busy among the candidates)."""
+    least busy among the candidates).
+    """
 
     ranked: list[list[str]]
     decision: Decision
@@ -74,7 +78,8 @@ class Choice:
 
 def pool_of(candidates: Sequence[Candidate], adapter: str | None) -> list[Candidate]:
     """The replicas a request may go to: those with room (all, when none has), and of them those
-    holding its `adapter` when one does (else those with the fewest adapters first)."""
+    holding its `adapter` when one does (else those with the fewest adapters first).
+    """
     open_ = [c for c in candidates if not c.full] or list(candidates)
     if not adapter:
         return open_
@@ -96,7 +101,8 @@ def choose(
     rng: random.Random | None = None,
 ) -> Choice | None:
     """Rank `candidates` for a request whose prefix each holds `depth[id]` blocks of (see the module's
-    docstring); None when there are no candidates."""
+    docstring); None when there are no candidates.
+    """
     pool = pool_of(candidates, adapter)
     if not pool:
         return None

@@ -20,7 +20,8 @@ MAX_REPORTED = 8_192  # blocks per report (about 2M characters of distinct prefi
 
 class HeldPrefixes:
     """`slots`: prompts the engine keeps in its slots; `host_bytes`: its host-memory prompt cache;
-    `bytes_per_token`: a token's KV cells (None: unknown, the host cache is not counted)."""
+    `bytes_per_token`: a token's KV cells (None: unknown, the host cache is not counted).
+    """
 
     def __init__(self, slots: int, host_bytes: int = 0, bytes_per_token: int | None = None) -> None:
         self._slots = slots
@@ -30,7 +31,8 @@ class HeldPrefixes:
 
     def served(self, blocks: Sequence[int], tokens: int = 0) -> None:
         """A prompt entered the engine (`tokens`: its length, when known). A prompt that extends a
-        held one replaces it (the next turn of a session)."""
+        held one replaces it (the next turn of a session).
+        """
         if not blocks:
             return
         for key, (old, _) in list(self._prompts.items()):

@@ -69,7 +69,8 @@ def _seed(adapter: str | None) -> bytes:
 
 def block_hashes(text: str, adapter: str | None = None) -> tuple[int, ...]:
     """The chained hashes of `text`'s full blocks under `adapter` (None: the base model), as unsigned
-    64-bit integers: `h[i]` is the hash of `h[i-1]` and block i (`h[-1]`: the adapter's)."""
+    64-bit integers: `h[i]` is the hash of `h[i-1]` and block i (`h[-1]`: the adapter's).
+    """
     previous, hashes = _seed(adapter), []
     for start in range(0, min(len(text), MAX_BLOCKS * BLOCK_CHARS) - BLOCK_CHARS + 1, BLOCK_CHARS):
         previous = hashlib.blake2b(
@@ -81,5 +82,6 @@ def block_hashes(text: str, adapter: str | None = None) -> tuple[int, ...]:
 
 def prefix_blocks(request: GenerateRequest, adapter: str | None = None) -> tuple[int, ...]:
     """The request's block hashes under `adapter` (the multiplexed model id; None or "": the base
-    model). The router and the decoder replica compute the same ones."""
+    model). The router and the decoder replica compute the same ones.
+    """
     return block_hashes(serialize(request), adapter or None)

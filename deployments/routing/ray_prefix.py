@@ -20,7 +20,8 @@ from deployments.routing.keys import serialize
 
 class RayPrefixCacheRouter(PrefixCacheAffinityRouter):
     """Ray's router, reading our `GenerateRequest` (a call without one, tokenize, is keyed by a space:
-    an empty text would fail it)."""
+    an empty text would fail it).
+    """
 
     def _extract_text_from_request(self, pending_request: PendingRequest) -> str:
         for arg in (*pending_request.args, *pending_request.kwargs.values()):

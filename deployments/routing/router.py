@@ -41,7 +41,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
     """Prefix-cache-aware, load-bounded routing for a decoder deployment (see the module's docstring).
 
     `request_router_kwargs`: `model` (metrics' label), `imbalance` (`LoadRule.imbalance`) and
-    `index_blocks` (the `PrefixIndex`'s capacity)."""
+    `index_blocks` (the `PrefixIndex`'s capacity).
+    """
 
     def initialize_state(self, model: str = "", imbalance: int = 2, index_blocks: int = 65_536, **_: Any) -> None:
         self._model = model or self._deployment_id.name
@@ -95,9 +96,12 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
         known = self._routing.get(id(pending_request))
         blocks = known[1] if known is not None else prefix_blocks(request, adapter)
         session = getattr(metadata, "session_id", "") or None
+        depth = self._index.match(blocks, by_id)
+        for replica in self._index.branched(blocks, depth):
+            depth[replica] = 0  # a beginning shared with other prompts there decides nothing (`choice`, 2)
         choice = choose(
             candidates,
-            self._index.match(blocks, by_id),
+            depth,
             self._rule,
             adapter=adapter,
             session_replica=self._sessions.get(session) if session else None,
@@ -120,7 +124,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
         request by `internal_request_id` alone, which every handle call made while serving one request
         shares: a second decoder call of one request (a legacy completion's second prompt) would never
         be matched, and would wait forever (Serve's `FIFOMixin` would hand it the first waiting request
-        instead, whatever its prompt)."""
+        instead, whatever its prompt).
+        """
         task = asyncio.current_task()
         own = self._choosing.pop(task, None) if task is not None else None
         if own is None or own.future.done():
@@ -133,7 +138,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
 
     async def _loads(self, replicas: list[RunningReplica]) -> dict[str, int]:
         """Ongoing requests per replica: Serve's queue-length cache, probed where it has none (a
-        replica that does not answer counts as full)."""
+        replica that does not answer counts as full).
+        """
         loads: dict[str, int] = {}
         missing = []
         for r in replicas:
@@ -183,7 +189,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """A request ended; one still kept here was never routed (rejected, or cancelled while waiting):
         its choice is dropped. Of the requests sharing its id, those still waiting to be sent (their
-        future not yet set) keep theirs."""
+        future not yet set) keep theirs.
+        """
         for key, (pending, _, choice) in list(self._routing.items()):
             if pending.metadata.internal_request_id == internal_request_id and pending.future.done():
                 del self._routing[key]
@@ -191,7 +198,8 @@ class PrefixRouter(MultiplexMixin, RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Serve's replica set changed (or a replica's routing stats did): a replica that left is
-        forgotten, a report newer than the last one applied corrects the index."""
+        forgotten, a report newer than the last one applied corrects the index.
+        """
         super().update_replicas(replicas)
         current = {r.replica_id.unique_id for r in replicas}
         for gone in (self._index.replicas() | set(self._reports)) - current:

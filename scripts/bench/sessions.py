@@ -23,7 +23,9 @@ Cases (`--cases`; `--shared` adds ``shared``), each session's prompt:
 
 Per layout and case one JSON line: warm turns' (turn 2 on) cached share of prompt tokens, warm TTFT p50 /
 p95 / max, cold TTFT p50, wall time, requests per decoder replica and ours' routing decisions (from Ray's
-metrics export: `routing_requests` / `routing_decisions`, else the replicas' `request_success`).
+metrics export: `routing_requests` / `routing_decisions`, else the replicas' `request_success`), and the
+decoder replicas' resident memory after the case (`decoder_rss_mib`: with `--slots` and `--cache-ram-mib`,
+what the host prompt cache costs).
 
     .venv/bin/python -m scripts.bench sessions    # --sessions 6 --turns 5 --system-tokens 1900 --new-tokens 24
     .venv/bin/python -m scripts.bench sessions --sessions 2 --turns 2 --system-tokens 300 --layouts one ours  # smoke
@@ -65,14 +67,16 @@ ADAPTER_RANK = 8
 
 def ray_session() -> Path:
     """The folder of the Ray instance `serve run` started here: under RAY_TMPDIR, which `main` sets to a
-    folder of its own, so that another Ray on the machine (a test, another benchmark) is not read."""
+    folder of its own, so that another Ray on the machine (a test, another benchmark) is not read.
+    """
     return Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "session_latest"
 
 
 def routing_counts(model: str) -> dict[str, dict[str, float]]:
     """Requests per decoder replica and routing decisions so far, from Ray's metrics export (its port in
     the Ray session's folder): ours' `routing_requests` by decoder replica,
-    else the decoder replicas' finished requests. Exported every few seconds: read after a pause."""
+    else the decoder replicas' finished requests. Exported every few seconds: read after a pause.
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     port = next(ray_session().glob("metrics_export_port_*")).read_text().strip()
@@ -109,10 +113,25 @@ def since(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]
     }
 
 
+def decoder_rss_mib() -> float:
+    """The decoder replicas' resident memory (MiB), summed: their processes' titles name the deployment
+    (``ray::ServeReplica:<app>:PrimaryDecoder``); with llama.cpp in process, its host prompt cache is in it.
+    """
+    import psutil
+
+    total = 0
+    for process in psutil.process_iter(["cmdline", "memory_info"]):
+        title = " ".join(process.info["cmdline"] or [])
+        if "ServeReplica" in title and "PrimaryDecoder" in title and process.info["memory_info"]:
+            total += process.info["memory_info"].rss
+    return round(total / 2**20, 1)
+
+
 class DecoderReplicas:
     """The decoder's running replicas as Serve's controller logs them ("Replica(id=..., deployment=
     'PrimaryDecoder', ...) started successfully", "Removing 1 replica from Deployment(name='PrimaryDecoder'
-    ..."), in the Ray session's folder."""
+    ..."), in the Ray session's folder.
+    """
 
     STARTED = re.compile(r"deployment='PrimaryDecoder', app='[^']*'\) started successfully")
     REMOVED = re.compile(r"Removing (\d+) replicas? from Deployment\(name='PrimaryDecoder'")
@@ -131,7 +150,8 @@ async def scale_run(base_url: str, model: str, args: Any) -> dict[str, Any]:
     `--turns` rounds. Down: session 0 alone keeps turning until Serve removes a replica. After: each
     session takes two more turns, one session at a time (so that Serve keeps one replica). Every turn is
     one JSON line; the summary says whether any failed and whether each session's second turn after the
-    removal was warm (its first may be cold: its prefix may have left with the replica)."""
+    removal was warm (its first may be cold: its prefix may have left with the replica).
+    """
     client, replicas, t0 = client_for(base_url), DecoderReplicas(), time.perf_counter()
     sessions = [new_session(seed, model, args, "own", None) for seed in range(args.sessions)]
     errors: list[str] = []
@@ -182,7 +202,8 @@ async def scale_run(base_url: str, model: str, args: Any) -> dict[str, Any]:
 
 def models_for(directory: Path, base: dict[str, Any], layout: str, kind: str, args: Any) -> Path:
     """The layout's models.yaml: the primary with its router, (GPU) its replica count, (scale) its
-    autoscaling, and for the image and adapter cases the captioner or two adapters."""
+    autoscaling, and for the image and adapter cases the captioner or two adapters.
+    """
     replicas, router = LAYOUTS[layout]
     entry = copy.deepcopy(base)
     deployment = entry.setdefault("deployment", {})
@@ -318,6 +339,7 @@ def run_layouts(args: Any, cases: list[str]) -> None:
                             extra["captioner_ready"] = health["components"].get("captioner", {}).get("ready")
                         replicas, router = LAYOUTS[layout]
                         line = {"layout": layout, "replicas": replicas, "router": router, "case": case, **result}
+                        extra["decoder_rss_mib"] = decoder_rss_mib()
                         emit({**line, **extra, **since(before, counted(model))})
                 finally:
                     server.stop()

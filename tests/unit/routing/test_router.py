@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import Counter
 from typing import Any
 
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata
@@ -79,6 +80,31 @@ async def test_each_session_stays_on_the_replica_that_holds_it_and_sessions_spre
     for turn in range(1, 4):
         for name, replica in first.items():
             assert await route(router, session(name, turn)) == replica
+
+
+def behind_one_system_prompt(name: str, turns: int) -> GenerateRequest:
+    """A session as `session` makes it, behind one system prompt that every session shares first."""
+    common = TextMessage(role="system", content="You are a coding agent. " + "Follow the house rules. " * 200)
+    own = session(name, turns)
+    return own.model_copy(update={"messages": [common, *own.messages]})
+
+
+async def test_new_sessions_behind_one_system_prompt_spread_from_the_first_and_then_stay():
+    """vLLM production-stack #957's hot spot, with the builder's default bound for 16 slots (4): six
+    sessions whose first turns all start while the first is still running. Before, the replica that
+    took the first held the common prompt alone and drew the next four (5 / 1); a match that leaves
+    another session's chain counts as none, so they go by load, and each then stays where it began."""
+    a, b = FakeReplica("a"), FakeReplica("b")
+    router = await started(a, b, imbalance=4)
+    first = {}
+    for i in range(6):
+        name = f"s{i}"
+        first[name] = await route(router, behind_one_system_prompt(name, 0))
+        router.on_send_request((a if first[name] == "a" else b).replica_id)  # its first turn is still running
+    assert sorted(Counter(first.values()).values()) == [3, 3]
+    for turn in range(1, 3):
+        for name, home in first.items():
+            assert await route(router, behind_one_system_prompt(name, turn)) == home
 
 
 async def test_a_busy_warm_replica_loses_to_the_least_busy_one():
