@@ -9,27 +9,20 @@ A transcript in one user turn, rather than the chat itself followed by an instru
 small model summarizes well: it reads the conversation as text to summarize, not as a dialogue to
 go on with.
 
-The endpoint's wire is here too: the request (`CompactRequest`, a conversation as /v1/responses
-takes it) and the `response.compaction` object (`CompactedResponse`).
+The endpoint's wire (`CompactRequest`, `CompactedResponse`) is in `protocol/openai/response_object.py`.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from deployments.ingress.apis.responses.items import SUMMARY_INTRO, Item, stored_item
-from deployments.ingress.apis.responses.objects import ResponseUsage
-from deployments.protocol.openai.common import RequestModel
 from deployments.protocol.openai.items import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputFile,
     InputImage,
-    InputItem,
     MessageItem,
     item_id,
 )
@@ -89,33 +82,3 @@ def compacted_output(items: list[Item], summary: str) -> list[dict[str, Any]]:
         if isinstance(item, MessageItem) and item.role == "user"
     ]
     return [*kept, {"type": "compaction", "id": item_id("cmp"), "encrypted_content": summary.strip()}]
-
-
-class CompactRequest(RequestModel):
-    """The body of a /v1/responses/compact request: a conversation as /v1/responses takes it."""
-
-    model: str = Field(min_length=1)
-    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)] | None = None
-    previous_response_id: str | None = None
-    instructions: str | None = None
-    # Harmless: accepted and ignored.
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    service_tier: str | None = None
-
-    @property
-    def items(self) -> list[Any]:
-        """The input as items (a string is one user message; none: no new items)."""
-        if isinstance(self.input, str):
-            return [MessageItem(role="user", content=self.input)]
-        return list(self.input or [])
-
-
-class CompactedResponse(BaseModel):
-    """The `response.compaction` object that /v1/responses/compact answers with."""
-
-    id: str
-    object: Literal["response.compaction"] = "response.compaction"
-    created_at: int = Field(default_factory=lambda: int(time.time()))
-    output: list[dict[str, Any]] = Field(description="The user messages, then the one compaction item.")
-    usage: ResponseUsage

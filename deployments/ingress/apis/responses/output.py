@@ -20,7 +20,11 @@ from typing import Any, Literal
 from deployments.ingress.answer.events import Answer, Began, Call, Ended, Text
 from deployments.ingress.answer.reply import named_sse, recorded_error
 from deployments.ingress.apis.responses.items import Namespaces
-from deployments.ingress.apis.responses.objects import (
+from deployments.monitoring.access_log import RequestRecord
+from deployments.protocol.openai.chat import ToolCallDelta
+from deployments.protocol.openai.common import Usage
+from deployments.protocol.openai.items import item_id
+from deployments.protocol.openai.response_object import (
     IncompleteDetails,
     InputTokensDetails,
     OutputFunctionCall,
@@ -30,10 +34,6 @@ from deployments.ingress.apis.responses.objects import (
     Response,
     ResponseUsage,
 )
-from deployments.monitoring.access_log import RequestRecord
-from deployments.protocol.openai.chat import ToolCallDelta
-from deployments.protocol.openai.common import Usage
-from deployments.protocol.openai.items import item_id
 from deployments.protocol.replica import GenerateChunk
 
 Finish = Literal["completed", "incomplete"]

@@ -8,8 +8,6 @@ from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
 from deployments.ingress.answer.reply import Reply
-from deployments.ingress.apis.responses.compaction import CompactedResponse, CompactRequest
-from deployments.ingress.apis.responses.objects import InputItemList
 from deployments.ingress.apis.responses.service import ResponseService
 from deployments.ingress.apis.responses.socket import ResponseSocket, connection_id
 from deployments.ingress.apis.responses.store import (
@@ -23,6 +21,7 @@ from deployments.ingress.limits.limiter import Admission, Limiter, key_of
 from deployments.ingress.routing import ERRORS, NOT_FOUND, BatchLine, caller, recorded, request_id, streamed
 from deployments.ingress.served_models import ServedModels
 from deployments.monitoring.access_log import RequestRecord, turn_log_of
+from deployments.protocol.openai.response_object import CompactedResponse, CompactRequest, InputItemList
 from deployments.protocol.openai.responses import ResponseRequest
 from deployments.state.owners import Caller
 from deployments.state.records import page

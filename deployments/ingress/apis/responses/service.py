@@ -30,12 +30,7 @@ from deployments.errors import InvalidRequestError, ObjectNotFoundError
 from deployments.ingress.answer.core import AnswerCore
 from deployments.ingress.answer.events import Answer, Text
 from deployments.ingress.answer.reply import Framing, Reply, named_sse, streamed, whole
-from deployments.ingress.apis.responses.compaction import (
-    CompactedResponse,
-    CompactRequest,
-    compacted_output,
-    summary_request,
-)
+from deployments.ingress.apis.responses.compaction import compacted_output, summary_request
 from deployments.ingress.apis.responses.items import (
     Item,
     Namespaces,
@@ -46,7 +41,6 @@ from deployments.ingress.apis.responses.items import (
     text_grammar,
     tool_plan,
 )
-from deployments.ingress.apis.responses.objects import Response
 from deployments.ingress.apis.responses.output import ResponseEvents, ResponseOutput, response_usage, socket_frame
 from deployments.ingress.apis.responses.store import (
     ConnectionCache,
@@ -58,6 +52,7 @@ from deployments.ingress.vision.pipeline import Degraded
 from deployments.monitoring.access_log import RequestRecord
 from deployments.protocol.openai.common import DEGRADED_FINGERPRINT, Usage
 from deployments.protocol.openai.items import item_id
+from deployments.protocol.openai.response_object import CompactedResponse, CompactRequest, Response
 from deployments.protocol.openai.responses import ResponseRequest
 from deployments.protocol.replica import GenerateChunk
 from deployments.state.owners import Caller

@@ -1,15 +1,16 @@
 """The Responses API's answer (/v1/responses): the `response` object with its output items and usage,
-and the stored input items' list.
+the stored input items' list, and /v1/responses/compact's request and answer.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from deployments.protocol.openai.common import VisionFields, absent
+from deployments.protocol.openai.common import RequestModel, VisionFields, absent
+from deployments.protocol.openai.items import InputItem, MessageItem
 
 
 class OutputTextPart(BaseModel):
@@ -128,3 +129,33 @@ class InputItemList(BaseModel):
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool = False
+
+
+class CompactRequest(RequestModel):
+    """The body of a /v1/responses/compact request: a conversation as /v1/responses takes it."""
+
+    model: str = Field(min_length=1)
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    # Harmless: accepted and ignored.
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+
+    @property
+    def items(self) -> list[Any]:
+        """The input as items (a string is one user message; none: no new items)."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input or [])
+
+
+class CompactedResponse(BaseModel):
+    """The `response.compaction` object that /v1/responses/compact answers with."""
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    output: list[dict[str, Any]] = Field(description="The user messages, then the one compaction item.")
+    usage: ResponseUsage
